@@ -1,0 +1,53 @@
+"""Config checks that turn bad values into one-line errors, and device resolution."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+
+from nvil.errors import ConfigError
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+GROUPS = ("model", "learner", "data", "estimator", "experiment", "trainer")
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` -> cuda when available, else cpu; ``cuda`` without CUDA is a config error."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name not in ("cpu", "cuda") and not str(name).startswith("cuda:"):
+        raise ConfigError(f"device must be cpu, cuda or auto, got {name!r}")
+    if str(name).startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"device={name} was asked for but CUDA is not available on this machine")
+    return torch.device(name)
+
+
+def positive_int(value, key: str, allow_none: bool = False) -> int | None:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{key} must be a positive integer, got {value!r}")
+    return value
+
+
+def positive_float(value, key: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (value > 0 and math.isfinite(value)):
+        raise ConfigError(f"{key} must be a positive number, got {value!r}")
+    return float(value)
+
+
+def check_group_choices(argv: list[str], config_dir: Path = CONFIG_DIR) -> None:
+    """Reject ``model=foo`` and the like before Hydra does, with one line naming the known choices."""
+    for arg in argv:
+        if "=" not in arg or arg.startswith("-"):
+            continue
+        key, value = arg.split("=", 1)
+        key = key.lstrip("+~")
+        if key not in GROUPS or value in ("", "null"):
+            continue
+        known = sorted(p.stem for p in (config_dir / key).glob("*.yaml"))
+        for choice in value.split(","):
+            if choice not in known:
+                raise ConfigError(f"unknown {key} {choice!r}; known: {', '.join(known)}")

@@ -1,0 +1,25 @@
+"""User-facing errors: each carries a one-line message that names the problem.
+
+The entry points (train.py, evaluate.py) catch ``UserError`` and print ``error: <message>`` with a
+non-zero exit code instead of a traceback from deep inside torch.
+"""
+
+
+class UserError(Exception):
+    """Bad input from the user: a config value, a file, a dataset. Printed as one line."""
+
+
+class ConfigError(UserError):
+    pass
+
+
+class CheckpointError(UserError):
+    pass
+
+
+class DataError(UserError):
+    pass
+
+
+class TrainingDiverged(UserError):
+    pass

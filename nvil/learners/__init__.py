@@ -1,0 +1,15 @@
+"""Learner registry: ``learner.name`` in the config picks one."""
+
+from __future__ import annotations
+
+from nvil.errors import ConfigError
+from nvil.learners.nvil import NVIL
+
+LEARNERS = {"nvil": NVIL}
+
+
+def build_learner(cfg, model, inference, device, seed: int):
+    name = cfg.get("name")
+    if name not in LEARNERS:
+        raise ConfigError(f"unknown learner {name!r}; known learners: {', '.join(sorted(LEARNERS))}")
+    return LEARNERS[name](model, inference, cfg, device, seed)

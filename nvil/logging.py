@@ -1,0 +1,48 @@
+"""Run logging: TensorBoard scalars and image grids under ``tb/``, and one JSON line per event in
+``metrics.jsonl``. Tags are namespaced by what they measure: ``train/``, ``val/``, ``nvil/``,
+``grad_norm/``, ``samples/``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from torch.utils.tensorboard import SummaryWriter
+from torchvision.utils import make_grid
+
+
+class RunLogger:
+    def __init__(self, run_dir: Path, enabled: bool = True) -> None:
+        self.run_dir = Path(run_dir)
+        self.writer = SummaryWriter(str(self.run_dir / "tb")) if enabled else None
+        self.jsonl = open(self.run_dir / "metrics.jsonl", "a")
+
+    def scalars(self, step: int, metrics: dict[str, float]) -> None:
+        if self.writer is not None:
+            for tag, value in metrics.items():
+                self.writer.add_scalar(tag, value, step)
+        self.jsonl.write(json.dumps({"step": step, **{k: round(v, 6) for k, v in metrics.items()}}) + "\n")
+        self.jsonl.flush()
+
+    def image_grid(self, tag: str, images: torch.Tensor, step: int, image_shape: tuple[int, ...]) -> None:
+        """``images`` [n, prod(image_shape)] in [0, 1], shown as one torchvision ``make_grid``."""
+        if self.writer is None:
+            return
+        grid = make_grid(images.detach().float().cpu().reshape(-1, *image_shape), nrow=8, padding=2)
+        self.writer.add_image(tag, grid, step)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+        self.jsonl.close()
+
+
+def to_floats(metrics: dict) -> dict[str, float]:
+    """Device tensors to Python floats, with one host sync for the whole dict."""
+    if not metrics:
+        return {}
+    keys = list(metrics)
+    device = next((v.device for v in metrics.values() if isinstance(v, torch.Tensor)), None)
+    values = torch.stack([torch.as_tensor(metrics[k], device=device).float().reshape(()) for k in keys])
+    return dict(zip(keys, values.cpu().tolist()))

@@ -1,0 +1,175 @@
+"""The training loop: steps, validation with early stopping, atomic checkpoints, logging, resume.
+
+Read top to bottom: set up (or restore) the run, then one flat loop over steps. Every learner plugs in
+through ``step(batch, diagnostics) -> metrics`` and ``learner_state()`` / ``load_learner_state()``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from omegaconf import OmegaConf
+from tqdm import tqdm
+
+from estimators.bounds import elbo
+from models import build_model
+from nvil.checkpoint import load_checkpoint, load_module_state, save_checkpoint
+from nvil.config import positive_int, resolve_device
+from nvil.data import MinibatchStream, build_dataset
+from nvil.errors import CheckpointError, ConfigError, TrainingDiverged
+from nvil.learners import build_learner
+from nvil.logging import RunLogger, to_floats
+
+# Sections of the config a resumed run must share with the run that wrote the checkpoint.
+RESUME_MUST_MATCH = ("model", "learner", "data", "seed")
+
+
+@dataclass
+class LoopState:
+    step: int = 0
+    best_score: float = -math.inf
+    best_step: int = -1
+    evals_without_improvement: int = 0
+    stopped_early: bool = False
+
+
+def check_trainer_config(t) -> None:
+    for key in ("max_steps", "batch_size", "log_every", "val_every", "ckpt_every", "sample_every",
+                "val_num_examples", "val_num_samples"):
+        positive_int(t.get(key), f"trainer.{key}")
+    positive_int(t.get("patience"), "trainer.patience", allow_none=True)
+
+
+def fit(cfg, run_dir: Path) -> dict:
+    """Train the configured model and learner in ``run_dir``; return the final metrics."""
+    t = cfg.trainer
+    check_trainer_config(t)
+    device = resolve_device(t.device)
+    run_dir = Path(run_dir)
+    ckpt_dir = run_dir / "checkpoints"
+    last_path, best_path = ckpt_dir / "last.pt", ckpt_dir / "best.pt"
+    if last_path.exists() and not t.resume:
+        raise ConfigError(f"{run_dir} already holds a run; pass trainer.resume=true to continue it, "
+                          "or choose another hydra.run.dir")
+    if t.resume and not last_path.exists():
+        raise ConfigError(f"trainer.resume=true but there is no checkpoint at {last_path}")
+
+    # ---- build everything -----------------------------------------------------------------------
+    torch.manual_seed(cfg.seed)
+    data = build_dataset(cfg.data, device)
+    model, inference = build_model(cfg.model, data.dim)
+    model.to(device), inference.to(device)
+    model.init_visible_bias(data.train_mean())
+    inference.set_input_mean(data.train_mean())
+    learner = build_learner(cfg.learner, model, inference, device, cfg.seed)
+    state = LoopState()
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    if t.resume:
+        state = _restore(last_path, resolved, model, inference, learner, device)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
+
+    stream = MinibatchStream(data, t.batch_size, cfg.seed)
+    valid = data.split("valid")[: t.val_num_examples]
+    logger = RunLogger(run_dir, enabled=bool(t.tensorboard))
+
+    def checkpoint(path: Path) -> None:
+        _check_finite(model, inference, state.step, last_path)
+        save_checkpoint(path, {
+            "config": resolved, "model_name": cfg.model.name, "n_visible": data.dim,
+            "model": model.state_dict(), "inference": inference.state_dict(),
+            "learner": learner.learner_state(), "step": state.step, "best_score": state.best_score,
+            "loop": asdict(state), "rng": {"torch": torch.get_rng_state()},
+        })
+
+    # ---- the loop ---------------------------------------------------------------------------------
+    bar = tqdm(total=t.max_steps, initial=state.step, disable=not t.progress, dynamic_ncols=True,
+               desc=f"{cfg.learner.name} {cfg.model.name}", unit="step")
+    started, first_step = time.perf_counter(), state.step
+    latest: dict[str, float] = {}
+    try:
+        while state.step < t.max_steps and not state.stopped_early:
+            x = stream.batch(state.step)
+            log_now = (state.step + 1) % t.log_every == 0
+            metrics = learner.step(x, diagnostics=log_now)
+            state.step += 1
+            bar.update(1)
+            done = state.step == t.max_steps
+
+            if log_now:
+                latest = to_floats(metrics)
+                if not all(map(math.isfinite, latest.values())):
+                    bad = sorted(k for k, v in latest.items() if not math.isfinite(v))
+                    raise TrainingDiverged(
+                        f"training diverged at step {state.step}: {', '.join(bad[:3])} not finite; "
+                        f"the last good checkpoint is kept at {last_path} (try a smaller learner.lr)")
+                latest["train/steps_per_second"] = (state.step - first_step) / (time.perf_counter() - started)
+                logger.scalars(state.step, latest)
+                bar.set_postfix(elbo=f"{latest['train/elbo']:.2f}")
+
+            if state.step % t.val_every == 0 or done:
+                score = _validate(model, inference, valid, t.val_num_samples, cfg.seed)
+                improved = score > state.best_score
+                if improved:
+                    state.best_score, state.best_step, state.evals_without_improvement = score, state.step, 0
+                else:
+                    state.evals_without_improvement += 1
+                    if t.patience is not None and state.evals_without_improvement >= t.patience:
+                        state.stopped_early = True
+                logger.scalars(state.step, {"val/elbo": score, "val/elbo_best": state.best_score})
+                bar.set_postfix(elbo=f"{latest.get('train/elbo', float('nan')):.2f}", val=f"{score:.2f}")
+                if improved:
+                    checkpoint(best_path)
+
+            if state.step % t.sample_every == 0 and data.image_shape is not None:
+                g = torch.Generator(device=device).manual_seed(cfg.seed)
+                _, hs = model.sample(64, generator=g)
+                logger.image_grid("samples/model", model.visible_probs(hs), state.step, data.image_shape)
+
+            if state.step % t.ckpt_every == 0 or done or state.stopped_early:
+                checkpoint(last_path)
+    finally:
+        bar.close()
+        logger.close()
+    return {
+        "step": state.step, "best_step": state.best_step, "val/elbo_best": state.best_score,
+        "stopped_early": state.stopped_early, "train/elbo": latest.get("train/elbo"),
+        "steps_per_second": (state.step - first_step) / max(time.perf_counter() - started, 1e-9),
+        "checkpoint": str(best_path if best_path.exists() else last_path),
+    }
+
+
+@torch.no_grad()
+def _validate(model, inference, valid: torch.Tensor, num_samples: int, seed: int) -> float:
+    """Mean validation ELBO with ``num_samples`` samples from q and a fixed generator, so successive
+    validations share their random numbers and differences reflect the parameters."""
+    g = torch.Generator(device=valid.device).manual_seed(seed + 1_000_003)
+    return elbo(model, inference, valid, num_samples, generator=g).mean().item()
+
+
+def _check_finite(model, inference, step: int, last_path: Path) -> None:
+    params = list(model.parameters()) + list(inference.parameters())
+    if not bool(torch.stack([torch.isfinite(p).all() for p in params]).all()):
+        raise TrainingDiverged(f"parameters became NaN or infinite by step {step}; the last good checkpoint "
+                               f"is kept at {last_path} (try a smaller learner.lr)")
+
+
+def _restore(path: Path, resolved: dict, model, inference, learner, device) -> LoopState:
+    payload = load_checkpoint(path, map_location=device)
+    saved = payload["config"]
+    for key in RESUME_MUST_MATCH:
+        if saved.get(key) != resolved.get(key):
+            raise CheckpointError(f"cannot resume from {path}: it was written with {key}={saved.get(key)}, "
+                                  f"but this run asks for {key}={resolved.get(key)}")
+    load_module_state(model, payload["model"], "model", path)
+    load_module_state(inference, payload["inference"], "inference network", path)
+    try:
+        learner.load_learner_state(payload["learner"])
+    except (KeyError, RuntimeError, ValueError) as e:
+        raise CheckpointError(f"cannot restore the learner state from {path}: {str(e).splitlines()[0][:200]}") from None
+    torch.set_rng_state(payload["rng"]["torch"].cpu())
+    return LoopState(**payload["loop"])

@@ -1,0 +1,95 @@
+"""Numerics shared by learners and estimators: one place each, never re-derived elsewhere."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+
+def bernoulli_log_prob(logits: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """log Bernoulli(value; sigmoid(logits)), summed over the last dimension.
+
+    Uses log sigmoid(a) = -softplus(-a): value * a - softplus(a), stable for any logit.
+    """
+    return (value * logits - F.softplus(logits)).sum(-1)
+
+
+def log_mean_exp(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """log (1/K) sum_k exp(x_k) along ``dim``, computed with log-sum-exp."""
+    return torch.logsumexp(x, dim=dim) - math.log(x.shape[dim])
+
+
+class StreamingLogMeanExp:
+    """log-mean-exp accumulated over chunks, so K samples never need to sit in memory at once."""
+
+    def __init__(self) -> None:
+        self.log_sum: torch.Tensor | None = None
+        self.count = 0
+
+    def update(self, log_w: torch.Tensor, dim: int = 0) -> None:
+        chunk = torch.logsumexp(log_w, dim=dim)
+        self.log_sum = chunk if self.log_sum is None else torch.logaddexp(self.log_sum, chunk)
+        self.count += log_w.shape[dim]
+
+    def result(self) -> torch.Tensor:
+        if self.log_sum is None:
+            raise ValueError("no samples were accumulated")
+        return self.log_sum - math.log(self.count)
+
+
+def mean_and_stderr(x: torch.Tensor) -> tuple[float, float]:
+    """Sample mean and its standard error, std / sqrt(n) (0 for a single value)."""
+    x = x.double()
+    n = x.numel()
+    mean = x.mean().item()
+    if n < 2:
+        return mean, 0.0
+    return mean, (x.std(unbiased=True) / math.sqrt(n)).item()
+
+
+class RunningMoments(torch.nn.Module):
+    """Exponentially smoothed mean and variance of a scalar signal (NVIL's c and v).
+
+    Mnih & Gregor 2014, Algorithm 1: c <- alpha c + (1 - alpha) mean(l), v <- alpha v + (1 - alpha) var(l),
+    with alpha = 0.8. Buffers, so they travel in ``state_dict`` and a resumed run continues exactly.
+    """
+
+    def __init__(self, alpha: float = 0.8) -> None:
+        super().__init__()
+        self.alpha = alpha
+        self.register_buffer("mean", torch.zeros(()))
+        self.register_buffer("var", torch.ones(()))
+        self.register_buffer("initialised", torch.zeros((), dtype=torch.bool))
+
+    @torch.no_grad()
+    def update(self, x: torch.Tensor) -> None:
+        batch_mean = x.mean()
+        batch_var = x.var(unbiased=False) if x.numel() > 1 else torch.zeros_like(batch_mean)
+        if not bool(self.initialised):
+            # The first minibatch sets the statistics rather than being shrunk towards (0, 1).
+            self.mean.copy_(batch_mean)
+            self.var.copy_(batch_var)
+            self.initialised.fill_(True)
+        else:
+            self.mean.mul_(self.alpha).add_((1 - self.alpha) * batch_mean)
+            self.var.mul_(self.alpha).add_((1 - self.alpha) * batch_var)
+
+
+class StreamingMean:
+    """Mean accumulated over chunks in float64 (same interface as ``StreamingLogMeanExp``)."""
+
+    def __init__(self) -> None:
+        self.total: torch.Tensor | None = None
+        self.count = 0
+
+    def update(self, x: torch.Tensor, dim: int = 0) -> None:
+        chunk = x.double().sum(dim)
+        self.total = chunk if self.total is None else self.total + chunk
+        self.count += x.shape[dim]
+
+    def result(self) -> torch.Tensor:
+        if self.total is None:
+            raise ValueError("no samples were accumulated")
+        return (self.total / self.count).float()
