@@ -71,9 +71,12 @@ class SampledBound:
             raise ConfigError(f"estimator.num_samples must be a positive integer, got {k}")
         self.num_samples = k
 
-    def estimate(self, model, data, *, inference=None, generator, seed: int, progress=None) -> Result:
+    def check(self, model, inference) -> None:
         if inference is None:
             raise ConfigError(f"estimator={self.name} needs a model with an inference network")
+
+    def estimate(self, model, data, *, inference=None, generator, seed: int, progress=None) -> Result:
+        self.check(model, inference)
         t0 = time.perf_counter()
         log_p = self.BOUNDS[self.name](model, inference, data, self.num_samples, generator=generator,
                                        batch_size=int(self.cfg.batch_size),

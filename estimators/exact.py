@@ -28,16 +28,20 @@ def split_layers(h: torch.Tensor, layers: list[int]) -> list[torch.Tensor]:
     return list(torch.split(h, layers, dim=-1))
 
 
+def check_enumerable(model, max_latent: int = MAX_LATENT) -> None:
+    if model.n_latent > max_latent:
+        raise ConfigError(
+            f"estimator=exact enumerates 2^L latent states and is limited to L <= {max_latent}; "
+            f"this model has L = {model.n_latent} latent units (use estimator=iwae)"
+        )
+
+
 @torch.no_grad()
 def exact_log_marginal(model, data: torch.Tensor, *, batch_size: int = 1000, max_elements: int = 2**26,
                        max_latent: int = MAX_LATENT, progress=None) -> torch.Tensor:
     """Per-example log p(v) = log sum_h p(v, h) for a directed model with ``model.layers``."""
+    check_enumerable(model, max_latent)
     n_latent = model.n_latent
-    if n_latent > max_latent:
-        raise ConfigError(
-            f"estimator=exact enumerates 2^L latent states and is limited to L <= {max_latent}; "
-            f"this model has L = {n_latent} latent units (use estimator=iwae)"
-        )
     n_states = 2**n_latent
     out = []
     for start, stop in chunks(data.shape[0], batch_size):
@@ -62,6 +66,9 @@ class Exact:
 
     def __init__(self, cfg) -> None:
         self.cfg = cfg
+
+    def check(self, model, inference) -> None:
+        check_enumerable(model, int(self.cfg.max_latent))
 
     def estimate(self, model, data, *, inference=None, generator=None, seed: int, progress=None) -> Result:
         t0 = time.perf_counter()

@@ -49,6 +49,7 @@ def evaluate_checkpoint(path, estimator_cfg, *, split: str = "test", num_example
     positive_int(num_examples, "eval.num_examples", allow_none=True)
     estimator = build_estimator(estimator_cfg)
     model, inference, payload = load_model(path, dev)
+    estimator.check(model, inference)  # refuse before any work starts
     data_cfg = OmegaConf.merge(OmegaConf.create(payload["config"]["data"]), OmegaConf.create(data_overrides or {}))
     data = build_dataset(data_cfg, dev)
     x = data.split(split)
