@@ -16,6 +16,7 @@ import time
 import torch
 
 from estimators.base import Result, chunks
+from nvil.data import take_rows
 from nvil.errors import ConfigError
 from nvil.ops import StreamingLogMeanExp, StreamingMean
 
@@ -33,7 +34,7 @@ def _reduce_log_weights(model, inference, data, num_samples, accumulator, *, bat
     width = model.n_visible + model.n_latent
     out = []
     for start, stop in chunks(data.shape[0], batch_size):
-        x = data[start:stop]
+        x = take_rows(data, start, stop)
         acc = accumulator()
         k_chunk = max(1, max_elements // (x.shape[0] * width))
         for k0, k1 in chunks(num_samples, k_chunk):

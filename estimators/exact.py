@@ -11,6 +11,7 @@ import time
 import torch
 
 from estimators.base import Result, chunks
+from nvil.data import take_rows
 from nvil.errors import ConfigError
 from nvil.ops import StreamingLogMeanExp
 
@@ -45,7 +46,7 @@ def exact_log_marginal(model, data: torch.Tensor, *, batch_size: int = 1000, max
     n_states = 2**n_latent
     out = []
     for start, stop in chunks(data.shape[0], batch_size):
-        x = data[start:stop]
+        x = take_rows(data, start, stop)
         acc = StreamingLogMeanExp()
         s_chunk = max(1, max_elements // (x.shape[0] * model.n_visible))
         for s0, s1 in chunks(n_states, s_chunk):

@@ -6,19 +6,46 @@ from typing import Callable
 
 from torch import nn
 
-from models.inference import FactorialInference
-from models.sbn import SBN
+from models.inference import LayeredInference
+from models.sbn import PRIORS, SBN, VISIBLES
 from nvil.errors import ConfigError
 
 
-def _build_sbn(cfg, n_visible: int) -> tuple[nn.Module, nn.Module]:
+def _layers(cfg) -> list[int]:
     layers = list(cfg.get("layers") or [])
-    if not layers or any(not isinstance(n, int) or n < 1 for n in layers):
+    if not layers or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in layers):
         raise ConfigError(f"model.layers must be a non-empty list of positive integers, got {layers}")
-    return SBN(n_visible, layers), FactorialInference(n_visible, layers)
+    return layers
 
 
-MODELS: dict[str, Callable] = {"sbn": _build_sbn}
+def _options(cfg) -> dict:
+    visible = cfg.get("visible", "bernoulli")
+    if visible not in VISIBLES:
+        raise ConfigError(f"model.visible must be one of {list(VISIBLES)}, got {visible!r}")
+    inference = cfg.get("inference") or {}
+    return {"visible": visible, "doc_length": int(cfg.get("doc_length", 100)),
+            "autoregressive_q": bool(inference.get("autoregressive", False))}
+
+
+def _build(n_visible: int, layers: list[int], prior: str, opts: dict) -> tuple[nn.Module, nn.Module]:
+    assert prior in PRIORS
+    model = SBN(n_visible, layers, prior=prior, visible=opts["visible"], doc_length=opts["doc_length"])
+    return model, LayeredInference(n_visible, layers, autoregressive=opts["autoregressive_q"])
+
+
+def _build_sbn(cfg, n_visible: int):
+    return _build(n_visible, _layers(cfg), "factorial", _options(cfg))
+
+
+def _build_fdarn(cfg, n_visible: int):
+    """fDARN: one layer of n_latent binary units with an autoregressive prior, factorial visibles."""
+    n = cfg.get("n_latent")
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ConfigError(f"model.n_latent must be a positive integer, got {n!r}")
+    return _build(n_visible, [n], "autoregressive", _options(cfg))
+
+
+MODELS: dict[str, Callable] = {"sbn": _build_sbn, "fdarn": _build_fdarn}
 
 
 def build_model(cfg, n_visible: int) -> tuple[nn.Module, nn.Module]:

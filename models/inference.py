@@ -1,9 +1,9 @@
 """Inference networks q(h | x) for directed binary models.
 
-Factorial, layer by layer (Mnih & Gregor 2014, Eq. 11):
-q(h | x) = q(h_1 | x) prod_{i=2}^{n} q(h_i | h_{i-1}), each a factorial Bernoulli with logits
-U_i h_{i-1} + c_i. The input x is centred by the training mean before it enters the network, which the
-paper reports as essential.
+Layer by layer (Mnih & Gregor 2014, Eq. 11): q(h | x) = q(h_1 | x) prod_{i=2}^{n} q(h_i | h_{i-1}).
+Each layer is factorial, logits U_i h_{i-1} + c_i, or with ``autoregressive=True`` has connections
+among its own units, p(h_ij | h_i,<j, h_{i-1}) (the paper's Table 2). The input x is centred by the
+training mean before it enters the network, which the paper reports as essential.
 """
 
 from __future__ import annotations
@@ -11,15 +11,17 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from models.autoregressive import AutoregressiveLinear
 from nvil.ops import bernoulli_log_prob
 
 
-class FactorialInference(nn.Module):
-    def __init__(self, n_visible: int, layers: list[int]) -> None:
+class LayeredInference(nn.Module):
+    def __init__(self, n_visible: int, layers: list[int], autoregressive: bool = False) -> None:
         super().__init__()
         sizes = [int(n_visible)] + [int(n) for n in layers]
         # encoders[i] maps h_i to the logits of h_{i+1} (h_0 = centred x).
         self.encoders = nn.ModuleList(nn.Linear(sizes[i], sizes[i + 1]) for i in range(len(layers)))
+        self.within = nn.ModuleList(AutoregressiveLinear(n) for n in sizes[1:]) if autoregressive else None
         self.register_buffer("input_mean", torch.zeros(int(n_visible)))
 
     @torch.no_grad()
@@ -29,25 +31,33 @@ class FactorialInference(nn.Module):
     def centre(self, x: torch.Tensor) -> torch.Tensor:
         return x - self.input_mean
 
+    def _layer_log_prob(self, i: int, base_logits: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        if self.within is None:
+            return bernoulli_log_prob(base_logits, h)
+        return self.within[i].log_prob(base_logits, h)
+
     def sample(
         self, x: torch.Tensor, generator: torch.Generator | None = None
     ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """(h_layers, log_q_layers): binary samples (no gradient) and log q(h_i | h_{i-1}) (with gradient)."""
         h = self.centre(x)
         hs, log_qs = [], []
-        for enc in self.encoders:
-            logits = enc(h)
+        for i, enc in enumerate(self.encoders):
+            base = enc(h)
             with torch.no_grad():
-                u = torch.rand(logits.shape, generator=generator, device=logits.device, dtype=logits.dtype)
-                h = (u < torch.sigmoid(logits)).to(logits.dtype)
+                if self.within is None:
+                    u = torch.rand(base.shape, generator=generator, device=base.device, dtype=base.dtype)
+                    h = (u < torch.sigmoid(base)).to(base.dtype)
+                else:
+                    h = self.within[i].sample(base, generator)
             hs.append(h)
-            log_qs.append(bernoulli_log_prob(logits, h))
+            log_qs.append(self._layer_log_prob(i, base, h))
         return hs, log_qs
 
     def log_prob_layers(self, hs: list[torch.Tensor], x: torch.Tensor) -> list[torch.Tensor]:
         """[log q(h_1 | x), log q(h_2 | h_1), ...]; broadcasts over leading dimensions."""
         below = [self.centre(x)] + list(hs[:-1])
-        return [bernoulli_log_prob(enc(v), h) for enc, v, h in zip(self.encoders, below, hs)]
+        return [self._layer_log_prob(i, enc(v), h) for i, (enc, v, h) in enumerate(zip(self.encoders, below, hs))]
 
     def log_prob(self, hs: list[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         return torch.stack(torch.broadcast_tensors(*self.log_prob_layers(hs, x))).sum(0)

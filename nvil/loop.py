@@ -19,7 +19,7 @@ from estimators.bounds import elbo
 from models import build_model
 from nvil.checkpoint import load_checkpoint, load_module_state, save_checkpoint
 from nvil.config import positive_int, resolve_device
-from nvil.data import MinibatchStream, build_dataset
+from nvil.data import MinibatchStream, build_dataset, check_model_fits_data, take_rows
 from nvil.errors import CheckpointError, ConfigError, TrainingDiverged
 from nvil.learners import build_learner
 from nvil.logging import RunLogger, to_floats
@@ -62,6 +62,7 @@ def fit(cfg, run_dir: Path) -> dict:
     torch.manual_seed(cfg.seed)
     data = build_dataset(cfg.data, device)
     model, inference = build_model(cfg.model, data.dim)
+    check_model_fits_data(model, data)
     model.to(device), inference.to(device)
     model.init_visible_bias(data.train_mean())
     inference.set_input_mean(data.train_mean())
@@ -74,7 +75,7 @@ def fit(cfg, run_dir: Path) -> dict:
     OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
 
     stream = MinibatchStream(data, t.batch_size, cfg.seed)
-    valid = data.split("valid")[: t.val_num_examples]
+    valid = take_rows(data.split("valid"), 0, t.val_num_examples)
     logger = RunLogger(run_dir, enabled=bool(t.tensorboard))
 
     def checkpoint(path: Path) -> None:

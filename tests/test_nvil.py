@@ -17,8 +17,15 @@ X = torch.tensor([[1, 0, 1, 1, 0, 0], [0, 1, 1, 0, 1, 0], [1, 1, 1, 0, 0, 1], [0
                  dtype=torch.float32)
 
 
-def make_learner(switches: dict, seed: int = 0) -> NVIL:
-    model, inference = tiny_model(seed=5, scale=1.0, q_scale=0.5)
+MODELS = {
+    "sbn": dict(layers=(4, 3)),
+    "fdarn": dict(layers=(6,), name="fdarn"),
+    "sbn_ar_q": dict(layers=(4, 3), autoregressive_q=True),
+}
+
+
+def make_learner(switches: dict, seed: int = 0, model: str = "sbn") -> NVIL:
+    model, inference = tiny_model(seed=5, scale=1.0, q_scale=0.5, **MODELS[model])
     cfg = OmegaConf.merge(make_cfg("train").learner, switches)
     return NVIL(model, inference, cfg, torch.device("cpu"), seed)
 
@@ -76,10 +83,12 @@ def test_layerwise_signals_keep_the_terms_that_depend_on_each_layer():
     assert [t.item() for t in layerwise_signals(lp, lq, layerwise=False)] == [l1.item(), l1.item()]
 
 
-@pytest.mark.parametrize("switches", [ALL_ON, ALL_OFF, dict(ALL_ON, layerwise=False)], ids=["all_on", "all_off", "global_signal"])
-def test_nvil_gradient_matches_exact_elbo_gradient(switches):
+@pytest.mark.parametrize("switches, model", [
+    (ALL_ON, "sbn"), (ALL_OFF, "sbn"), (dict(ALL_ON, layerwise=False), "sbn"), (ALL_ON, "fdarn"), (ALL_ON, "sbn_ar_q"),
+], ids=["all_on", "all_off", "global_signal", "fdarn", "sbn_autoregressive_q"])
+def test_nvil_gradient_matches_exact_elbo_gradient(switches, model):
     torch.manual_seed(0)
-    learner = make_learner(switches)
+    learner = make_learner(switches, model=model)
     if switches["input_baseline"] or switches["constant_baseline"]:
         train_baselines(learner, steps=600)
     estimates = gradient_groups(learner)

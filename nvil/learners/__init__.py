@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from nvil.errors import ConfigError
 from nvil.learners.nvil import NVIL
+from nvil.learners.wake_sleep import WakeSleep
 
-LEARNERS = {"nvil": NVIL}
+LEARNERS = {"nvil": NVIL, "wake_sleep": WakeSleep}
 
 
 def build_learner(cfg, model, inference, device, seed: int):

@@ -17,12 +17,11 @@ differentiated; no Python loop runs over examples or samples, only over the (few
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import nn
 
 from nvil.baselines import InputDependentBaseline
+from nvil.config import positive_float
 from nvil.errors import ConfigError
 from nvil.ops import RunningMoments
 
@@ -55,6 +54,17 @@ def build_optimizer(params_groups: list[dict], cfg) -> torch.optim.Optimizer:
     raise ConfigError(f"learner.optimizer must be 'adam' or 'sgd', got {name!r}")
 
 
+def grad_norms(optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
+    """``grad_norm/<group>``: the global gradient norm of each named parameter group."""
+    out = {}
+    for group in optimizer.param_groups:
+        grads = [p.grad for p in group["params"] if p.grad is not None]
+        if grads:
+            out[f"grad_norm/{group['name']}"] = torch.linalg.vector_norm(
+                torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+    return out
+
+
 class NVIL(nn.Module):
     """The NVIL learner for directed binary models with a layered inference network."""
 
@@ -74,9 +84,7 @@ class NVIL(nn.Module):
         ) if self.use_input_baseline else nn.ModuleList()
         self.moments = nn.ModuleList(RunningMoments(float(cfg.smoothing)) for _ in range(n_layers))
         self.to(device)
-        lr = float(cfg.lr)
-        if not (lr > 0 and math.isfinite(lr)):
-            raise ConfigError(f"learner.lr must be a positive number, got {cfg.lr}")
+        lr = positive_float(cfg.get("lr"), "learner.lr")
         groups = [
             {"params": list(model.parameters()), "lr": lr, "name": "model"},
             # The paper always makes the inference network's rate five times smaller than the model's.
@@ -131,11 +139,7 @@ class NVIL(nn.Module):
         loss, metrics = self.surrogate(x)
         loss.backward()
         if diagnostics:
-            for group in self.optimizer.param_groups:
-                grads = [p.grad for p in group["params"] if p.grad is not None]
-                if grads:
-                    metrics[f"grad_norm/{group['name']}"] = torch.linalg.vector_norm(
-                        torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+            metrics.update(grad_norms(self.optimizer))
         self.optimizer.step()
         return metrics
 

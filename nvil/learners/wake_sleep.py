@@ -1,0 +1,67 @@
+"""Wake-sleep (Hinton et al. 1995), the comparison in Mnih & Gregor 2014 (Sec. 3.2, Table 1).
+
+- wake: h ~ q(h | x) on the data and the same model update as NVIL, grad_theta log p(x, h);
+- sleep: (x, h) ~ p(x, h) from the model and the recognition update grad_phi log q(h | x).
+
+The sleep phase does not follow the gradient of any bound, so ``train/elbo`` (reported from the wake
+samples, like NVIL's) is a diagnostic, not the quantity being ascended.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from nvil.config import positive_float
+from nvil.learners.nvil import build_optimizer, grad_norms
+
+
+class WakeSleep(nn.Module):
+    def __init__(self, model: nn.Module, inference: nn.Module, cfg, device: torch.device, seed: int) -> None:
+        super().__init__()
+        self.model = model
+        self.inference = inference
+        self.cfg = cfg
+        self.to(device)
+        lr = positive_float(cfg.get("lr"), "learner.lr")
+        groups = [
+            {"params": list(model.parameters()), "lr": lr, "name": "model"},
+            {"params": list(inference.parameters()), "lr": lr * float(cfg.inference_lr_scale), "name": "inference"},
+        ]
+        self.optimizer = build_optimizer(groups, cfg)
+        self.generator = torch.Generator(device=device).manual_seed(seed)
+        self.sleep_batch = cfg.get("sleep_batch_size")
+
+    def surrogate(self, x: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        # Wake phase: recognise the data, fit the model to (x, h).
+        with torch.no_grad():
+            hs, log_q = self.inference.sample(x, generator=self.generator)
+        log_p = self.model.log_joint(x, hs)
+        wake_loss = -log_p.mean()
+        # Sleep phase: dream (x, h) from the model, fit the recognition network to it.
+        n = int(self.sleep_batch or x.shape[0])
+        x_dream, h_dream = self.model.sample(n, generator=self.generator)
+        sleep_log_q = self.inference.log_prob(h_dream, x_dream)
+        sleep_loss = -sleep_log_q.mean()
+        metrics = {
+            "train/elbo": (log_p.detach() - torch.stack(log_q).sum(0)).mean(),
+            "train/model_loss": wake_loss.detach(),
+            "wake_sleep/sleep_log_q": sleep_log_q.detach().mean(),
+        }
+        return wake_loss + sleep_loss, metrics
+
+    def step(self, x: torch.Tensor, diagnostics: bool = False) -> dict[str, torch.Tensor]:
+        self.optimizer.zero_grad(set_to_none=True)
+        loss, metrics = self.surrogate(x)
+        loss.backward()
+        if diagnostics:
+            metrics.update(grad_norms(self.optimizer))
+        self.optimizer.step()
+        return metrics
+
+    def learner_state(self) -> dict:
+        return {"optimizer": self.optimizer.state_dict(), "generator": self.generator.get_state()}
+
+    def load_learner_state(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.generator.set_state(state["generator"].cpu())
