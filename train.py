@@ -17,6 +17,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from nvil.cli import guarded, run_task
+from nvil.config import estimator_config
 from nvil.evaluation import evaluate_checkpoint
 from nvil.loop import fit
 
@@ -28,7 +29,7 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict:
     fe = cfg.final_eval
     if fe.enabled:
         result = evaluate_checkpoint(
-            metrics["checkpoint"], fe.estimator, split=fe.split, num_examples=fe.num_examples,
+            metrics["checkpoint"], estimator_config(fe.estimator), split=fe.split, num_examples=fe.num_examples,
             seed=cfg.seed, device=cfg.trainer.device, progress=cfg.trainer.progress)
         metrics["final_eval"] = result.summary()
     return metrics

@@ -7,6 +7,7 @@ from typing import Callable
 from torch import nn
 
 from models.inference import LayeredInference
+from models.rbm import BoltzmannMachine
 from models.sbn import PRIORS, SBN, VISIBLES
 from nvil.errors import ConfigError
 
@@ -45,11 +46,32 @@ def _build_fdarn(cfg, n_visible: int):
     return _build(n_visible, [n], "autoregressive", _options(cfg))
 
 
-MODELS: dict[str, Callable] = {"sbn": _build_sbn, "fdarn": _build_fdarn}
+def _build_boltzmann(cfg, n_visible: int, lateral: bool):
+    n_hidden = cfg.get("n_hidden")
+    if isinstance(n_hidden, bool) or not isinstance(n_hidden, int) or n_hidden < 1:
+        raise ConfigError(f"model.n_hidden must be a positive integer, got {n_hidden!r}")
+    n_labels = N_LABELS if cfg.get("labels", False) else 0
+    model = BoltzmannMachine(n_visible - n_labels, n_hidden, visible=cfg.get("visible", "binary"), lateral=lateral,
+                             n_labels=n_labels, visible_update=cfg.get("visible_update", "sequential"))
+    return model, None
 
 
-def build_model(cfg, n_visible: int) -> tuple[nn.Module, nn.Module]:
-    """(model, inference network) for the ``model`` config group entry ``cfg``."""
+def _build_rbm(cfg, n_visible: int):
+    """Restricted Boltzmann machine, binary or Gaussian (unit-variance) visibles."""
+    return _build_boltzmann(cfg, n_visible, lateral=False)
+
+
+def _build_srbm(cfg, n_visible: int):
+    """Semi-restricted BM: lateral connections among the binary visibles, optional label units."""
+    return _build_boltzmann(cfg, n_visible, lateral=True)
+
+
+N_LABELS = 10
+MODELS: dict[str, Callable] = {"sbn": _build_sbn, "fdarn": _build_fdarn, "rbm": _build_rbm, "srbm": _build_srbm}
+
+
+def build_model(cfg, n_visible: int) -> tuple[nn.Module, nn.Module | None]:
+    """(model, inference network or None) for the ``model`` config group entry ``cfg``."""
     name = cfg.get("name")
     if name not in MODELS:
         raise ConfigError(f"unknown model {name!r}; known models: {', '.join(sorted(MODELS))}")

@@ -51,3 +51,16 @@ def check_group_choices(argv: list[str], config_dir: Path = CONFIG_DIR) -> None:
         for choice in value.split(","):
             if choice not in known:
                 raise ConfigError(f"unknown {key} {choice!r}; known: {', '.join(known)}")
+
+
+def estimator_config(value):
+    """An estimator config, or a bare name (``final_eval.estimator=exact``) loaded from configs/estimator/."""
+    if not isinstance(value, str):
+        return value
+    from omegaconf import OmegaConf
+
+    path = CONFIG_DIR / "estimator" / f"{value}.yaml"
+    if not path.is_file():
+        known = sorted(p.stem for p in (CONFIG_DIR / "estimator").glob("*.yaml"))
+        raise ConfigError(f"unknown estimator {value!r}; known: {', '.join(known)}")
+    return OmegaConf.load(path)

@@ -189,6 +189,16 @@ class Dataset:
             return torch.sparse.sum(x, 0).to_dense() / x.shape[0]
         return x.mean(0)
 
+    def with_one_hot_labels(self, n_labels: int = 10) -> "Dataset":
+        """Append one-hot labels to every split's rows, for models with label units."""
+        missing = [s for s in SPLITS if self.labels.get(s) is None]
+        if missing:
+            raise DataError(f"model.labels=true needs labelled data, but data={self.name} has no labels")
+        for s in SPLITS:
+            y = torch.nn.functional.one_hot(self.labels[s].long(), n_labels).to(self.splits[s])
+            self.splits[s] = torch.cat([self.splits[s], y], -1)
+        return self
+
     def to(self, device: torch.device) -> "Dataset":
         self.splits = {k: v.to(device) for k, v in self.splits.items()}
         return self
@@ -228,10 +238,20 @@ class MinibatchStream:
         return x
 
 
+def build_model_data(data_cfg, model_cfg, device) -> Dataset:
+    """The dataset a model trains or is evaluated on: one-hot labels appended when ``model.labels``."""
+    data = build_dataset(data_cfg, device)
+    if model_cfg.get("labels", False):
+        data.with_one_hot_labels()
+    return data
+
+
 def check_model_fits_data(model, data: Dataset) -> None:
     """Word counts need a multinomial visible layer, and binary data a Bernoulli one."""
     counts = data.binarize == "counts"
     visible = getattr(model, "visible", "bernoulli")
+    if visible == "gaussian" and data.binarize != "threshold" and data.name == "mnist":
+        pass  # a Gaussian RBM on binarised pixels is unusual but well defined
     if counts and visible != "multinomial":
         raise ConfigError(f"data={data.name} holds word counts: use model.visible=multinomial")
     if not counts and visible == "multinomial":

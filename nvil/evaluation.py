@@ -15,7 +15,7 @@ from estimators.base import Result
 from models import MODELS, build_model
 from nvil.checkpoint import load_checkpoint, load_module_state
 from nvil.config import positive_int, resolve_device
-from nvil.data import build_dataset, take_rows
+from nvil.data import build_model_data, take_rows
 from nvil.errors import CheckpointError, ConfigError
 from nvil.ops import mean_and_stderr
 
@@ -31,7 +31,10 @@ def load_model(path: Path, device: torch.device):
     if model_cfg.get("name") != name:
         raise CheckpointError(f"checkpoint {path} is inconsistent: model_name={name!r} but its config "
                               f"names {model_cfg.get('name')!r}")
-    model, inference = build_model(model_cfg, int(payload["n_visible"]))
+    try:
+        model, inference = build_model(model_cfg, int(payload["n_visible"]))
+    except ConfigError as e:
+        raise CheckpointError(f"checkpoint {path} holds an unusable {name} config: {e}") from None
     load_module_state(model, payload["model"], f"{name} model", path)
     if payload.get("inference") is not None:
         load_module_state(inference, payload["inference"], "inference network", path)
@@ -53,7 +56,7 @@ def evaluate_checkpoint(path, estimator_cfg, *, split: str = "test", num_example
     model, inference, payload = load_model(path, dev)
     estimator.check(model, inference)  # refuse before any work starts
     data_cfg = OmegaConf.merge(OmegaConf.create(payload["config"]["data"]), OmegaConf.create(data_overrides or {}))
-    data = build_dataset(data_cfg, dev)
+    data = build_model_data(data_cfg, OmegaConf.create(payload["config"]["model"]), dev)
     x = data.split(split)
     if x.shape[1] != model.n_visible:
         raise ConfigError(f"data has {x.shape[1]} visible units but the checkpoint's model has {model.n_visible}")

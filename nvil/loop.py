@@ -15,15 +15,17 @@ import torch
 from omegaconf import OmegaConf
 from tqdm import tqdm
 
-from estimators.bounds import elbo
 from models import build_model
 from nvil.checkpoint import load_checkpoint, load_module_state, save_checkpoint
 from nvil.config import positive_int, resolve_device
-from nvil.data import MinibatchStream, build_dataset, check_model_fits_data, take_rows
+from nvil.data import MinibatchStream, build_model_data, check_model_fits_data, take_rows
 from nvil.errors import CheckpointError, ConfigError, TrainingDiverged
 from nvil.learners import build_learner
 from nvil.logging import RunLogger, to_floats
+from nvil.validation import score_tag, validate
 
+# What the progress bar shows, the first that the learner reports.
+PROGRESS_KEYS = ("train/elbo", "train/log_p_exact", "train/free_energy_gap")
 # Sections of the config a resumed run must share with the run that wrote the checkpoint.
 RESUME_MUST_MATCH = ("model", "learner", "data", "seed")
 
@@ -60,12 +62,14 @@ def fit(cfg, run_dir: Path) -> dict:
 
     # ---- build everything -----------------------------------------------------------------------
     torch.manual_seed(cfg.seed)
-    data = build_dataset(cfg.data, device)
+    data = build_model_data(cfg.data, cfg.model, device)
     model, inference = build_model(cfg.model, data.dim)
     check_model_fits_data(model, data)
-    model.to(device), inference.to(device)
+    model.to(device)
     model.init_visible_bias(data.train_mean())
-    inference.set_input_mean(data.train_mean())
+    if inference is not None:
+        inference.to(device)
+        inference.set_input_mean(data.train_mean())
     learner = build_learner(cfg.learner, model, inference, device, cfg.seed)
     state = LoopState()
     resolved = OmegaConf.to_container(cfg, resolve=True)
@@ -76,13 +80,15 @@ def fit(cfg, run_dir: Path) -> dict:
 
     stream = MinibatchStream(data, t.batch_size, cfg.seed)
     valid = take_rows(data.split("valid"), 0, t.val_num_examples)
+    train_subset = take_rows(data.split("train"), 0, t.val_num_examples)
+    tag = score_tag(model, inference)
     logger = RunLogger(run_dir, enabled=bool(t.tensorboard))
 
     def checkpoint(path: Path) -> None:
         _check_finite(model, inference, state.step, last_path)
         save_checkpoint(path, {
             "config": resolved, "model_name": cfg.model.name, "n_visible": data.dim,
-            "model": model.state_dict(), "inference": inference.state_dict(),
+            "model": model.state_dict(), "inference": None if inference is None else inference.state_dict(),
             "learner": learner.learner_state(), "step": state.step, "best_score": state.best_score,
             "loop": asdict(state), "rng": {"torch": torch.get_rng_state()},
         })
@@ -110,10 +116,13 @@ def fit(cfg, run_dir: Path) -> dict:
                         f"the last good checkpoint is kept at {last_path} (try a smaller learner.lr)")
                 latest["train/steps_per_second"] = (state.step - first_step) / (time.perf_counter() - started)
                 logger.scalars(state.step, latest)
-                bar.set_postfix(elbo=f"{latest['train/elbo']:.2f}")
+                shown = next((k for k in PROGRESS_KEYS if k in latest), None)
+                if shown:
+                    bar.set_postfix({shown.split("/")[1]: f"{latest[shown]:.2f}"})
 
             if state.step % t.val_every == 0 or done:
-                score = _validate(model, inference, valid, t.val_num_samples, cfg.seed)
+                val_metrics = validate(model, inference, valid, train_subset, t.val_num_samples, cfg.seed)
+                score = val_metrics[tag]
                 improved = score > state.best_score
                 if improved:
                     state.best_score, state.best_step, state.evals_without_improvement = score, state.step, 0
@@ -121,15 +130,14 @@ def fit(cfg, run_dir: Path) -> dict:
                     state.evals_without_improvement += 1
                     if t.patience is not None and state.evals_without_improvement >= t.patience:
                         state.stopped_early = True
-                logger.scalars(state.step, {"val/elbo": score, "val/elbo_best": state.best_score})
-                bar.set_postfix(elbo=f"{latest.get('train/elbo', float('nan')):.2f}", val=f"{score:.2f}")
+                logger.scalars(state.step, {**val_metrics, f"{tag}_best": state.best_score})
+                bar.set_postfix(val=f"{score:.2f}")
                 if improved:
                     checkpoint(best_path)
 
             if state.step % t.sample_every == 0 and data.image_shape is not None:
-                g = torch.Generator(device=device).manual_seed(cfg.seed)
-                _, hs = model.sample(64, generator=g)
-                logger.image_grid("samples/model", model.visible_probs(hs), state.step, data.image_shape)
+                for image_tag, images in _image_grids(model, learner, cfg.seed, device).items():
+                    logger.image_grid(image_tag, images, state.step, data.image_shape)
 
             if state.step % t.ckpt_every == 0 or done or state.stopped_early:
                 checkpoint(last_path)
@@ -137,7 +145,7 @@ def fit(cfg, run_dir: Path) -> dict:
         bar.close()
         logger.close()
     return {
-        "step": state.step, "best_step": state.best_step, "val/elbo_best": state.best_score,
+        "step": state.step, "best_step": state.best_step, "val/tag": tag, "val/best": state.best_score,
         "stopped_early": state.stopped_early, "train/elbo": latest.get("train/elbo"),
         "steps_per_second": (state.step - first_step) / max(time.perf_counter() - started, 1e-9),
         "checkpoint": str(best_path if best_path.exists() else last_path),
@@ -145,15 +153,18 @@ def fit(cfg, run_dir: Path) -> dict:
 
 
 @torch.no_grad()
-def _validate(model, inference, valid: torch.Tensor, num_samples: int, seed: int) -> float:
-    """Mean validation ELBO with ``num_samples`` samples from q and a fixed generator, so successive
-    validations share their random numbers and differences reflect the parameters."""
-    g = torch.Generator(device=valid.device).manual_seed(seed + 1_000_003)
-    return elbo(model, inference, valid, num_samples, generator=g).mean().item()
+def _image_grids(model, learner, seed: int, device) -> dict[str, torch.Tensor]:
+    """Directed models: a grid of ancestral samples; Boltzmann machines: the learner's particles,
+    tempered-transition runs and filters."""
+    if hasattr(learner, "image_grids"):
+        return learner.image_grids()
+    g = torch.Generator(device=device).manual_seed(seed)
+    _, hs = model.sample(64, generator=g)
+    return {"samples/model": model.visible_probs(hs)}
 
 
 def _check_finite(model, inference, step: int, last_path: Path) -> None:
-    params = list(model.parameters()) + list(inference.parameters())
+    params = list(model.parameters()) + (list(inference.parameters()) if inference is not None else [])
     if not bool(torch.stack([torch.isfinite(p).all() for p in params]).all()):
         raise TrainingDiverged(f"parameters became NaN or infinite by step {step}; the last good checkpoint "
                                f"is kept at {last_path} (try a smaller learner.lr)")
@@ -167,7 +178,8 @@ def _restore(path: Path, resolved: dict, model, inference, learner, device) -> L
             raise CheckpointError(f"cannot resume from {path}: it was written with {key}={saved.get(key)}, "
                                   f"but this run asks for {key}={resolved.get(key)}")
     load_module_state(model, payload["model"], "model", path)
-    load_module_state(inference, payload["inference"], "inference network", path)
+    if inference is not None:
+        load_module_state(inference, payload["inference"], "inference network", path)
     try:
         learner.load_learner_state(payload["learner"])
     except (KeyError, RuntimeError, ValueError) as e:

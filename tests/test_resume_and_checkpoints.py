@@ -133,12 +133,19 @@ def test_truncated_checkpoint(tmp_path, good_checkpoint):
 
 def test_checkpoint_of_another_model(tmp_path, good_checkpoint):
     payload = load_checkpoint(good_checkpoint)
+    payload["model_name"] = payload["config"]["model"]["name"] = "darn"
+    save_checkpoint(tmp_path / "darn.pt", payload)
+    with pytest.raises(CheckpointError) as e:
+        load_model(tmp_path / "darn.pt", torch.device("cpu"))
+    assert "holds a model 'darn'" in one_line(e)
+
+    payload = load_checkpoint(good_checkpoint)  # SBN weights under an RBM's name and config
     payload["model_name"] = "rbm"
-    payload["config"]["model"]["name"] = "rbm"
+    payload["config"]["model"] = {"name": "rbm", "n_hidden": 7, "visible": "binary", "labels": False}
     save_checkpoint(tmp_path / "rbm.pt", payload)
     with pytest.raises(CheckpointError) as e:
         load_model(tmp_path / "rbm.pt", torch.device("cpu"))
-    assert "holds a model 'rbm'" in one_line(e)
+    assert "does not match this rbm model" in one_line(e)
 
     payload = load_checkpoint(good_checkpoint)
     payload["config"]["model"]["layers"] = [7]  # state dict of a 4-3 SBN, config of a 7-unit one

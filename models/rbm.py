@@ -1,0 +1,229 @@
+"""Boltzmann machines with one hidden layer: binary RBM, Gaussian-visible RBM, and semi-restricted BM.
+
+Energy of x = [v, y] (pixels v, optional one-hot labels y) and binary hidden h:
+
+    E(v, y, h) = -v'W h - y'U h - b'v - d'y - c'h - 1/2 v'L v        (binary v)
+    E(v, y, h) = 1/2 |v - b|^2 - v'W h - y'U h - d'y - c'h            (Gaussian v, unit variance)
+
+L is the symmetric, zero-diagonal lateral matrix of the semi-restricted BM (Osindero & Hinton 2008;
+Salakhutdinov 2009, Sec. 4: 784 x 784 / 2 lateral weights, 10 label units joined to the hidden units,
+500 hidden units: 705,622 parameters). At inverse temperature beta the distribution is exp(-beta E) / Z_beta.
+
+- ``log_unnormalised(state)`` = -E(v, y, h), the log p* that tempered transitions and AIS weigh;
+- ``free_energy(x, beta)`` sums h out analytically: p(x) proportional to exp(-F(x));
+- conditionals ``h_given_x``, ``sample_x_given_h`` at inverse temperature beta (a scalar or one per chain);
+- ``log_z_exact`` enumerates the smaller side (hidden units, or visible units when L couples them).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from nvil.errors import ConfigError
+
+VISIBLES = ("binary", "gaussian")
+
+
+class State(NamedTuple):
+    """One state per chain: x = [v, y] [chains, n_visible + n_labels] and h [chains, n_hidden]."""
+
+    x: torch.Tensor
+    h: torch.Tensor
+
+
+def as_beta(beta, like: torch.Tensor) -> torch.Tensor:
+    """beta as a [chains, 1] (or scalar) tensor that broadcasts against [chains, units]."""
+    beta = torch.as_tensor(beta, dtype=like.dtype, device=like.device)
+    return beta.unsqueeze(-1) if beta.dim() == 1 else beta
+
+
+class BoltzmannMachine(nn.Module):
+    def __init__(self, n_visible: int, n_hidden: int, visible: str = "binary", lateral: bool = False,
+                 n_labels: int = 0, visible_update: str = "sequential") -> None:
+        super().__init__()
+        if visible not in VISIBLES:
+            raise ConfigError(f"model.visible must be one of {list(VISIBLES)}, got {visible!r}")
+        if lateral and visible != "binary":
+            raise ConfigError("lateral visible-visible connections need binary visibles")
+        if visible_update not in ("sequential", "mean_field"):
+            raise ConfigError(f"model.visible_update must be sequential or mean_field, got {visible_update!r}")
+        self.n_pixels, self.n_hidden, self.n_labels = int(n_visible), int(n_hidden), int(n_labels)
+        self.visible, self.visible_update = visible, visible_update
+        self.W = nn.Parameter(0.01 * torch.randn(self.n_pixels, self.n_hidden))
+        self.b = nn.Parameter(torch.zeros(self.n_pixels))
+        self.c = nn.Parameter(torch.zeros(self.n_hidden))
+        self.U = nn.Parameter(0.01 * torch.randn(self.n_labels, self.n_hidden)) if n_labels else None
+        self.d = nn.Parameter(torch.zeros(self.n_labels)) if n_labels else None
+        self.L = nn.Parameter(torch.zeros(self.n_pixels, self.n_pixels)) if lateral else None
+        if lateral:
+            self.register_buffer("off_diagonal", 1.0 - torch.eye(self.n_pixels))
+
+    # ---- bookkeeping ---------------------------------------------------------------------------
+    @property
+    def n_visible(self) -> int:
+        """Width of x = [v, y]: what data rows and checkpoints carry."""
+        return self.n_pixels + self.n_labels
+
+    @property
+    def layers(self) -> list[int]:
+        return [self.n_hidden]
+
+    def split(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return (x[..., : self.n_pixels], x[..., self.n_pixels:]) if self.n_labels else (x, None)
+
+    def lateral(self) -> torch.Tensor | None:
+        """L symmetric with a zero diagonal, built from the free parameter."""
+        if self.L is None:
+            return None
+        return 0.5 * (self.L + self.L.T) * self.off_diagonal
+
+    @torch.no_grad()
+    def init_visible_bias(self, train_mean: torch.Tensor, eps: float = 1e-3) -> None:
+        """Visible biases at the data marginals: logit of the mean pixel (binary), the mean (Gaussian)."""
+        mean = train_mean[: self.n_pixels].to(self.b)
+        if self.visible == "binary":
+            p = mean.clamp(eps, 1 - eps)
+            self.b.copy_(torch.log(p) - torch.log1p(-p))
+        else:
+            self.b.copy_(mean)
+        if self.n_labels:
+            freq = train_mean[self.n_pixels:].to(self.d).clamp(min=eps)
+            self.d.copy_(torch.log(freq / freq.sum()))
+
+    def filters(self) -> torch.Tensor:
+        """[n_hidden, n_pixels] receptive fields, for TensorBoard image grids."""
+        return self.W.detach().T
+
+    # ---- energies --------------------------------------------------------------------------------
+    def hidden_input(self, x: torch.Tensor) -> torch.Tensor:
+        """c + v'W + y'U: the hidden units' total input."""
+        v, y = self.split(x)
+        a = self.c + v @ self.W
+        return a + y @ self.U if y is not None else a
+
+    def visible_energy(self, x: torch.Tensor) -> torch.Tensor:
+        """The terms of E that do not involve h: -b'v (or 1/2 |v - b|^2) - d'y - 1/2 v'L v."""
+        v, y = self.split(x)
+        e = 0.5 * ((v - self.b) ** 2).sum(-1) if self.visible == "gaussian" else -(v @ self.b)
+        if y is not None:
+            e = e - y @ self.d
+        lat = self.lateral()
+        if lat is not None:
+            e = e - 0.5 * ((v @ lat) * v).sum(-1)
+        return e
+
+    def energy(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        return self.visible_energy(x) - (self.hidden_input(x) * h).sum(-1)
+
+    def log_unnormalised(self, state: State) -> torch.Tensor:
+        """log p*(x, h) = -E(x, h)."""
+        return -self.energy(state.x, state.h)
+
+    def free_energy(self, x: torch.Tensor, beta=1.0) -> torch.Tensor:
+        """F_beta(x) = beta E_vis(x) - sum_j softplus(beta a_j(x)): exp(-F_beta) = sum_h exp(-beta E)."""
+        beta = as_beta(beta, x)
+        beta_per_chain = beta.squeeze(-1) if beta.dim() else beta
+        return beta_per_chain * self.visible_energy(x) - F.softplus(beta * self.hidden_input(x)).sum(-1)
+
+    # ---- conditionals at inverse temperature beta ---------------------------------------------------
+    def h_given_x(self, x: torch.Tensor, beta=1.0) -> torch.Tensor:
+        return torch.sigmoid(as_beta(beta, x) * self.hidden_input(x))
+
+    def sample_h(self, x: torch.Tensor, beta=1.0, generator=None) -> torch.Tensor:
+        p = self.h_given_x(x, beta)
+        return (torch.rand(p.shape, generator=generator, device=p.device, dtype=p.dtype) < p).to(p.dtype)
+
+    def sample_x_given_h(self, h: torch.Tensor, beta=1.0, generator=None, x: torch.Tensor | None = None,
+                         reverse: bool = False) -> torch.Tensor:
+        """x ~ p_beta(x | h). For the semi-RBM the pixels are a pairwise MRF given h: one sequential Gibbs
+        sweep over them (``visible_update=sequential``, starting from ``x``; in index order, or the
+        opposite order with ``reverse``), or damped mean-field probabilities (``mean_field``, an
+        approximation for CD only)."""
+        beta = as_beta(beta, h)
+        top = self.b + h @ self.W.T
+        if self.L is None:
+            if self.visible == "binary":
+                v = _bernoulli(torch.sigmoid(beta * top), generator)
+            else:
+                noise = torch.randn(top.shape, generator=generator, device=top.device, dtype=top.dtype)
+                v = top + noise / beta.sqrt()
+        else:
+            v = self._lateral_visible_update(top, beta, generator, x, reverse)
+        if not self.n_labels:
+            return v
+        logits = beta * (self.d + h @ self.U.T)
+        y = F.one_hot(torch.multinomial(torch.softmax(logits, -1), 1, generator=generator).squeeze(-1),
+                      self.n_labels).to(v.dtype)
+        return torch.cat([v, y], -1)
+
+    def _lateral_visible_update(self, top, beta, generator, x, reverse: bool) -> torch.Tensor:
+        lat = self.lateral()
+        if self.visible_update == "mean_field":
+            mu = torch.sigmoid(beta * top)
+            for _ in range(10):  # damped mean-field, as in Osindero & Hinton's reconstructions
+                mu = 0.2 * mu + 0.8 * torch.sigmoid(beta * (top + mu @ lat))
+            return mu
+        v = (self.split(x)[0] if x is not None else torch.zeros_like(top)).clone()
+        u = torch.rand(top.shape, generator=generator, device=top.device, dtype=top.dtype)
+        beta_col = beta if beta.dim() == 0 else beta[..., 0]
+        order = range(self.n_pixels - 1, -1, -1) if reverse else range(self.n_pixels)
+        for i in order:  # a loop over units, never over chains
+            field = top[..., i] + v @ lat[:, i]
+            v[..., i] = (u[..., i] < torch.sigmoid(beta_col * field)).to(v.dtype)
+        return v
+
+    # ---- exact answers for small models ------------------------------------------------------------
+    @property
+    def n_latent(self) -> int:
+        return self.n_hidden
+
+    def check_exact(self, max_units: int = 20) -> None:
+        """Raise a one-line ConfigError unless log Z can be enumerated."""
+        if self.L is not None and self.n_pixels > max_units:
+            raise ConfigError(f"exact log Z of a semi-RBM enumerates its {self.n_pixels} pixels; the limit is {max_units}")
+        if self.L is None and self.n_hidden > max_units:
+            raise ConfigError(f"exact log Z enumerates 2^H hidden states and is limited to H <= {max_units}; "
+                              f"this model has H = {self.n_hidden}")
+
+    def log_z_exact(self, max_units: int = 20) -> torch.Tensor:
+        """log Z by enumerating the hidden units (2^H states) with x summed out analytically, or, when
+        lateral connections couple the pixels, the pixels (2^V states) with h summed out."""
+        from estimators.exact import enumerate_states
+
+        self.check_exact(max_units)
+        if self.L is not None:
+            v = enumerate_states(self.n_pixels, 0, 2**self.n_pixels, device=self.W.device, dtype=self.W.dtype)
+            if self.n_labels:
+                y = torch.eye(self.n_labels, device=v.device, dtype=v.dtype)
+                x = torch.cat([v.repeat_interleave(self.n_labels, 0), y.repeat(v.shape[0], 1)], -1)
+            else:
+                x = v
+            return torch.logsumexp(-self.free_energy(x), 0)
+        h = enumerate_states(self.n_hidden, 0, 2**self.n_hidden, device=self.W.device, dtype=self.W.dtype)
+        top = self.b + h @ self.W.T
+        if self.visible == "binary":
+            log_sum_v = F.softplus(top).sum(-1)
+        else:  # int exp(-1/2 |v - b|^2 + v'W h) dv = (2 pi)^{V/2} exp(1/2 |b + W h|^2 - 1/2 |b|^2)
+            log_sum_v = 0.5 * (top**2).sum(-1) - 0.5 * (self.b**2).sum() + 0.5 * self.n_pixels * math.log(2 * math.pi)
+        log_sum = h @ self.c + log_sum_v
+        if self.n_labels:
+            log_sum = log_sum + torch.logsumexp(self.d + h @ self.U.T, -1)
+        return torch.logsumexp(log_sum, 0)
+
+    def exact_log_prob(self, x: torch.Tensor, log_z: torch.Tensor | None = None) -> torch.Tensor:
+        """log p(x) = -F(x) - log Z (densities for Gaussian visibles)."""
+        return -self.free_energy(x) - (self.log_z_exact() if log_z is None else log_z)
+
+    @torch.no_grad()
+    def init_chains(self, x: torch.Tensor, generator=None) -> State:
+        """Chains started at data (or any) x, with h drawn from p(h | x)."""
+        return State(x.clone(), self.sample_h(x, 1.0, generator))
+
+
+def _bernoulli(p: torch.Tensor, generator) -> torch.Tensor:
+    return (torch.rand(p.shape, generator=generator, device=p.device, dtype=p.dtype) < p).to(p.dtype)

@@ -1,0 +1,65 @@
+"""Parallel tempering (replica exchange) for Boltzmann machines.
+
+K replicas per chain at beta_0 < ... < beta_{K-1} = 1, stored temperature-major in one batch of
+K x chains states, so one block-Gibbs sweep moves every replica at its own beta. Then neighbouring
+temperatures (k, k+1) propose to swap states, the even pairs on even steps and the odd pairs on odd
+steps, accepting with probability min(1, exp((beta_k - beta_{k+1}) (log p*(x_{k+1}) - log p*(x_k)))).
+The replicas at beta = 1 are samples from the model.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from models.rbm import State
+from nvil.errors import ConfigError
+from nvil.mcmc.gibbs import BlockGibbs
+
+
+class ParallelTempering:
+    def __init__(self, model, betas: torch.Tensor) -> None:
+        betas = torch.as_tensor(betas, dtype=torch.float32)
+        if betas.numel() < 2 or betas[-1] != 1 or not torch.all(betas[1:] > betas[:-1]):
+            raise ConfigError("parallel tempering needs increasing inverse temperatures ending at 1")
+        self.model = model
+        self.betas = betas
+        self.gibbs = BlockGibbs(model)
+
+    @property
+    def num_temps(self) -> int:
+        return self.betas.numel()
+
+    def init(self, x: torch.Tensor, generator=None) -> State:
+        """Every replica of chain i starts at x[i]."""
+        xs = x.repeat(self.num_temps, 1)
+        return State(xs, self.model.sample_h(xs, 1.0, generator))
+
+    def target(self, state: State) -> State:
+        """The replicas at beta = 1 (the last temperature block)."""
+        n = state.x.shape[0] // self.num_temps
+        return State(state.x[-n:], state.h[-n:])
+
+    @torch.no_grad()
+    def step(self, state: State, beta=None, generator=None, parity: int = 0) -> tuple[State, dict]:
+        K = self.num_temps
+        n = state.x.shape[0] // K
+        betas = self.betas.to(state.x.device, state.x.dtype)
+        state, _ = self.gibbs.step(state, betas.repeat_interleave(n), generator)
+        log_p = self.model.log_unnormalised(state).view(K, n)
+        lo = torch.arange(parity % 2, K - 1, 2, device=state.x.device)  # the pairs (k, k+1) proposed now
+        if lo.numel() == 0:
+            return state, {"swap_rate": torch.zeros(K - 1, device=state.x.device)}
+        hi = lo + 1
+        log_r = (betas[lo] - betas[hi]).unsqueeze(-1) * (log_p[hi] - log_p[lo])
+        u = torch.rand(log_r.shape, generator=generator, device=log_r.device, dtype=log_r.dtype)
+        swap = torch.log(u) < log_r  # [pairs, n]
+        # Permutation of replica slots: for accepted pairs, slot k takes k+1's state and vice versa.
+        # The pairs are disjoint, so each slot is written once.
+        slots = torch.arange(K * n, device=state.x.device).view(K, n)
+        index = slots.clone()
+        index[lo] = torch.where(swap, slots[hi], slots[lo])
+        index[hi] = torch.where(swap, slots[lo], slots[hi])
+        index = index.view(-1)
+        rate = torch.full((K - 1,), float("nan"), device=state.x.device, dtype=torch.float32)
+        rate[lo] = swap.float().mean(-1)
+        return State(state.x[index], state.h[index]), {"swap_rate": rate}

@@ -1,0 +1,62 @@
+"""Tempered transitions (Neal 1996), as Salakhutdinov 2009 uses them in Trans-SAP (Algorithm 2).
+
+Inverse temperatures beta_0 < ... < beta_S = 1 and p_s proportional to p*^beta_s, T_s block Gibbs at
+beta_s, T~_s its reverse. From the current state x^S:
+
+    heat:  x^s  ~ T_s(. <- x^{s+1})          for s = S-1, ..., 0
+    cool:  x~^0 = x^0;  x~^{s+1} ~ T~_s(. <- x~^s)   for s = 0, ..., S-1
+    accept x~^S with probability min(1, A),
+    log A = sum_{s=1}^{S} (beta_s - beta_{s-1}) [log p*(x~^s) - log p*(x^s)].
+
+(Neal's product prod_i p_{i+1}(x^_i) / p_i(x^_i) * p_i(x'_i) / p_{i+1}(x'_i) in this indexing: the
+heating terms at the inputs of T_s, the cooling terms at the outputs of T~_s; the hottest state x^0
+enters neither, and the normalising constants cancel.) log A accumulates on the fly, so memory is one state per chain; each chain accepts or
+rejects on its own. The exact invariance test in tests/ checks this indexing on a tiny RBM.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from models.rbm import State
+from nvil.errors import ConfigError
+from nvil.mcmc.gibbs import BlockGibbs
+
+
+def uniform_betas(num_betas: int, beta_min: float) -> torch.Tensor:
+    """num_betas inverse temperatures spaced uniformly from beta_min to 1 (the paper: 50 from 0.9 to 1)."""
+    if not isinstance(num_betas, int) or num_betas < 2:
+        raise ConfigError(f"learner.tt.num_betas must be an integer >= 2, got {num_betas!r}")
+    if not 0 < beta_min <= 1:
+        raise ConfigError(f"learner.tt.beta_min must be in (0, 1], got {beta_min!r}")
+    return torch.linspace(float(beta_min), 1.0, num_betas, dtype=torch.float64)
+
+
+class TemperedTransitions:
+    def __init__(self, model, betas: torch.Tensor) -> None:
+        betas = torch.as_tensor(betas, dtype=torch.float64)
+        if betas.numel() < 2 or betas[-1] != 1 or not torch.all(betas[1:] > betas[:-1]):
+            raise ConfigError("tempered transitions need increasing inverse temperatures ending at 1")
+        self.model = model
+        self.betas = betas.tolist()
+        self.forward = BlockGibbs(model)
+        self.backward = self.forward.reverse()
+
+    @torch.no_grad()
+    def step(self, state: State, beta=1.0, generator=None) -> tuple[State, dict]:
+        """One tempered-transitions run from ``state`` (the target is beta = 1; ``beta`` is unused)."""
+        b, S = self.betas, len(self.betas) - 1
+        log_p = self.model.log_unnormalised
+        log_a = torch.zeros(state.x.shape[0], dtype=torch.float64, device=state.x.device)
+        x = state
+        for s in range(S - 1, -1, -1):  # heat: x^s ~ T_s(. <- x^{s+1})
+            log_a -= (b[s + 1] - b[s]) * log_p(x).double()
+            x, _ = self.forward.step(x, b[s], generator)
+        for s in range(S):  # cool: x~^{s+1} ~ T~_s(. <- x~^s)
+            x, _ = self.backward.step(x, b[s], generator)
+            log_a += (b[s + 1] - b[s]) * log_p(x).double()
+        u = torch.rand(log_a.shape, generator=generator, device=log_a.device, dtype=log_a.dtype)
+        accept = torch.log(u) < log_a
+        keep = accept.unsqueeze(-1)
+        new = State(torch.where(keep, x.x, state.x), torch.where(keep, x.h, state.h))
+        return new, {"accept_rate": accept.float().mean(), "accepted": accept}
