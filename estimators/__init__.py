@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from estimators.base import Result
 from estimators.bounds import SampledBound
+from estimators.classify import Classify
 from estimators.exact import Exact
 from nvil.errors import ConfigError
 
-ESTIMATORS = {"iwae": SampledBound, "elbo": SampledBound, "exact": Exact}
+ESTIMATORS = {"iwae": SampledBound, "elbo": SampledBound, "exact": Exact, "classify": Classify}
 
 
 def build_estimator(cfg):

@@ -190,30 +190,36 @@ class BoltzmannMachine(nn.Module):
             raise ConfigError(f"exact log Z enumerates 2^H hidden states and is limited to H <= {max_units}; "
                               f"this model has H = {self.n_hidden}")
 
-    def log_z_exact(self, max_units: int = 20) -> torch.Tensor:
+    def log_z_exact(self, max_units: int = 20, chunk_elements: int = 2**24) -> torch.Tensor:
         """log Z by enumerating the hidden units (2^H states) with x summed out analytically, or, when
         lateral connections couple the pixels, the pixels (2^V states) with h summed out."""
+        from estimators.base import chunks
         from estimators.exact import enumerate_states
 
         self.check_exact(max_units)
-        if self.L is not None:
-            v = enumerate_states(self.n_pixels, 0, 2**self.n_pixels, device=self.W.device, dtype=self.W.dtype)
+        dev, dt = self.W.device, self.W.dtype
+        if self.L is not None:  # enumerate the pixels (and labels), h summed out in -F
+            n = self.n_pixels
+            eye = torch.eye(self.n_labels, device=dev, dtype=dt) if self.n_labels else None
+            terms = []
+            for s0, s1 in chunks(2**n, max(1, chunk_elements // (n * max(1, self.n_labels)))):
+                v = enumerate_states(n, s0, s1, device=dev, dtype=dt)
+                x = torch.cat([v.repeat_interleave(self.n_labels, 0), eye.repeat(v.shape[0], 1)], -1) if eye is not None else v
+                terms.append(torch.logsumexp(-self.free_energy(x), 0))
+            return torch.logsumexp(torch.stack(terms), 0)
+        terms = []  # enumerate the hidden units, x summed out analytically
+        for s0, s1 in chunks(2**self.n_hidden, max(1, chunk_elements // self.n_pixels)):
+            h = enumerate_states(self.n_hidden, s0, s1, device=dev, dtype=dt)
+            top = self.b + h @ self.W.T
+            if self.visible == "binary":
+                log_sum_v = F.softplus(top).sum(-1)
+            else:  # int exp(-1/2 |v - b|^2 + v'W h) dv = (2 pi)^{V/2} exp(1/2 |b + W h|^2 - 1/2 |b|^2)
+                log_sum_v = 0.5 * (top**2).sum(-1) - 0.5 * (self.b**2).sum() + 0.5 * self.n_pixels * math.log(2 * math.pi)
+            log_sum = h @ self.c + log_sum_v
             if self.n_labels:
-                y = torch.eye(self.n_labels, device=v.device, dtype=v.dtype)
-                x = torch.cat([v.repeat_interleave(self.n_labels, 0), y.repeat(v.shape[0], 1)], -1)
-            else:
-                x = v
-            return torch.logsumexp(-self.free_energy(x), 0)
-        h = enumerate_states(self.n_hidden, 0, 2**self.n_hidden, device=self.W.device, dtype=self.W.dtype)
-        top = self.b + h @ self.W.T
-        if self.visible == "binary":
-            log_sum_v = F.softplus(top).sum(-1)
-        else:  # int exp(-1/2 |v - b|^2 + v'W h) dv = (2 pi)^{V/2} exp(1/2 |b + W h|^2 - 1/2 |b|^2)
-            log_sum_v = 0.5 * (top**2).sum(-1) - 0.5 * (self.b**2).sum() + 0.5 * self.n_pixels * math.log(2 * math.pi)
-        log_sum = h @ self.c + log_sum_v
-        if self.n_labels:
-            log_sum = log_sum + torch.logsumexp(self.d + h @ self.U.T, -1)
-        return torch.logsumexp(log_sum, 0)
+                log_sum = log_sum + torch.logsumexp(self.d + h @ self.U.T, -1)
+            terms.append(torch.logsumexp(log_sum, 0))
+        return torch.logsumexp(torch.stack(terms), 0)
 
     def exact_log_prob(self, x: torch.Tensor, log_z: torch.Tensor | None = None) -> torch.Tensor:
         """log p(x) = -F(x) - log Z (densities for Gaussian visibles)."""

@@ -62,9 +62,12 @@ def evaluate_checkpoint(path, estimator_cfg, *, split: str = "test", num_example
         raise ConfigError(f"data has {x.shape[1]} visible units but the checkpoint's model has {model.n_visible}")
     if num_examples is not None:
         x = take_rows(x, 0, num_examples, dense=False)
+    # Estimators that need more of the dataset than the rows (estimator=classify: labels, training split).
+    inputs = estimator.dataset_inputs(model, data, split, x.shape[0]) if hasattr(estimator, "dataset_inputs") else {}
     generator = torch.Generator(device=dev).manual_seed(seed)
     with tqdm(total=x.shape[0], disable=not progress, desc=estimator.name, unit="example") as bar:
-        result = estimator.estimate(model, x, inference=inference, generator=generator, seed=seed, progress=bar)
+        result = estimator.estimate(model, x, inference=inference, generator=generator, seed=seed, progress=bar,
+                                    **inputs)
     if getattr(model, "visible", None) == "multinomial":
         result.extras.update(perplexity(result, x, exact=estimator.name == "exact"))
     result.extras.update({"split": split, "checkpoint": str(path), "step": int(payload.get("step", -1))})

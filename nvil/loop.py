@@ -25,7 +25,7 @@ from nvil.logging import RunLogger, to_floats
 from nvil.validation import score_tag, validate
 
 # What the progress bar shows, the first that the learner reports.
-PROGRESS_KEYS = ("train/elbo", "train/log_p_exact", "train/free_energy_gap")
+PROGRESS_KEYS = ("train/elbo", "train/log_p_exact_batch", "train/free_energy_gap")
 # Sections of the config a resumed run must share with the run that wrote the checkpoint.
 RESUME_MUST_MATCH = ("model", "learner", "data", "seed")
 
@@ -163,6 +163,17 @@ def _image_grids(model, learner, seed: int, device) -> dict[str, torch.Tensor]:
     return {"samples/model": model.visible_probs(hs)}
 
 
+def config_conflicts(saved, new, key: str) -> list[str]:
+    """Where ``new`` disagrees with ``saved``. Keys the saved config lacks are not conflicts: they were
+    added to the config after the checkpoint was written (a structural change still fails when the
+    state dicts are loaded)."""
+    if isinstance(saved, dict) and isinstance(new, dict):
+        return [c for k in saved for c in config_conflicts(saved[k], new.get(k), f"{key}.{k}")]
+    if saved != new:
+        return [f"it was written with {key}={saved}, but this run asks for {key}={new}"]
+    return []
+
+
 def _check_finite(model, inference, step: int, last_path: Path) -> None:
     params = list(model.parameters()) + (list(inference.parameters()) if inference is not None else [])
     if not bool(torch.stack([torch.isfinite(p).all() for p in params]).all()):
@@ -172,11 +183,10 @@ def _check_finite(model, inference, step: int, last_path: Path) -> None:
 
 def _restore(path: Path, resolved: dict, model, inference, learner, device) -> LoopState:
     payload = load_checkpoint(path, map_location=device)
-    saved = payload["config"]
-    for key in RESUME_MUST_MATCH:
-        if saved.get(key) != resolved.get(key):
-            raise CheckpointError(f"cannot resume from {path}: it was written with {key}={saved.get(key)}, "
-                                  f"but this run asks for {key}={resolved.get(key)}")
+    conflicts = [c for key in RESUME_MUST_MATCH for c in config_conflicts(payload["config"].get(key),
+                                                                             resolved.get(key), key)]
+    if conflicts:
+        raise CheckpointError(f"cannot resume from {path}: " + "; ".join(conflicts[:3]))
     load_module_state(model, payload["model"], "model", path)
     if inference is not None:
         load_module_state(inference, payload["inference"], "inference network", path)

@@ -67,14 +67,12 @@ class RunningMoments(torch.nn.Module):
     def update(self, x: torch.Tensor) -> None:
         batch_mean = x.mean()
         batch_var = x.var(unbiased=False) if x.numel() > 1 else torch.zeros_like(batch_mean)
-        if not bool(self.initialised):
-            # The first minibatch sets the statistics rather than being shrunk towards (0, 1).
-            self.mean.copy_(batch_mean)
-            self.var.copy_(batch_var)
-            self.initialised.fill_(True)
-        else:
-            self.mean.mul_(self.alpha).add_((1 - self.alpha) * batch_mean)
-            self.var.mul_(self.alpha).add_((1 - self.alpha) * batch_var)
+        # The first minibatch sets the statistics rather than being shrunk towards (0, 1); torch.where
+        # keeps this branch on the device, with no host sync per step.
+        a = torch.where(self.initialised, torch.tensor(self.alpha, device=x.device), torch.tensor(0.0, device=x.device))
+        self.mean.mul_(a).add_((1 - a) * batch_mean)
+        self.var.mul_(a).add_((1 - a) * batch_var)
+        self.initialised.fill_(True)
 
 
 class StreamingMean:

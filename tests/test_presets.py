@@ -16,9 +16,12 @@ PRESETS = sorted(p.stem for p in (CONFIG_DIR / "experiment").glob("*.yaml"))
 @pytest.mark.parametrize("name", PRESETS)
 def test_preset_composes_and_builds(name):
     cfg = make_cfg("train", [f"experiment={name}"])
-    model, inference = build_model(cfg.model, 784)
+    n_visible = 794 if cfg.model.get("labels") else 784
+    model, inference = build_model(cfg.model, n_visible)
     if name == "nvil_mnist_paper":
         return
+    if not name.startswith(("nvil_", "ws_")):
+        return check_boltzmann_preset(name, cfg, model)
     kind, arch = re.match(r"(nvil|ws)_(\w+?)(?:_ar)?$", name).groups()
     assert cfg.learner.name == {"nvil": "nvil", "ws": "wake_sleep"}[kind]
     assert cfg.model.name == ("fdarn" if arch.startswith("fdarn") else "sbn")
@@ -28,6 +31,28 @@ def test_preset_composes_and_builds(name):
     assert (cfg.trainer.batch_size, cfg.data.holdout_valid, cfg.learner.optimizer) == (20, 100, "sgd")
     assert cfg.learner.inference_lr_scale == 0.2
     assert re.search(r"test -ELBO \d+\.\d nats", (CONFIG_DIR / "experiment" / f"{name}.yaml").read_text())
+
+
+def check_boltzmann_preset(name: str, cfg, model) -> None:
+    """Trans-SAP presets carry Salakhutdinov 2009's schedules (Sec. 4)."""
+    learner, arch = name.split("_", 1)
+    assert cfg.learner.name == {"transsap": "trans_sap", "sap": "sap", "exactml": "exact_ml"}[learner]
+    if arch == "rbm10_toy":
+        assert (cfg.model.name, model.n_hidden, cfg.trainer.batch_size) == ("rbm", 10, 100)
+        assert (cfg.learner.lr, cfg.learner.schedule.t0, cfg.learner.schedule.a, cfg.learner.schedule.b) == \
+            (0.01, 10000, 10, 1000)
+        if learner == "transsap":
+            assert (cfg.learner.tt.num_betas, cfg.learner.tt.beta_min, cfg.learner.tt.every,
+                    cfg.learner.tt.start_step) == (50, 0.9, 200, 50000)
+    else:
+        assert (cfg.model.name, model.n_hidden, bool(cfg.model.labels)) == ("srbm", 500, True)
+        assert (cfg.learner.lr, cfg.learner.schedule.t0, cfg.learner.schedule.a, cfg.learner.schedule.b) == \
+            (0.05, 50000, 100, 2000)
+        n_params = sum(p.numel() for p in model.parameters())
+        # L is stored as a full 784 x 784 matrix (symmetrised in use); the paper counts 784^2 / 2 of it.
+        assert n_params - 784 * 784 + 784 * 784 // 2 == 705_622
+        if learner == "transsap":
+            assert (cfg.learner.tt.num_betas, cfg.learner.tt.every, cfg.learner.tt.start_step) == (500, 1000, 100000)
 
 
 @pytest.mark.parametrize("extra", [["model=fdarn", "model.n_latent=5"], ["learner=wake_sleep"],

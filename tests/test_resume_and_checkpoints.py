@@ -61,7 +61,7 @@ def test_existing_run_is_not_overwritten_without_resume(tmp_path, synthetic_over
 def test_resume_with_another_model_is_refused(tmp_path, synthetic_overrides):
     train(make_cfg("train", synthetic_overrides + ["trainer.max_steps=20"]), tmp_path)
     other = make_cfg("train", synthetic_overrides + ["trainer.max_steps=40", "trainer.resume=true", "model.layers=[5]"])
-    with pytest.raises(CheckpointError, match="cannot resume.*model="):
+    with pytest.raises(CheckpointError, match=r"cannot resume.*model\.layers=\[4, 3\], but this run asks for model\.layers=\[5\]"):
         train(other, tmp_path)
 
 
@@ -179,3 +179,18 @@ def test_file_that_is_not_a_checkpoint(tmp_path):
     with pytest.raises(CheckpointError) as e:
         load_model(tmp_path / "other.pt", torch.device("cpu"))
     assert "not an nvil checkpoint" in one_line(e)
+
+
+def test_resume_accepts_config_keys_added_after_the_checkpoint(tmp_path, synthetic_overrides):
+    """A checkpoint written before a config key existed still resumes; a changed value does not."""
+    train(make_cfg("train", synthetic_overrides + ["trainer.max_steps=20"]), tmp_path)
+    path = tmp_path / "checkpoints/last.pt"
+    payload = load_checkpoint(path)
+    del payload["config"]["model"]["doc_length"]
+    save_checkpoint(path, payload)
+    m = train(make_cfg("train", synthetic_overrides + ["trainer.max_steps=30", "trainer.resume=true"]), tmp_path)
+    assert m["step"] == 30
+    with pytest.raises(CheckpointError, match=r"model\.inference\.autoregressive=False, but this run asks for "
+                                              r"model\.inference\.autoregressive=True"):
+        train(make_cfg("train", synthetic_overrides + ["trainer.max_steps=40", "trainer.resume=true",
+                                                       "model.inference.autoregressive=true"]), tmp_path)

@@ -115,7 +115,7 @@ class SAP(nn.Module):
         if neg is None:
             log_z = self.model.log_z_exact()
             loss = f_data + log_z
-            metrics["train/log_p_exact"] = -loss.detach()
+            metrics["train/log_p_exact_batch"] = -loss.detach()
         else:
             f_neg = self.model.free_energy(neg).mean()
             loss = f_data - f_neg
