@@ -77,3 +77,13 @@ def chi_square(samples: torch.Tensor, log_probs: torch.Tensor) -> tuple[float, i
 
 # chi-square quantiles at p = 0.001 (a fixed-seed test then fails only when the sampler is wrong)
 CHI2_999 = {15: 37.70, 63: 103.44}
+
+
+@pytest.fixture(autouse=True, scope="session")
+def one_thread():
+    """The tests use small tensors, for which a second torch thread costs more than it gives (and
+    on a busy 2-core machine, 20-100x more)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
