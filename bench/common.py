@@ -184,9 +184,10 @@ def val_curve(run_dir: Path, tag: str = "val/elbo") -> tuple[list[int], list[flo
     return steps, [points[s] for s in steps]
 
 
-def plot(curves: list[tuple[str, Path, dict]], path: Path, title: str) -> None:
-    """Overlay the validation curves of ``(label, run_dir, matplotlib style)``; rows without a logged
-    validation point are left out."""
+def plot(curves: list[tuple[str, list[int], list[float], dict]], path: Path, title: str,
+         ylabel: str = "validation bound (ELBO, nats)", vline: tuple[int, str] | None = None) -> None:
+    """Draw ``(label, steps, values, matplotlib style)`` curves against updates (empty ones are left out),
+    with an optional vertical ``(x, label)`` marker, and save a PNG."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -196,13 +197,15 @@ def plot(curves: list[tuple[str, Path, dict]], path: Path, title: str) -> None:
         return
     fig, ax = plt.subplots(figsize=(8, 5))
     drawn = 0
-    for label, run_dir, style in curves:
-        steps, values = val_curve(run_dir)
+    for label, steps, values, style in curves:
         if steps:
             ax.plot(steps, values, **{"marker": "o", "markersize": 3, **style}, label=label)
             drawn += 1
+    if vline is not None:
+        ax.axvline(vline[0], color="grey", linestyle=":", label=vline[1])
+    ax.ticklabel_format(axis="y", useOffset=False)
     ax.set_xlabel("parameter updates")
-    ax.set_ylabel("validation bound (ELBO, nats)")
+    ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(alpha=0.3)
     if drawn:
@@ -213,3 +216,8 @@ def plot(curves: list[tuple[str, Path, dict]], path: Path, title: str) -> None:
     fig.savefig(path, dpi=120)
     plt.close(fig)
     print(f"wrote {path}")
+
+
+def plot_val_curves(rows: list[tuple[str, Path, dict]], path: Path, title: str) -> None:
+    """``plot`` of the ``val/elbo`` curve in each ``(label, run_dir, style)``'s metrics.jsonl."""
+    plot([(label, *val_curve(run_dir), style) for label, run_dir, style in rows], path, title)

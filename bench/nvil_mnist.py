@@ -68,7 +68,7 @@ def main(argv=None) -> None:
             results[row] = common.run_row(ROWS[row][0], args.out / row, args)
         except common.UserError as e:
             print(f"error: {row}: {e}", file=sys.stderr, flush=True)
-    common.plot([(row, args.out / row, {}) for row in args.rows], args.plot,
+    common.plot_val_curves([(row, args.out / row, {}) for row in args.rows], args.plot,
                 "NVIL on binarised MNIST (cf. Mnih & Gregor 2014, Fig. 1)")
     print()
     print(table(results, args))

@@ -127,7 +127,7 @@ def main(argv=None) -> None:
             failed.add(row)
             print(f"error: {row}: {e}", file=sys.stderr, flush=True)
     colours: dict = {}
-    common.plot([(row, args.out / row, curve_style(row, colours)) for row in args.rows], args.plot,
+    common.plot_val_curves([(row, args.out / row, curve_style(row, colours)) for row in args.rows], args.plot,
                 "NVIL vs wake-sleep on binarised MNIST (cf. Mnih & Gregor 2014, Tables 1-2)")
     print()
     print(tables(results, failed, args))

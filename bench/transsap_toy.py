@@ -192,35 +192,12 @@ def summary_table(results: dict, logs: dict, rows: list[str]) -> str:
 def plot(curves: list[tuple[str, dict, dict]], tt_start: int | None, path: Path, title: str, tag: str,
          ylabel: str) -> None:
     """Draw ``tag`` against updates for ``(label, log, style)``; a dotted line where tempered transitions start."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib is not installed, skipping the plot: pip install -e '.[bench]'")
-        return
-    fig, ax = plt.subplots(figsize=(8, 5))
-    drawn = 0
+    points = []
     for label, log, style in curves:
         steps = sorted(s for s in log["curve"] if tag in log["curve"][s])
-        if steps:
-            ax.plot(steps, [log["curve"][s][tag] for s in steps], **{"marker": "o", "markersize": 2, **style},
-                    label=label)
-            drawn += 1
-    if tt_start is not None:
-        ax.axvline(tt_start, color="grey", linestyle=":", label="tempered transitions from here")
-    ax.ticklabel_format(axis="y", useOffset=False)
-    ax.set_xlabel("parameter updates")
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    if drawn:
-        ax.legend(fontsize="small")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    print(f"wrote {path}")
+        points.append((label, steps, [log["curve"][s][tag] for s in steps], {"markersize": 2, **style}))
+    vline = (tt_start, "tempered transitions from here") if tt_start is not None else None
+    common.plot(points, Path(path), title, ylabel=ylabel, vline=vline)
 
 
 # ---- command line -----------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from nvil.baselines import InputDependentBaseline
+from nvil.learners.base import SurrogateLearner
 from nvil.config import positive_float
 from nvil.errors import ConfigError
 from nvil.ops import RunningMoments
@@ -54,18 +55,7 @@ def build_optimizer(params_groups: list[dict], cfg) -> torch.optim.Optimizer:
     raise ConfigError(f"learner.optimizer must be 'adam' or 'sgd', got {name!r}")
 
 
-def grad_norms(optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
-    """``grad_norm/<group>``: the global gradient norm of each named parameter group."""
-    out = {}
-    for group in optimizer.param_groups:
-        grads = [p.grad for p in group["params"] if p.grad is not None]
-        if grads:
-            out[f"grad_norm/{group['name']}"] = torch.linalg.vector_norm(
-                torch.stack([torch.linalg.vector_norm(g) for g in grads]))
-    return out
-
-
-class NVIL(nn.Module):
+class NVIL(SurrogateLearner):
     """The NVIL learner for directed binary models with a layered inference network."""
 
     def __init__(self, model: nn.Module, inference: nn.Module, cfg, device: torch.device, seed: int) -> None:
@@ -133,28 +123,6 @@ class NVIL(nn.Module):
         metrics["train/model_loss"] = model_loss.detach()
         return model_loss + inference_loss + baseline_loss, metrics
 
-    def step(self, x: torch.Tensor, diagnostics: bool = False) -> dict[str, torch.Tensor]:
-        """One NVIL update on the minibatch ``x``; metrics stay on the device (no host sync)."""
-        self.optimizer.zero_grad(set_to_none=True)
-        loss, metrics = self.surrogate(x)
-        loss.backward()
-        if diagnostics:
-            metrics.update(grad_norms(self.optimizer))
-        self.optimizer.step()
-        return metrics
-
-    # ---------------------------------------------------------------------------------------------
-    def learner_state(self) -> dict:
-        """Everything a resumed run needs beyond the model: baselines, c/v, optimiser, RNG."""
-        return {
-            "baselines": self.baselines.state_dict(),
-            "moments": self.moments.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "generator": self.generator.get_state(),
-        }
-
-    def load_learner_state(self, state: dict) -> None:
-        self.baselines.load_state_dict(state["baselines"])
-        self.moments.load_state_dict(state["moments"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.generator.set_state(state["generator"].cpu())
+    def extra_state(self) -> dict[str, nn.Module]:
+        """Baselines and c/v travel in checkpoints beside the optimiser and RNG."""
+        return {"baselines": self.baselines, "moments": self.moments}

@@ -23,7 +23,7 @@ from torch import nn
 from models.rbm import BoltzmannMachine, State
 from nvil.config import positive_float, positive_int
 from nvil.errors import ConfigError
-from nvil.learners.nvil import grad_norms
+from nvil.learners.base import grad_norms
 from nvil.mcmc import BlockGibbs, ParallelTempering, TemperedTransitions, uniform_betas
 
 

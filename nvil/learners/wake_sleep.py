@@ -13,10 +13,11 @@ import torch
 from torch import nn
 
 from nvil.config import positive_float
-from nvil.learners.nvil import build_optimizer, grad_norms
+from nvil.learners.base import SurrogateLearner
+from nvil.learners.nvil import build_optimizer
 
 
-class WakeSleep(nn.Module):
+class WakeSleep(SurrogateLearner):
     def __init__(self, model: nn.Module, inference: nn.Module, cfg, device: torch.device, seed: int) -> None:
         super().__init__()
         self.model = model
@@ -49,19 +50,3 @@ class WakeSleep(nn.Module):
             "wake_sleep/sleep_log_q": sleep_log_q.detach().mean(),
         }
         return wake_loss + sleep_loss, metrics
-
-    def step(self, x: torch.Tensor, diagnostics: bool = False) -> dict[str, torch.Tensor]:
-        self.optimizer.zero_grad(set_to_none=True)
-        loss, metrics = self.surrogate(x)
-        loss.backward()
-        if diagnostics:
-            metrics.update(grad_norms(self.optimizer))
-        self.optimizer.step()
-        return metrics
-
-    def learner_state(self) -> dict:
-        return {"optimizer": self.optimizer.state_dict(), "generator": self.generator.get_state()}
-
-    def load_learner_state(self, state: dict) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.generator.set_state(state["generator"].cpu())
