@@ -250,8 +250,6 @@ def check_model_fits_data(model, data: Dataset) -> None:
     """Word counts need a multinomial visible layer, and binary data a Bernoulli one."""
     counts = data.binarize == "counts"
     visible = getattr(model, "visible", "bernoulli")
-    if visible == "gaussian" and data.binarize != "threshold" and data.name == "mnist":
-        pass  # a Gaussian RBM on binarised pixels is unusual but well defined
     if counts and visible != "multinomial":
         raise ConfigError(f"data={data.name} holds word counts: use model.visible=multinomial")
     if not counts and visible == "multinomial":

@@ -12,17 +12,14 @@ from __future__ import annotations
 import torch
 
 from models.rbm import State
-from nvil.errors import ConfigError
 from nvil.mcmc.gibbs import BlockGibbs
+from nvil.mcmc.tempered import check_ladder
 
 
 class ParallelTempering:
     def __init__(self, model, betas: torch.Tensor) -> None:
-        betas = torch.as_tensor(betas, dtype=torch.float32)
-        if betas.numel() < 2 or betas[-1] != 1 or not torch.all(betas[1:] > betas[:-1]):
-            raise ConfigError("parallel tempering needs increasing inverse temperatures ending at 1")
+        self.betas = check_ladder(betas, "parallel tempering needs", dtype=torch.float32)
         self.model = model
-        self.betas = betas
         self.gibbs = BlockGibbs(model)
 
     @property

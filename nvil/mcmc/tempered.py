@@ -32,11 +32,17 @@ def uniform_betas(num_betas: int, beta_min: float) -> torch.Tensor:
     return torch.linspace(float(beta_min), 1.0, num_betas, dtype=torch.float64)
 
 
+def check_ladder(betas, what: str, dtype=torch.float64) -> torch.Tensor:
+    """betas as a tensor, refused unless strictly increasing and ending at the target, beta = 1."""
+    betas = torch.as_tensor(betas, dtype=dtype)
+    if betas.numel() < 2 or betas[-1] != 1 or not torch.all(betas[1:] > betas[:-1]):
+        raise ConfigError(f"{what} increasing inverse temperatures ending at 1")
+    return betas
+
+
 class TemperedTransitions:
     def __init__(self, model, betas: torch.Tensor) -> None:
-        betas = torch.as_tensor(betas, dtype=torch.float64)
-        if betas.numel() < 2 or betas[-1] != 1 or not torch.all(betas[1:] > betas[:-1]):
-            raise ConfigError("tempered transitions need increasing inverse temperatures ending at 1")
+        betas = check_ladder(betas, "tempered transitions need")
         self.model = model
         self.betas = betas.tolist()
         self.forward = BlockGibbs(model)
