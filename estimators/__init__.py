@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+from estimators.ais import AIS
 from estimators.base import Result
+from estimators.bdmc import RAISE
 from estimators.bounds import SampledBound
+from estimators.chib import Chib
 from estimators.classify import Classify
+from estimators.dbn_bound import DBNBound
 from estimators.exact import Exact
+from estimators.harmonic import Harmonic
+from estimators.posterior import AISPosterior
 from nvil.errors import ConfigError
 
-ESTIMATORS = {"iwae": SampledBound, "elbo": SampledBound, "exact": Exact, "classify": Classify}
+ESTIMATORS = {"iwae": SampledBound, "elbo": SampledBound, "exact": Exact, "classify": Classify, "ais": AIS,
+              "raise": RAISE, "ais_posterior": AISPosterior, "chib": Chib, "harmonic": Harmonic,
+              "dbn_bound": DBNBound}
 
 
 def build_estimator(cfg):

@@ -17,6 +17,7 @@ import torch
 
 from estimators.base import Result, chunks
 from nvil.data import take_rows
+from models.dbn import DBN
 from nvil.errors import ConfigError
 from nvil.ops import StreamingLogMeanExp, StreamingMean
 
@@ -73,13 +74,27 @@ class SampledBound:
         self.num_samples = k
 
     def check(self, model, inference) -> None:
-        if inference is None:
-            raise ConfigError(f"estimator={self.name} needs a model with an inference network")
+        if inference is None and not isinstance(model, DBN):
+            raise ConfigError(f"estimator={self.name} needs a model with an inference network (sbn, fdarn) or a DBN")
 
-    def estimate(self, model, data, *, inference=None, generator, seed: int, progress=None) -> Result:
+    def dataset_inputs(self, model, data, split, rows, checkpoint=None, **_) -> dict:
+        return {"train": data.split("train"), "checkpoint": checkpoint} if isinstance(model, DBN) else {}
+
+    def estimate(self, model, data, *, inference=None, generator, seed: int, progress=None, train=None,
+                 checkpoint=None) -> Result:
+        """For a DBN, q is the greedy up-pass and log P = log P* - log Z with the shared, cached top-RBM log Z."""
         self.check(model, inference)
         t0 = time.perf_counter()
-        log_p = self.BOUNDS[self.name](model, inference, data, self.num_samples, generator=generator,
-                                       batch_size=int(self.cfg.batch_size),
-                                       max_elements=int(self.cfg.max_elements), progress=progress)
-        return Result(self.name, log_p.cpu(), time.perf_counter() - t0, seed, {"num_samples": self.num_samples})
+        log_z, log_z_se, extras = 0.0, 0.0, {}
+        if isinstance(model, DBN):
+            from estimators.log_z import top_log_z
+
+            inference = model.recognition()
+            est, cached = top_log_z(model, train, self.cfg.log_z, checkpoint, progress is not None and not progress.disable)
+            log_z, log_z_se, extras = est.log_z, est.stderr, {**est.extras(), "log_z_cached": cached}
+        with torch.no_grad():
+            log_p = self.BOUNDS[self.name](model, inference, data, self.num_samples, generator=generator,
+                                           batch_size=int(self.cfg.batch_size),
+                                           max_elements=int(self.cfg.max_elements), progress=progress)
+        return Result(self.name, log_p.cpu() - log_z, time.perf_counter() - t0, seed,
+                      {"num_samples": self.num_samples, **extras}, shared_stderr=log_z_se)

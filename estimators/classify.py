@@ -185,7 +185,7 @@ class Classify:
             raise ConfigError("estimator=classify needs a Boltzmann machine (model=rbm or model=srbm), "
                               f"not {type(model).__name__}")
 
-    def dataset_inputs(self, model, dataset, split: str, num_rows: int) -> dict:
+    def dataset_inputs(self, model, dataset, split: str, rows: tuple[int, int], **_) -> dict:
         """The keywords ``estimate`` needs beyond the rows: none with label units (the rows carry the
         labels); otherwise the rows' labels and the labelled training split, for the regression."""
         if model.n_labels:
@@ -194,7 +194,7 @@ class Classify:
         if missing:
             raise DataError(f"estimator=classify fits a logistic regression to labels, but data={dataset.name} "
                             f"has no labels for the {' and '.join(missing)} split")
-        return {"labels": dataset.labels[split][:num_rows],
+        return {"labels": dataset.labels[split][rows[0]:rows[1]],
                 "train": (dataset.split("train"), dataset.labels["train"])}
 
     def estimate(self, model, data, *, inference=None, generator=None, seed: int, progress=None,

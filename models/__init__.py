@@ -6,6 +6,7 @@ from typing import Callable
 
 from torch import nn
 
+from models.dbn import DBN
 from models.inference import LayeredInference
 from models.rbm import BoltzmannMachine
 from models.sbn import PRIORS, SBN, VISIBLES
@@ -66,8 +67,17 @@ def _build_srbm(cfg, n_visible: int):
     return _build_boltzmann(cfg, n_visible, lateral=True)
 
 
+def _build_dbn(cfg, n_visible: int):
+    """Deep belief net: a stack of binary RBMs, model.layers = [H_1, ..., H_L] with L >= 2, trained greedily."""
+    layers = _layers(cfg)
+    if len(layers) < 2:
+        raise ConfigError(f"model=dbn needs at least two layers, got model.layers={layers} (one layer is model=rbm)")
+    return DBN(n_visible, layers), None
+
+
 N_LABELS = 10
-MODELS: dict[str, Callable] = {"sbn": _build_sbn, "fdarn": _build_fdarn, "rbm": _build_rbm, "srbm": _build_srbm}
+MODELS: dict[str, Callable] = {"sbn": _build_sbn, "fdarn": _build_fdarn, "rbm": _build_rbm, "srbm": _build_srbm,
+                               "dbn": _build_dbn}
 
 
 def build_model(cfg, n_visible: int) -> tuple[nn.Module, nn.Module | None]:

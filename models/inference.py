@@ -61,3 +61,18 @@ class LayeredInference(nn.Module):
 
     def log_prob(self, hs: list[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         return torch.stack(torch.broadcast_tensors(*self.log_prob_layers(hs, x))).sum(0)
+
+    def latent_density(self, x: torch.Tensor):
+        """log q(h | x) for fixed x [chains, n_visible] as a normalised ``BinaryDensity`` over h."""
+        from models.binary_density import DensityBuilder, layer_slices
+
+        sizes = [enc.out_features for enc in self.encoders]
+        sl = layer_slices(sizes)
+        d = DensityBuilder(sum(sizes), x.shape[0], x)
+        for i, enc in enumerate(self.encoders):
+            within = [] if self.within is None else [(sl[i], self.within[i].masked_weight())]
+            if i == 0:
+                d.bernoulli(sl[0], enc(self.centre(x)), within)
+            else:
+                d.bernoulli(sl[i], enc.bias, [(sl[i - 1], enc.weight)] + within)
+        return d.build()

@@ -29,6 +29,15 @@ from nvil.errors import ConfigError
 VISIBLES = ("binary", "gaussian")
 
 
+class BaseRate(NamedTuple):
+    """A base-rate model over x = [v, y] with no hidden couplings (Salakhutdinov & Murray 2008): visible
+    logits (binary; for Gaussian visibles, the mean) b and label logits d. E_A(x) = -b'v - d'y, or
+    1/2 |v - b|^2 - d'y. AIS anneals from it through E_beta = (1 - beta) E_A + beta E."""
+
+    b: torch.Tensor
+    d: torch.Tensor | None = None
+
+
 class State(NamedTuple):
     """One state per chain: x = [v, y] [chains, n_visible + n_labels] and h [chains, n_hidden]."""
 
@@ -124,11 +133,22 @@ class BoltzmannMachine(nn.Module):
         """log p*(x, h) = -E(x, h)."""
         return -self.energy(state.x, state.h)
 
-    def free_energy(self, x: torch.Tensor, beta=1.0) -> torch.Tensor:
-        """F_beta(x) = beta E_vis(x) - sum_j softplus(beta a_j(x)): exp(-F_beta) = sum_h exp(-beta E)."""
+    def base_energy(self, x: torch.Tensor, base: BaseRate) -> torch.Tensor:
+        """E_A(x) of a base-rate model."""
+        v, y = self.split(x)
+        e = 0.5 * ((v - base.b) ** 2).sum(-1) if self.visible == "gaussian" else -(v @ base.b)
+        return e - y @ base.d if y is not None else e
+
+    def free_energy(self, x: torch.Tensor, beta=1.0, base: BaseRate | None = None,
+                    hidden_input: torch.Tensor | None = None) -> torch.Tensor:
+        """F_beta(x) = beta E_vis(x) - sum_j softplus(beta a_j(x)): exp(-F_beta) = sum_h exp(-beta E).
+        With a base-rate model, (1 - beta) E_A(x) is added: the AIS path of Salakhutdinov & Murray 2008.
+        ``hidden_input`` passes a(x) when the caller already has it."""
         beta = as_beta(beta, x)
         beta_per_chain = beta.squeeze(-1) if beta.dim() else beta
-        return beta_per_chain * self.visible_energy(x) - F.softplus(beta * self.hidden_input(x)).sum(-1)
+        a = self.hidden_input(x) if hidden_input is None else hidden_input
+        f = beta_per_chain * self.visible_energy(x) - F.softplus(beta * a).sum(-1)
+        return f if base is None else f + (1 - beta_per_chain) * self.base_energy(x, base)
 
     # ---- conditionals at inverse temperature beta ---------------------------------------------------
     def h_given_x(self, x: torch.Tensor, beta=1.0) -> torch.Tensor:
@@ -139,42 +159,48 @@ class BoltzmannMachine(nn.Module):
         return (torch.rand(p.shape, generator=generator, device=p.device, dtype=p.dtype) < p).to(p.dtype)
 
     def sample_x_given_h(self, h: torch.Tensor, beta=1.0, generator=None, x: torch.Tensor | None = None,
-                         reverse: bool = False) -> torch.Tensor:
-        """x ~ p_beta(x | h). For the semi-RBM the pixels are a pairwise MRF given h: one sequential Gibbs
-        sweep over them (``visible_update=sequential``, starting from ``x``; in index order, or the
-        opposite order with ``reverse``), or damped mean-field probabilities (``mean_field``, an
-        approximation for CD only)."""
+                         reverse: bool = False, base: BaseRate | None = None) -> torch.Tensor:
+        """x ~ p_beta(x | h), of exp(-beta E) or, with a base-rate model, exp(-(1 - beta) E_A - beta E).
+        For the semi-RBM the pixels are a pairwise MRF given h: one sequential Gibbs sweep over them
+        (``visible_update=sequential``, starting from ``x``; in index order, or the opposite order with
+        ``reverse``), or damped mean-field probabilities (``mean_field``, an approximation for CD only)."""
         beta = as_beta(beta, h)
-        top = self.b + h @ self.W.T
+        field = beta * (self.b + h @ self.W.T)  # tempered logits (binary) or precision-weighted mean
+        if base is not None:
+            field = field + (1 - beta) * base.b
         if self.L is None:
             if self.visible == "binary":
-                v = _bernoulli(torch.sigmoid(beta * top), generator)
-            else:
-                noise = torch.randn(top.shape, generator=generator, device=top.device, dtype=top.dtype)
-                v = top + noise / beta.sqrt()
+                v = _bernoulli(torch.sigmoid(field), generator)
+            else:  # precision beta (+ 1 - beta from the base): the mean is field / precision
+                precision = beta if base is None else torch.ones_like(beta)
+                noise = torch.randn(field.shape, generator=generator, device=field.device, dtype=field.dtype)
+                v = field / precision + noise / precision.sqrt()
         else:
-            v = self._lateral_visible_update(top, beta, generator, x, reverse)
+            v = self._lateral_visible_update(field, beta, generator, x, reverse)
         if not self.n_labels:
             return v
         logits = beta * (self.d + h @ self.U.T)
+        if base is not None:
+            logits = logits + (1 - beta) * base.d
         y = F.one_hot(torch.multinomial(torch.softmax(logits, -1), 1, generator=generator).squeeze(-1),
                       self.n_labels).to(v.dtype)
         return torch.cat([v, y], -1)
 
-    def _lateral_visible_update(self, top, beta, generator, x, reverse: bool) -> torch.Tensor:
+    def _lateral_visible_update(self, field, beta, generator, x, reverse: bool) -> torch.Tensor:
+        """``field`` holds the tempered logits from the biases and h; the lateral input is tempered here."""
         lat = self.lateral()
         if self.visible_update == "mean_field":
-            mu = torch.sigmoid(beta * top)
+            mu = torch.sigmoid(field)
             for _ in range(10):  # damped mean-field, as in Osindero & Hinton's reconstructions
-                mu = 0.2 * mu + 0.8 * torch.sigmoid(beta * (top + mu @ lat))
+                mu = 0.2 * mu + 0.8 * torch.sigmoid(field + beta * (mu @ lat))
             return mu
-        v = (self.split(x)[0] if x is not None else torch.zeros_like(top)).clone()
-        u = torch.rand(top.shape, generator=generator, device=top.device, dtype=top.dtype)
+        v = (self.split(x)[0] if x is not None else torch.zeros_like(field)).clone()
+        u = torch.rand(field.shape, generator=generator, device=field.device, dtype=field.dtype)
         beta_col = beta if beta.dim() == 0 else beta[..., 0]
         order = range(self.n_pixels - 1, -1, -1) if reverse else range(self.n_pixels)
         for i in order:  # a loop over units, never over chains
-            field = top[..., i] + v @ lat[:, i]
-            v[..., i] = (u[..., i] < torch.sigmoid(beta_col * field)).to(v.dtype)
+            logit = field[..., i] + beta_col * (v @ lat[:, i])
+            v[..., i] = (u[..., i] < torch.sigmoid(logit)).to(v.dtype)
         return v
 
     # ---- exact answers for small models ------------------------------------------------------------

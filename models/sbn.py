@@ -105,6 +105,24 @@ class SBN(nn.Module):
             x = torch.zeros_like(logits).scatter_add_(-1, words, torch.ones_like(words, dtype=logits.dtype))
         return x, hs
 
+    def latent_density(self, x: torch.Tensor):
+        """log p(x, h) for fixed x [chains, n_visible] as a ``BinaryDensity`` over h = [h_1, ..., h_n]
+        (what single-site Gibbs over the latent units needs; Bernoulli visibles only)."""
+        from models.binary_density import DensityBuilder, layer_slices, require_bernoulli_visibles
+
+        require_bernoulli_visibles(self)
+        sl = layer_slices(self.layers)
+        d = DensityBuilder(self.n_latent, x.shape[0], x)
+        d.bernoulli(x, self.decoders[0].bias, [(sl[0], self.decoders[0].weight)])
+        for i in range(1, len(self.layers)):
+            d.bernoulli(sl[i - 1], self.decoders[i].bias, [(sl[i], self.decoders[i].weight)])
+        d.bernoulli(sl[-1], self.prior_logits, [] if self.prior_ar is None else [(sl[-1], self.prior_ar.masked_weight())])
+        return d.build()
+
+    def log_likelihood(self, x: torch.Tensor, hs: list[torch.Tensor]) -> torch.Tensor:
+        """log p(x | h_1), what the harmonic-mean estimator averages the reciprocal of."""
+        return self.visible_log_prob(self.decoders[0](hs[0]), x)
+
     @torch.no_grad()
     def visible_probs(self, hs: list[torch.Tensor]) -> torch.Tensor:
         """p(x_j = 1 | h_1) (or word probabilities): what sample grids show, less noisy than samples."""

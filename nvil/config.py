@@ -54,13 +54,29 @@ def check_group_choices(argv: list[str], config_dir: Path = CONFIG_DIR) -> None:
 
 
 def estimator_config(value):
-    """An estimator config, or a bare name (``final_eval.estimator=exact``) loaded from configs/estimator/."""
+    """An estimator config, or a bare name (``final_eval.estimator=exact``) loaded from configs/estimator/,
+    with its defaults list (``- ais``, ``- /log_z@log_z: ais``) resolved as Hydra would."""
     if not isinstance(value, str):
         return value
-    from omegaconf import OmegaConf
-
     path = CONFIG_DIR / "estimator" / f"{value}.yaml"
     if not path.is_file():
         known = sorted(p.stem for p in (CONFIG_DIR / "estimator").glob("*.yaml"))
         raise ConfigError(f"unknown estimator {value!r}; known: {', '.join(known)}")
-    return OmegaConf.load(path)
+    return _load_with_defaults(path)
+
+
+def _load_with_defaults(path: Path):
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.load(path)
+    merged = OmegaConf.create()
+    for entry in cfg.pop("defaults", []):
+        if entry == "_self_":
+            continue
+        if isinstance(entry, str):  # same group
+            merged = OmegaConf.merge(merged, _load_with_defaults(path.parent / f"{entry}.yaml"))
+        else:  # {"/group@package": option}
+            (key, option), = entry.items()
+            group, _, package = key.lstrip("/").partition("@")
+            merged = OmegaConf.merge(merged, {package or group: _load_with_defaults(CONFIG_DIR / group / f"{option}.yaml")})
+    return OmegaConf.merge(merged, cfg)

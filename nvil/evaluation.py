@@ -16,7 +16,7 @@ from models import MODELS, build_model
 from nvil.checkpoint import load_checkpoint, load_module_state
 from nvil.config import positive_int, resolve_device
 from nvil.data import build_model_data, take_rows
-from nvil.errors import CheckpointError, ConfigError
+from nvil.errors import CheckpointError, ConfigError, DataError
 from nvil.ops import mean_and_stderr
 
 
@@ -46,9 +46,24 @@ def load_model(path: Path, device: torch.device):
     return model, inference, payload
 
 
+def shard_rows(num_rows: int, shard: int | None, num_shards: int | None, block: int) -> tuple[int, int]:
+    """Rows [start, stop) of shard ``shard`` of ``num_shards``: contiguous runs of whole blocks of ``block``
+    rows (the estimator's batch), so a sharded evaluation draws the same random numbers per example."""
+    if shard is None and num_shards is None:
+        return 0, num_rows
+    positive_int(num_shards, "eval.num_shards")
+    if isinstance(shard, bool) or not isinstance(shard, int) or not 0 <= shard < num_shards:
+        raise ConfigError(f"eval.shard must be an integer in [0, {num_shards}), got {shard!r}")
+    blocks = math.ceil(num_rows / block)
+    lo, hi = (shard * blocks) // num_shards, ((shard + 1) * blocks) // num_shards
+    return min(lo * block, num_rows), min(hi * block, num_rows)
+
+
 def evaluate_checkpoint(path, estimator_cfg, *, split: str = "test", num_examples: int | None = None,
                         seed: int = 0, device: str = "auto", progress: bool = True,
-                        data_overrides: dict | None = None, output: str | None = None) -> Result:
+                        data_overrides: dict | None = None, output: str | None = None,
+                        shard: int | None = None, num_shards: int | None = None,
+                        per_class: int | None = None) -> Result:
     path = Path(path)
     dev = resolve_device(device)
     positive_int(num_examples, "eval.num_examples", allow_none=True)
@@ -60,10 +75,16 @@ def evaluate_checkpoint(path, estimator_cfg, *, split: str = "test", num_example
     x = data.split(split)
     if x.shape[1] != model.n_visible:
         raise ConfigError(f"data has {x.shape[1]} visible units but the checkpoint's model has {model.n_visible}")
-    if num_examples is not None:
-        x = take_rows(x, 0, num_examples, dense=False)
-    # Estimators that need more of the dataset than the rows (estimator=classify: labels, training split).
-    inputs = estimator.dataset_inputs(model, data, split, x.shape[0]) if hasattr(estimator, "dataset_inputs") else {}
+    if per_class is not None:
+        x = _first_per_class(x, data, split, positive_int(per_class, "eval.per_class"), estimator.name)
+    total = x.shape[0] if num_examples is None else min(num_examples, x.shape[0])
+    start, stop = shard_rows(total, shard, num_shards, int(estimator_cfg.get("batch_size", 100) or 100))
+    x = take_rows(x, start, stop, dense=False)
+    # What estimators need beyond the rows (classify: labels; AIS: training marginals; DBNs: the log Z cache).
+    inputs = (estimator.dataset_inputs(model, data, split, (start, stop), checkpoint=path)
+              if hasattr(estimator, "dataset_inputs") else {})
+    if getattr(estimator, "row_offset_aware", False):
+        inputs["row_offset"] = start
     generator = torch.Generator(device=dev).manual_seed(seed)
     with tqdm(total=x.shape[0], disable=not progress, desc=estimator.name, unit="example") as bar:
         result = estimator.estimate(model, x, inference=inference, generator=generator, seed=seed, progress=bar,
@@ -71,6 +92,8 @@ def evaluate_checkpoint(path, estimator_cfg, *, split: str = "test", num_example
     if getattr(model, "visible", None) == "multinomial":
         result.extras.update(perplexity(result, x, exact=estimator.name == "exact"))
     result.extras.update({"split": split, "checkpoint": str(path), "step": int(payload.get("step", -1))})
+    if num_shards is not None:
+        result.extras.update(shard_sums(result, shard, num_shards, (start, stop)))
     line = result.to_json()
     print(line, flush=True)
     out = Path(output) if output else path.with_name(path.name + ".eval.jsonl")
@@ -78,6 +101,27 @@ def evaluate_checkpoint(path, estimator_cfg, *, split: str = "test", num_example
         f.write(line + "\n")
     return result
 
+
+def _first_per_class(x, data, split: str, k: int, estimator: str):
+    """The first k rows of each class, class by class (Murray & Salakhutdinov 2009: 5 test cases per class)."""
+    labels = data.labels.get(split)
+    if labels is None:
+        raise DataError(f"eval.per_class needs labels, and data={data.name} has none for the {split} split")
+    if estimator == "classify":
+        raise ConfigError("eval.per_class does not combine with estimator=classify")
+    labels = labels.to(x.device)
+    rows = torch.cat([torch.nonzero(labels == c).flatten()[:k] for c in torch.unique(labels)])
+    return take_rows(x, 0, x.shape[0])[rows]
+
+
+def shard_sums(result: Result, shard: int, num_shards: int, rows: tuple[int, int]) -> dict:
+    """What ``python -m nvil.merge`` needs to combine shards exactly: sums, not means."""
+    lp = result.log_p.double()
+    out = {"shard": shard, "num_shards": num_shards, "rows": list(rows), "sum_log_p": lp.sum().item(),
+           "sum_sq_log_p": (lp**2).sum().item(), "shared_stderr": result.shared_stderr}
+    if result.run_log_p is not None:
+        out["run_sums"] = result.run_log_p.double().sum(1).tolist()
+    return out
 
 
 def perplexity(result: Result, docs: torch.Tensor, exact: bool) -> dict:

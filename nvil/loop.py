@@ -81,7 +81,11 @@ def fit(cfg, run_dir: Path) -> dict:
     stream = MinibatchStream(data, t.batch_size, cfg.seed)
     valid = take_rows(data.split("valid"), 0, t.val_num_examples)
     train_subset = take_rows(data.split("train"), 0, t.val_num_examples)
-    tag = score_tag(model, inference)
+    # A learner with its own ``validate`` (greedy DBN training) has no score to keep the best of.
+    tag = None if hasattr(learner, "validate") else score_tag(model, inference)
+    if tag is None and t.patience is not None:
+        raise ConfigError(f"trainer.patience needs a validation score, and learner={cfg.learner.name} has none "
+                          "(set trainer.patience=null)")
     logger = RunLogger(run_dir, enabled=bool(t.tensorboard))
 
     def checkpoint(path: Path) -> None:
@@ -120,7 +124,9 @@ def fit(cfg, run_dir: Path) -> dict:
                 if shown:
                     bar.set_postfix({shown.split("/")[1]: f"{latest[shown]:.2f}"})
 
-            if state.step % t.val_every == 0 or done:
+            if (state.step % t.val_every == 0 or done) and tag is None:  # e.g. greedy DBN: no single score
+                logger.scalars(state.step, learner.validate(valid, train_subset))
+            elif state.step % t.val_every == 0 or done:
                 val_metrics = validate(model, inference, valid, train_subset, t.val_num_samples, cfg.seed)
                 score = val_metrics[tag]
                 improved = score > state.best_score

@@ -134,7 +134,7 @@ def rbm_seeing_pixels(n_pixels, pixels, n_hidden=8, seed=0):
 def classify(model, data, split="test", cfg=CFG):
     est = Classify(cfg)
     x = data.split(split)
-    return est.estimate(model, x, seed=0, **est.dataset_inputs(model, data, split, x.shape[0]))
+    return est.estimate(model, x, seed=0, **est.dataset_inputs(model, data, split, (0, x.shape[0])))
 
 
 def test_logistic_regression_on_informative_hidden_units_classifies_well():
@@ -187,7 +187,7 @@ def test_unlabelled_data_is_refused_with_one_line():
     model = rbm_seeing_pixels(16, pixels=[0, 1])
     with pytest.raises(DataError, match=r"^estimator=classify fits a logistic regression .* data=handmade has "
                                         r"no labels for the train and test split$"):
-        Classify(CFG).dataset_inputs(model, data, "test", 20)
+        Classify(CFG).dataset_inputs(model, data, "test", (0, 20))
     with pytest.raises(DataError, match="needs the labels of the evaluated rows and a labelled training split"):
         Classify(CFG).estimate(model, data.split("test"), seed=0)
 

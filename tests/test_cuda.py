@@ -7,6 +7,7 @@ import torch
 from omegaconf import OmegaConf
 
 from conftest import SYNTHETIC, make_cfg
+from nvil.config import estimator_config
 from nvil.evaluation import evaluate_checkpoint, load_model
 from train import train
 
@@ -23,7 +24,12 @@ RUNS = {
     "cd": ["model=rbm", "model.n_hidden=6", "learner=cd", "learner.k=3"],
     "exact_ml": ["model=rbm", "model.n_hidden=6", "learner=exact_ml"],
     "documents": ["data=synthetic_bow", "model.visible=multinomial", "model.layers=[5]"],
+    "greedy_dbn": ["model=dbn", "model.layers=[5,4]", "learner=greedy", "learner.layer_steps=30"],
 }
+SMALL = {"ais": {"num_betas": 50, "num_chains": 20}, "raise": {"num_betas": 50, "num_chains": 20},
+         "chib": {"num_steps": 3, "num_runs": 2}, "ais_posterior": {"num_betas": 20, "num_runs": 2},
+         "harmonic": {"num_samples": 5, "num_runs": 2}, "dbn_bound": {"num_samples": 10}}
+LOG_Z = {"log_z": {"num_betas": 50, "num_chains": 20}}
 
 
 @pytest.mark.parametrize("name", RUNS)
@@ -32,10 +38,16 @@ def test_learner_trains_resumes_and_evaluates_on_cuda(tmp_path, name):
     m = train(make_cfg("train", CUDA + extra + ["trainer.max_steps=40"]), tmp_path)
     m = train(make_cfg("train", CUDA + extra + ["trainer.max_steps=60", "trainer.resume=true"]), tmp_path)
     assert m["step"] == 60
-    directed = not any(e.startswith("model=rbm") for e in extra)
-    estimators = ["exact", "iwae", "elbo"] if directed else ["exact"]
+    if any(e.startswith("model=rbm") for e in extra):
+        estimators = ["exact", "ais", "raise"]
+    elif "model=dbn" in extra:
+        estimators = ["iwae", "dbn_bound", "chib", "ais_posterior", "harmonic"]
+    elif name == "documents":
+        estimators = ["exact", "iwae", "elbo"]
+    else:
+        estimators = ["exact", "iwae", "elbo", "chib", "ais_posterior", "harmonic"]
     for est in estimators:
-        cfg = OmegaConf.load(f"configs/estimator/{est}.yaml")
+        cfg = OmegaConf.merge(estimator_config(est), SMALL.get(est, {}), LOG_Z if "model=dbn" in extra else {})
         result = evaluate_checkpoint(m["checkpoint"], cfg, device="cuda", progress=False, num_examples=100)
         assert torch.isfinite(result.log_p).all()
 

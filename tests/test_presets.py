@@ -15,10 +15,19 @@ PRESETS = sorted(p.stem for p in (CONFIG_DIR / "experiment").glob("*.yaml"))
 
 @pytest.mark.parametrize("name", PRESETS)
 def test_preset_composes_and_builds(name):
-    cfg = make_cfg("train", [f"experiment={name}"])
+    cfg = make_cfg("train", [f"experiment={name}"]) if name != "eval_chib_vs_ais" else make_cfg("train", [])
     n_visible = 794 if cfg.model.get("labels") else 784
     model, inference = build_model(cfg.model, n_visible)
     if name == "nvil_mnist_paper":
+        return
+    if name == "dbn_mnist":  # Murray & Salakhutdinov 2009, Sec. 5.1: 784-500-2000, greedy CD
+        assert (cfg.model.name, model.sizes, cfg.learner.name, cfg.learner.layer_learner) == ("dbn", [500, 2000], "greedy", "cd")
+        assert (cfg.trainer.batch_size, cfg.learner.layer_steps, cfg.trainer.max_steps) == (100, 25000, 50000)
+        assert cfg.final_eval.estimator.name == "dbn_bound"
+        return
+    if name == "eval_chib_vs_ais":  # an evaluate.py preset
+        cfg = make_cfg("evaluate", [f"experiment={name}"])
+        assert (cfg.estimator.name, cfg.estimator.num_steps, cfg.estimator.num_runs, cfg.eval.per_class) == ("chib", 40, 10, 5)
         return
     if not name.startswith(("nvil_", "ws_")):
         return check_boltzmann_preset(name, cfg, model)

@@ -1,0 +1,46 @@
+"""The variational lower bound on log P(v) of a DBN (Murray & Salakhutdinov 2009, Eq. 17-18):
+
+    log P(v) >= sum_h Q(h | v) log P*(v, h) - log Z + H(Q(h | v)),
+
+with the expectation estimated from ``num_samples`` samples of the greedy up-pass Q (Eq. 18), H(Q) exact for
+a single factorial latent layer (a 2-layer DBN), and -E_Q[log Q] from the same samples for deeper ones.
+log Z is the top RBM's, the AIS estimate shared with the other DBN estimators.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from estimators.posterior import LatentModel, PerExample
+from models.dbn import DBN
+from nvil.config import positive_int
+from nvil.errors import ConfigError
+
+
+class DBNBound(PerExample):
+    name = "dbn_bound"
+
+    def __init__(self, cfg) -> None:
+        super().__init__(cfg)
+        self.num_samples = positive_int(cfg.get("num_samples"), "estimator.num_samples")
+
+    def check(self, model, inference) -> None:
+        if not isinstance(model, DBN):
+            raise ConfigError("estimator=dbn_bound is the bound of a deep belief net (model=dbn); for sbn or fdarn "
+                              "use estimator=elbo, for rbm estimator=ais")
+
+    def settings(self) -> dict:
+        return {"num_samples": self.num_samples}
+
+    def run_batch(self, lm: LatentModel, x: torch.Tensor, generator) -> torch.Tensor:
+        q = lm.q
+        xs = x.unsqueeze(0).expand(self.num_samples, *x.shape)
+        hs, log_qs = q.sample(xs, generator=generator)
+        expected_log_joint = lm.model.log_joint(xs, hs).double().mean(0)
+        if len(hs) == 1:  # H(Q) of a factorial Bernoulli: sum_j softplus(a_j) - p_j a_j
+            a = q.logits(1, x)
+            entropy = (F.softplus(a) - torch.sigmoid(a) * a).sum(-1).double()
+        else:
+            entropy = -torch.stack(log_qs).sum(0).double().mean(0)
+        return expected_log_joint + entropy

@@ -1,0 +1,108 @@
+"""Greedy layer-wise training of a deep belief net (Hinton, Osindero & Teh 2006).
+
+RBM 1 is trained on the data; RBM l + 1 on the hidden activities of RBM l given the data below it,
+the lower RBMs frozen. Each RBM is trained by one of the Boltzmann-machine learners of
+``nvil.learners.sap`` (``learner.layer_learner=cd`` or ``sap``), with the same lr, k, particles and
+schedule. Every RBM below the top trains for ``layer_steps`` updates; the top RBM trains for the rest of
+``trainer.max_steps``. What the next layer sees is p(h = 1 | x) (``propagate=mean``, as in Hinton's
+code) or a sample h ~ p(h | x) (``propagate=sample``).
+
+A greedy run has no single validation score across layers, so it writes no ``best.pt``: its checkpoint
+is ``last.pt``. Validation reports the current layer's reconstruction error (and, for layer 1, its
+pseudo-log-likelihood).
+"""
+
+from __future__ import annotations
+
+import torch
+from omegaconf import OmegaConf
+from torch import nn
+
+from models.dbn import DBN
+from nvil.config import positive_int
+from nvil.errors import ConfigError
+from nvil.learners.sap import SAP
+
+LAYER_LEARNERS = ("cd", "sap")
+PROPAGATE = ("mean", "sample")
+
+
+class Greedy(nn.Module):
+    def __init__(self, model, inference, cfg, device: torch.device, seed: int) -> None:
+        super().__init__()
+        if not isinstance(model, DBN):
+            raise ConfigError("learner=greedy trains deep belief nets (model=dbn)")
+        if cfg.get("layer_learner") not in LAYER_LEARNERS:
+            raise ConfigError(f"learner.layer_learner must be one of {list(LAYER_LEARNERS)}, got {cfg.get('layer_learner')!r}")
+        if cfg.get("propagate", "mean") not in PROPAGATE:
+            raise ConfigError(f"learner.propagate must be one of {list(PROPAGATE)}, got {cfg.get('propagate')!r}")
+        n_lower = len(model.rbms) - 1
+        steps = cfg.get("layer_steps")
+        steps = [steps] * n_lower if isinstance(steps, int) and not isinstance(steps, bool) else list(steps or [])
+        if len(steps) != n_lower:
+            raise ConfigError(f"learner.layer_steps must be one integer or a list of {n_lower} (one per RBM below "
+                              f"the top), got {cfg.get('layer_steps')!r}")
+        for s in steps:
+            positive_int(s, "learner.layer_steps")
+        self.model, self.cfg, self.device, self.seed = model, cfg, device, seed
+        self.propagate = cfg.get("propagate", "mean")
+        self.boundaries = torch.tensor(steps).cumsum(0).tolist()  # update at which layer l + 1 starts
+        self.generator = torch.Generator(device=device).manual_seed(seed + 7919)
+        self.updates = 0
+        self.layer = 0
+        self.inner = self._layer_learner(0)
+
+    def _layer_learner(self, layer: int) -> SAP:
+        inner_cfg = OmegaConf.merge(self.cfg, {"name": self.cfg.layer_learner})
+        return SAP(self.model.rbms[layer], None, inner_cfg, self.device, self.seed + layer)
+
+    def _layer_at(self, updates: int) -> int:
+        return sum(updates >= b for b in self.boundaries)
+
+    @torch.no_grad()
+    def up(self, x: torch.Tensor, layer: int, generator=None) -> torch.Tensor:
+        """The data RBM ``layer`` (0-based) trains on: x passed up through the frozen RBMs below it."""
+        for rbm in self.model.rbms[:layer]:
+            x = rbm.h_given_x(x) if self.propagate == "mean" else rbm.sample_h(x, 1.0, generator)
+        return x
+
+    def step(self, x: torch.Tensor, diagnostics: bool = False) -> dict[str, torch.Tensor]:
+        layer = self._layer_at(self.updates)
+        if layer != self.layer:
+            self.layer, self.inner = layer, self._layer_learner(layer)
+        metrics = self.inner.step(self.up(x, layer, self.generator), diagnostics)
+        self.updates += 1
+        if diagnostics:
+            metrics["greedy/layer"] = torch.tensor(float(layer + 1))
+        return metrics
+
+    @torch.no_grad()
+    def validate(self, valid: torch.Tensor, train_subset: torch.Tensor) -> dict[str, float]:
+        """The current layer's mean-field reconstruction error on the validation data below it."""
+        from nvil.validation import stochastic_pseudo_log_likelihood
+
+        rbm, layer = self.model.rbms[self.layer], self.layer
+        x = self.up(valid, layer)
+        recon = torch.sigmoid(rbm.b + rbm.h_given_x(x) @ rbm.W.T)
+        out = {f"val/layer{layer + 1}/reconstruction_error": ((recon - x) ** 2).sum(-1).mean().item()}
+        if layer == 0:
+            g = torch.Generator(device=valid.device).manual_seed(self.seed + 1_000_003)
+            out["val/layer1/pseudo_log_likelihood"] = stochastic_pseudo_log_likelihood(rbm, x, g).mean().item()
+        return out
+
+    def image_grids(self) -> dict[str, torch.Tensor]:
+        grids = self.inner.image_grids() if self.layer == 0 else {}
+        w = self.model.filters()[:64]
+        lo, hi = w.min(1, keepdim=True).values, w.max(1, keepdim=True).values
+        grids["model/filters"] = (w - lo) / (hi - lo).clamp(min=1e-8)
+        return grids
+
+    def learner_state(self) -> dict:
+        return {"updates": self.updates, "generator": self.generator.get_state(), "inner": self.inner.learner_state()}
+
+    def load_learner_state(self, state: dict) -> None:
+        self.updates = int(state["updates"])
+        self.generator.set_state(state["generator"].cpu())
+        self.layer = self._layer_at(self.updates)
+        self.inner = self._layer_learner(self.layer)
+        self.inner.load_learner_state(state["inner"])
