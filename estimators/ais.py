@@ -124,8 +124,9 @@ class RBMState(NamedTuple):
 
 
 def base_rate(model: BoltzmannMachine, train: torch.Tensor, smoothing: float = 0.05, batch_size: int = 10000) -> BaseRate:
-    """Base-rate model from training marginals: p = (mean + s) / (1 + s) per binary pixel (the pseudo-count
-    smoothing of Salakhutdinov's AIS code, s = 0.05), b = logit p; for Gaussian visibles b = the mean; label
+    """Base-rate model from training marginals: p = (mean + s) / (1 + 2 s) per binary pixel (a pseudo-count of
+    s on each side, as in Salakhutdinov's AIS code, so p stays inside (0, 1) even for a pixel that is always on
+    or always off), b = logit p; for Gaussian visibles b = the mean; label
     logits from the smoothed label frequencies."""
     mean = torch.zeros(train.shape[1], dtype=torch.float64, device=model.W.device)
     for s0, s1 in chunks(train.shape[0], batch_size):
@@ -135,7 +136,7 @@ def base_rate(model: BoltzmannMachine, train: torch.Tensor, smoothing: float = 0
     mean = (mean / train.shape[0]).to(model.W.dtype)
     v_mean = mean[: model.n_pixels]
     if model.visible == "binary":
-        p = (v_mean + smoothing) / (1 + smoothing)
+        p = (v_mean + smoothing) / (1 + 2 * smoothing)
         b = torch.log(p) - torch.log1p(-p)
     else:
         b = v_mean
