@@ -26,16 +26,10 @@ from estimators import build_estimator
 from estimators.log_z import top_log_z
 from nvil.config import estimator_config
 from nvil.data import build_model_data
-from nvil.evaluation import load_model
+from nvil.evaluation import first_per_class, load_model
 
 PAPER = {"bound": -87.05, "ais_10000": -85.20, "ais_1000": -86.05, "ais_100": -89.59, "chib_40": -85.22,
          "chib_full": -84.55}
-
-
-def five_per_class(data, split: str = "test", per_class: int = 5) -> torch.Tensor:
-    labels = data.labels[split]
-    rows = torch.cat([torch.nonzero(labels == c).flatten()[:per_class] for c in range(10)])
-    return data.split(split)[rows.to(data.split(split).device)]
 
 
 def run(name: str, overrides: dict, model, x, train_rows, checkpoint, seed: int) -> tuple[dict, float]:
@@ -74,7 +68,7 @@ def main() -> None:
         train.train(cfg, out / "dbn")
     model, _, payload = load_model(checkpoint, device)
     data = build_model_data(OmegaConf.create(payload["config"]["data"]), OmegaConf.create(payload["config"]["model"]), device)
-    x50, train_rows = five_per_class(data), data.split("train")
+    x50, train_rows = first_per_class(data.split("test"), data, "test", 5, "chib"), data.split("train")
 
     log_z_cfg = OmegaConf.merge(estimator_config("chib").log_z, {"num_betas": args.log_z_betas})
     est, cached = top_log_z(model, train_rows, log_z_cfg, checkpoint, progress=True)

@@ -31,10 +31,11 @@ import torch
 from tqdm import tqdm
 
 from estimators.base import Result, batch_generator, chunks, combine_runs
-from models.rbm import BaseRate, BoltzmannMachine
+from models.rbm import BaseRate, BoltzmannMachine, _bernoulli
 from nvil.config import positive_float, positive_int
 from nvil.errors import ConfigError
 from nvil.mcmc.sequential_gibbs import SequentialGibbs
+from nvil.ops import log_mean_exp
 
 SCHEDULES = ("paper", "linear")
 PAPER_SEGMENTS = ((0.0, 0.5, 500), (0.5, 0.9, 4000), (0.9, 1.0, 10000))  # 14,500 steps in all
@@ -96,7 +97,7 @@ class LogZ:
         w = torch.exp(log_w - log_w.max())  # relative weights
         mean = w.mean().item()
         rel_sd = (w.std().item() / (mean * math.sqrt(n))) if n > 1 else 0.0  # sigma_hat / estimate
-        lme = (torch.logsumexp(log_w, 0) - math.log(n)).item()
+        lme = log_mean_exp(log_w, 0).item()
         ess = (w.sum() ** 2 / (w**2).sum()).item()
         if direction == "forward":  # Z_hat = Z_0 mean(w)
             log_z = log_z0 + lme
@@ -184,8 +185,7 @@ class RBMPath:
 
     def transition(self, state: RBMState, beta: float, generator=None) -> RBMState:
         """Block Gibbs at beta: h ~ p_beta(h | x), then x ~ p_beta(x | h)."""
-        p = torch.sigmoid(beta * state.a)
-        h = (torch.rand(p.shape, generator=generator, device=p.device, dtype=p.dtype) < p).to(p.dtype)
+        h = _bernoulli(torch.sigmoid(beta * state.a), generator)
         return self.state(self.model.sample_x_given_h(h, beta, generator, x=state.x, base=self.base))
 
 

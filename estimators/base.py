@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from nvil.ops import mean_and_stderr
+from nvil.ops import log_mean_exp, mean_and_stderr
 
 
 @dataclass
@@ -74,4 +74,4 @@ def batch_generator(seed: int, start: int, device) -> torch.Generator:
 def combine_runs(log_p_runs: torch.Tensor) -> torch.Tensor:
     """[examples, runs] estimates of log P(v), each exp() unbiased for P(v) -> the log of their mean, which is
     unbiased in P(v) too."""
-    return torch.logsumexp(log_p_runs.double(), 1) - math.log(log_p_runs.shape[1])
+    return log_mean_exp(log_p_runs.double(), 1)

@@ -18,13 +18,12 @@ Eq. 15), so log P(v) is under-estimated in expectation.
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from estimators.posterior import LatentModel, PerExample
 from nvil.config import positive_int
 from nvil.mcmc.sequential_gibbs import SequentialGibbs
+from nvil.ops import log_mean_exp
 
 
 @torch.no_grad()
@@ -43,7 +42,7 @@ def chib_log_p(gibbs: SequentialGibbs, h_star: torch.Tensor, num_steps: int, gen
         h = torch.where(restart, h_s, h)  # the backward run starts again from h^(s)
         h, _ = gibbs.sweep(h, reverse=backward, generator=generator)
         log_t.append(gibbs.sweep(h, force=h_star)[1])
-    log_p_hat = torch.logsumexp(torch.stack(log_t).double(), 0) - math.log(S)  # log (1/S) sum T(h* <- h^(s'))
+    log_p_hat = log_mean_exp(torch.stack(log_t).double(), 0)  # log (1/S) sum T(h* <- h^(s'))
     return gibbs.log_prob(h_star).double() - log_p_hat
 
 

@@ -8,14 +8,13 @@ the tails that carry the large weights, so the over-estimate is usually silent a
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from estimators.posterior import LatentModel, PerExample
 from nvil.config import positive_int
 from nvil.errors import ConfigError
 from nvil.mcmc.sequential_gibbs import SequentialGibbs
+from nvil.ops import log_mean_exp
 
 
 class Harmonic(PerExample):
@@ -35,7 +34,7 @@ class Harmonic(PerExample):
 
     def combine(self, per_run: torch.Tensor) -> torch.Tensor:
         """Runs pool their samples: 1 / P_hat is the mean of the runs' 1 / P_hat."""
-        return -(torch.logsumexp(-per_run, 1) - math.log(per_run.shape[1]))
+        return -log_mean_exp(-per_run, 1)
 
     def run_batch(self, lm: LatentModel, x: torch.Tensor, generator) -> torch.Tensor:
         gibbs = SequentialGibbs([(1.0, lm.joint(x))])
@@ -46,4 +45,4 @@ class Harmonic(PerExample):
         for _ in range(self.num_samples):
             h, _ = gibbs.sweep(h, generator=generator)
             neg_log_lik.append(-lm.log_likelihood(x, h).double())
-        return -(torch.logsumexp(torch.stack(neg_log_lik), 0) - math.log(self.num_samples))
+        return -log_mean_exp(torch.stack(neg_log_lik), 0)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from models.rbm import BoltzmannMachine
+from models.rbm import BoltzmannMachine, _bernoulli
 from nvil.ops import bernoulli_log_prob
 
 
@@ -94,13 +94,13 @@ class DBN(nn.Module):
         layers down. Returns (v, [h_1, ..., h_{L-1}])."""
         top = self.top
         p = torch.full((n, top.n_pixels), 0.5, device=top.W.device, dtype=top.W.dtype)
-        h = (torch.rand(p.shape, generator=generator, device=p.device) < p).to(p.dtype)
+        h = _bernoulli(p, generator)
         for _ in range(gibbs_sweeps):
             h = top.sample_x_given_h(top.sample_h(h, 1.0, generator), 1.0, generator)
         hs = [h]
         for layer in range(len(self.sizes) - 1, 0, -1):
             logits = self.directed_logits(layer, hs[0])
-            hs.insert(0, (torch.rand(logits.shape, generator=generator, device=p.device) < torch.sigmoid(logits)).to(p.dtype))
+            hs.insert(0, _bernoulli(torch.sigmoid(logits), generator))
         return hs[0], hs[1:]
 
     @torch.no_grad()
@@ -128,8 +128,7 @@ class DBNRecognition:
         for layer in range(1, len(self.dbn.sizes)):
             logits = self.logits(layer, h)
             with torch.no_grad():
-                u = torch.rand(logits.shape, generator=generator, device=logits.device, dtype=logits.dtype)
-                h = (u < torch.sigmoid(logits)).to(logits.dtype)
+                h = _bernoulli(torch.sigmoid(logits), generator)
             hs.append(h)
             log_qs.append(bernoulli_log_prob(logits, h))
         return hs, log_qs

@@ -76,7 +76,7 @@ def evaluate_checkpoint(path, estimator_cfg, *, split: str = "test", num_example
     if x.shape[1] != model.n_visible:
         raise ConfigError(f"data has {x.shape[1]} visible units but the checkpoint's model has {model.n_visible}")
     if per_class is not None:
-        x = _first_per_class(x, data, split, positive_int(per_class, "eval.per_class"), estimator.name)
+        x = first_per_class(x, data, split, positive_int(per_class, "eval.per_class"), estimator.name)
     total = x.shape[0] if num_examples is None else min(num_examples, x.shape[0])
     start, stop = shard_rows(total, shard, num_shards, int(estimator_cfg.get("batch_size", 100) or 100))
     x = take_rows(x, start, stop, dense=False)
@@ -102,7 +102,7 @@ def evaluate_checkpoint(path, estimator_cfg, *, split: str = "test", num_example
     return result
 
 
-def _first_per_class(x, data, split: str, k: int, estimator: str):
+def first_per_class(x, data, split: str, k: int, estimator: str):
     """The first k rows of each class, class by class (Murray & Salakhutdinov 2009: 5 test cases per class)."""
     labels = data.labels.get(split)
     if labels is None:

@@ -21,7 +21,7 @@ from torch import nn
 from models.dbn import DBN
 from nvil.config import positive_int
 from nvil.errors import ConfigError
-from nvil.learners.sap import SAP
+from nvil.learners.sap import SAP, filter_grid
 
 LAYER_LEARNERS = ("cd", "sap")
 PROPAGATE = ("mean", "sample")
@@ -92,9 +92,7 @@ class Greedy(nn.Module):
 
     def image_grids(self) -> dict[str, torch.Tensor]:
         grids = self.inner.image_grids() if self.layer == 0 else {}
-        w = self.model.filters()[:64]
-        lo, hi = w.min(1, keepdim=True).values, w.max(1, keepdim=True).values
-        grids["model/filters"] = (w - lo) / (hi - lo).clamp(min=1e-8)
+        grids["model/filters"] = filter_grid(self.model.filters())  # layer 1's, the image-shaped ones
         return grids
 
     def learner_state(self) -> dict:

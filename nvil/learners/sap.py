@@ -36,6 +36,13 @@ def paper_schedule(lr: float, t0: int | None, a: float | None, b: float | None):
     return lambda t: 1.0 if t < t0 else (a / (b + t)) / lr
 
 
+def filter_grid(w: torch.Tensor, n: int = 64) -> torch.Tensor:
+    """The first n receptive fields, each rescaled to [0, 1] for an image grid."""
+    w = w[:n]
+    lo, hi = w.min(1, keepdim=True).values, w.max(1, keepdim=True).values
+    return (w - lo) / (hi - lo).clamp(min=1e-8)
+
+
 class SAP(nn.Module):
     MODES = ("sap", "trans_sap", "pt_sap", "cd", "exact_ml")
 
@@ -147,9 +154,7 @@ class SAP(nn.Module):
         if self.last_tt_run is not None:
             out["mcmc/tt_before"] = self.last_tt_run[0][:64, :n_pix]
             out["mcmc/tt_after"] = self.last_tt_run[1][:64, :n_pix]
-        w = self.model.filters()[:64]
-        lo, hi = w.min(1, keepdim=True).values, w.max(1, keepdim=True).values
-        out["model/filters"] = (w - lo) / (hi - lo).clamp(min=1e-8)
+        out["model/filters"] = filter_grid(self.model.filters())
         return out
 
     # ---- state for resume ----------------------------------------------------------------------------
