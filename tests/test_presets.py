@@ -22,7 +22,9 @@ def test_preset_composes_and_builds(name):
         return
     if name == "dbn_mnist":  # Murray & Salakhutdinov 2009, Sec. 5.1: 784-500-2000, greedy CD
         assert (cfg.model.name, model.sizes, cfg.learner.name, cfg.learner.layer_learner) == ("dbn", [500, 2000], "greedy", "cd")
-        assert (cfg.trainer.batch_size, cfg.learner.layer_steps, cfg.trainer.max_steps) == (100, 25000, 50000)
+        assert (cfg.trainer.batch_size, cfg.learner.layer_steps, cfg.trainer.max_steps) == (100, 25000, 75000)
+        first, top = cfg.learner.per_layer
+        assert (first.layer_learner, first.k, first.k_final, top.layer_learner) == ("cd", 1, 25, "sap")
         assert cfg.final_eval.estimator.name == "dbn_bound"
         return
     if name == "eval_chib_vs_ais":  # an evaluate.py preset

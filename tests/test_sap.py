@@ -239,6 +239,18 @@ def test_cd1_is_unbiased_for_its_own_expectation_and_biased_for_ml():
     assert learner.particles is None and learner.gibbs_sweeps == 300  # CD keeps no persistent chains
 
 
+def test_cd_k_rises_linearly_to_k_final():
+    """learner.k_final: k goes from k to k_final over k_ramp updates, then stays; each CD update takes k sweeps."""
+    m, x = tiny_rbm(scale=1.0), tiny_data()
+    learner = learner_for(m, "cd", k=1, k_final=5, k_ramp=8)
+    seen = []
+    for _ in range(12):
+        before = learner.gibbs_sweeps
+        learner.step(x)
+        seen.append(learner.gibbs_sweeps - before)
+    assert seen == [1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 5, 5]
+
+
 # ---- resume with persistent particles ---------------------------------------------------------------------------
 
 
@@ -310,3 +322,26 @@ def test_train_rbm_with_sap_then_evaluate_exactly(tmp_path):
     logged = next(r["val/log_p_exact"] for r in val if r["step"] == best_step)
     assert line["mean_log_p"] == pytest.approx(logged, abs=2e-3)
     assert json_lines((ckpt.parent / "best.pt.eval.jsonl").read_text())[-1]["log_z"] == line["log_z"]
+
+
+def test_greedy_per_layer_settings_pick_each_rbms_learner():
+    from models.dbn import DBN
+    from nvil.errors import ConfigError
+    from nvil.learners.greedy import Greedy
+
+    cfg = make_cfg("train", ["model=dbn", "learner=greedy", "learner.layer_steps=3",
+                             "learner.per_layer=[{layer_learner: cd, k_final: 4, k_ramp: 2}, {layer_learner: sap, lr: 0.002}]"]).learner
+    dbn = DBN(6, [5, 4])
+    x = (torch.rand(20, 6, generator=torch.Generator().manual_seed(0)) < 0.5).float()
+    greedy = Greedy(dbn, None, cfg, CPU, 0)
+    sweeps = []
+    for _ in range(3):
+        before = greedy.inner.gibbs_sweeps
+        greedy.step(x)
+        sweeps.append(greedy.inner.gibbs_sweeps - before)
+    assert greedy.inner.mode == "cd" and sweeps == [1, 2, 4]  # RBM 1: CD with k rising 1 -> 4 over 2 updates
+    greedy.step(x)
+    assert greedy.layer == 1 and greedy.inner.mode == "sap" and greedy.inner.k_final is None
+    assert greedy.inner.optimizer.param_groups[0]["lr"] == 0.002 and greedy.inner.particles is not None
+    with pytest.raises(ConfigError, match="one entry per RBM"):
+        Greedy(dbn, None, make_cfg("train", ["model=dbn", "learner=greedy", "learner.per_layer=[{k: 2}]"]).learner, CPU, 0)

@@ -3,7 +3,8 @@
 RBM 1 is trained on the data; RBM l + 1 on the hidden activities of RBM l given the data below it,
 the lower RBMs frozen. Each RBM is trained by one of the Boltzmann-machine learners of
 ``nvil.learners.sap`` (``learner.layer_learner=cd`` or ``sap``), with the same lr, k, particles and
-schedule. Every RBM below the top trains for ``layer_steps`` updates; the top RBM trains for the rest of
+schedule; ``learner.per_layer`` (a list with one mapping per RBM) overrides any of these for one RBM,
+e.g. ``[{layer_learner: cd, k_final: 25}, {layer_learner: sap}]``. Every RBM below the top trains for ``layer_steps`` updates; the top RBM trains for the rest of
 ``trainer.max_steps``. What the next layer sees is p(h = 1 | x) (``propagate=mean``, as in Hinton's
 code) or a sample h ~ p(h | x) (``propagate=sample``).
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import torch
 from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 from torch import nn
 
 from models.dbn import DBN
@@ -32,8 +34,18 @@ class Greedy(nn.Module):
         super().__init__()
         if not isinstance(model, DBN):
             raise ConfigError("learner=greedy trains deep belief nets (model=dbn)")
-        if cfg.get("layer_learner") not in LAYER_LEARNERS:
-            raise ConfigError(f"learner.layer_learner must be one of {list(LAYER_LEARNERS)}, got {cfg.get('layer_learner')!r}")
+        per_layer = cfg.get("per_layer")
+        if per_layer is not None and len(per_layer) != len(model.rbms):
+            raise ConfigError(f"learner.per_layer must have one entry per RBM ({len(model.rbms)}), got {len(per_layer)}")
+        try:
+            self.layer_cfgs = [OmegaConf.merge(cfg, per_layer[i] if per_layer is not None else {})
+                               for i in range(len(model.rbms))]
+        except (OmegaConfBaseException, ValueError) as e:
+            raise ConfigError(f"learner.per_layer: {str(e).splitlines()[0]}") from None
+        for layer_cfg in self.layer_cfgs:
+            if layer_cfg.get("layer_learner") not in LAYER_LEARNERS:
+                raise ConfigError(f"learner.layer_learner must be one of {list(LAYER_LEARNERS)}, "
+                                  f"got {layer_cfg.get('layer_learner')!r}")
         if cfg.get("propagate", "mean") not in PROPAGATE:
             raise ConfigError(f"learner.propagate must be one of {list(PROPAGATE)}, got {cfg.get('propagate')!r}")
         n_lower = len(model.rbms) - 1
@@ -53,7 +65,8 @@ class Greedy(nn.Module):
         self.inner = self._layer_learner(0)
 
     def _layer_learner(self, layer: int) -> SAP:
-        inner_cfg = OmegaConf.merge(self.cfg, {"name": self.cfg.layer_learner})
+        layer_cfg = self.layer_cfgs[layer]
+        inner_cfg = OmegaConf.merge(layer_cfg, {"name": layer_cfg.layer_learner})
         return SAP(self.model.rbms[layer], None, inner_cfg, self.device, self.seed + layer)
 
     def _layer_at(self, updates: int) -> int:

@@ -60,6 +60,8 @@ class SAP(nn.Module):
         self.generator = torch.Generator(device=device).manual_seed(seed)
         self.gibbs = BlockGibbs(model)
         self.k = positive_int(cfg.get("k", 1), "learner.k")
+        self.k_final = positive_int(cfg.get("k_final"), "learner.k_final", allow_none=True)
+        self.k_ramp = positive_int(cfg.get("k_ramp", 1), "learner.k_ramp")
         self.num_particles = positive_int(cfg.get("num_particles", 100), "learner.num_particles")
         self.tt = self.pt = None
         if self.mode == "trans_sap":
@@ -77,6 +79,14 @@ class SAP(nn.Module):
         self.last_tt_run: tuple[torch.Tensor, torch.Tensor] | None = None
         self.last_tt_accept: torch.Tensor | None = None  # reported at every log step after a run
 
+    def sweeps_now(self) -> int:
+        """k at this update: fixed, or rising linearly from ``k`` to ``k_final`` over ``k_ramp`` updates
+        (Salakhutdinov & Murray 2008 raised CD's k gradually from 1 to 25)."""
+        if self.k_final is None:
+            return self.k
+        frac = min(1.0, self.updates / self.k_ramp)
+        return self.k + int(frac * (self.k_final - self.k))
+
     # ---- the negative phase ------------------------------------------------------------------------
     def _init_particles(self, x: torch.Tensor) -> State:
         idx = torch.randint(0, x.shape[0], (self.num_particles,), generator=self.generator, device=x.device)
@@ -90,9 +100,10 @@ class SAP(nn.Module):
             return None
         if self.mode == "cd":
             state = self.model.init_chains(x, self.generator)
-            for _ in range(self.k):
+            k = self.sweeps_now()
+            for _ in range(k):
                 state, _ = self.gibbs.step(state, 1.0, self.generator)
-            self.gibbs_sweeps += self.k
+            self.gibbs_sweeps += k
             return state.x
         if self.particles is None:
             self.particles = self._init_particles(x)
@@ -102,7 +113,7 @@ class SAP(nn.Module):
             self.last_tt_run = (before, self.particles.x)
             self.last_tt_accept = info["accept_rate"]
             self.gibbs_sweeps += 2 * (len(self.tt.betas) - 1)
-        for _ in range(self.k):
+        for _ in range(self.sweeps_now()):
             if self.pt is not None:
                 self.particles, info = self.pt.step(self.particles, generator=self.generator, parity=self.gibbs_sweeps)
                 for i, rate in enumerate(info["swap_rate"]):
@@ -135,6 +146,7 @@ class SAP(nn.Module):
                 metrics["train/reconstruction_error"] = ((recon - x) ** 2).sum(-1).mean()
             metrics["train/lr"] = torch.tensor(self.scheduler.get_last_lr()[0])
             metrics["mcmc/gibbs_sweeps"] = torch.tensor(float(self.gibbs_sweeps))
+            metrics["mcmc/k"] = torch.tensor(float(self.sweeps_now()))
             if self.last_tt_accept is not None:
                 metrics["mcmc/tt_accept_rate"] = self.last_tt_accept
         self.optimizer.step()
