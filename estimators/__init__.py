@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from estimators.ais import AIS
+from estimators.ais_hmc import AISHMC
 from estimators.base import Result
 from estimators.bdmc import RAISE
 from estimators.bounds import SampledBound
-from estimators.chib import Chib
+from estimators.chib import Chib, ChibMH
 from estimators.classify import Classify
 from estimators.dbn_bound import DBNBound
 from estimators.exact import Exact
@@ -16,7 +17,7 @@ from nvil.errors import ConfigError
 
 ESTIMATORS = {"iwae": SampledBound, "elbo": SampledBound, "exact": Exact, "classify": Classify, "ais": AIS,
               "raise": RAISE, "ais_posterior": AISPosterior, "chib": Chib, "harmonic": Harmonic,
-              "dbn_bound": DBNBound}
+              "dbn_bound": DBNBound, "ais_hmc": AISHMC, "chib_mh": ChibMH}
 
 
 def build_estimator(cfg):

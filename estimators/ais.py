@@ -37,7 +37,7 @@ from nvil.errors import ConfigError
 from nvil.mcmc.sequential_gibbs import SequentialGibbs
 from nvil.ops import log_mean_exp
 
-SCHEDULES = ("paper", "linear")
+SCHEDULES = ("paper", "linear", "sigmoid")
 PAPER_SEGMENTS = ((0.0, 0.5, 500), (0.5, 0.9, 4000), (0.9, 1.0, 10000))  # 14,500 steps in all
 
 
@@ -46,10 +46,14 @@ def schedule(kind: str, num_betas: int) -> torch.Tensor:
 
     ``paper``: Salakhutdinov & Murray 2008's spacing, uniform within [0, 0.5], [0.5, 0.9] and [0.9, 1]
     with 500 : 4,000 : 10,000 of the steps (exactly those numbers at num_betas = 14,500);
-    ``linear``: uniform in [0, 1]."""
+    ``linear``: uniform in [0, 1]; ``sigmoid``: beta_t proportional to sigmoid(4 (2t/T - 1)), rescaled to [0, 1]
+    (Grosse et al. 2013; the schedule of Wu et al. 2017's AIS for decoder-based models)."""
     positive_int(num_betas, "estimator.num_betas")
     if kind == "linear":
         return torch.linspace(0.0, 1.0, num_betas + 1, dtype=torch.float64)
+    if kind == "sigmoid":
+        s = torch.sigmoid(torch.linspace(-4.0, 4.0, num_betas + 1, dtype=torch.float64))
+        return (s - s[0]) / (s[-1] - s[0])
     if kind != "paper":
         raise ConfigError(f"estimator.schedule must be one of {list(SCHEDULES)}, got {kind!r}")
     total = sum(n for *_, n in PAPER_SEGMENTS)
@@ -252,6 +256,10 @@ def free_energy_log_p(model, data, log_z: float, batch_size: int, progress=None)
 
 
 def check_boltzmann(model, name: str) -> None:
+    if getattr(model, "is_continuous_latent", False):
+        raise ConfigError(f"estimator={name} estimates the partition function of a Boltzmann machine (model=rbm or "
+                          f"srbm); this checkpoint holds a {type(model).__name__} with continuous latents: use ais_hmc, "
+                          "chib_mh or iwae")
     if not isinstance(model, BoltzmannMachine):
         raise ConfigError(f"estimator={name} estimates the partition function of a Boltzmann machine (model=rbm or "
                           f"srbm); this checkpoint holds a {type(model).__name__}: use ais_posterior, chib, harmonic "

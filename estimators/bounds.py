@@ -74,8 +74,9 @@ class SampledBound:
         self.num_samples = k
 
     def check(self, model, inference) -> None:
-        if inference is None and not isinstance(model, DBN):
-            raise ConfigError(f"estimator={self.name} needs a model with an inference network (sbn, fdarn) or a DBN")
+        if inference is None and not isinstance(model, DBN) and not getattr(model, "is_continuous_latent", False):
+            raise ConfigError(f"estimator={self.name} needs a model with an inference network (sbn, fdarn), a DBN "
+                              "or a Gaussian net (gbn, dbn_dynamic: the prior is the proposal)")
 
     def dataset_inputs(self, model, data, split, rows, checkpoint=None, **_) -> dict:
         return {"train": data.split("train"), "checkpoint": checkpoint} if isinstance(model, DBN) else {}
@@ -86,6 +87,8 @@ class SampledBound:
         self.check(model, inference)
         t0 = time.perf_counter()
         log_z, log_z_se, extras = 0.0, 0.0, {}
+        if getattr(model, "is_continuous_latent", False):  # the weak baseline: the prior as the proposal
+            inference, extras = model.prior_proposal(), {"proposal": "prior"}
         if isinstance(model, DBN):
             from estimators.log_z import top_log_z
 

@@ -28,10 +28,16 @@ from nvil.data import take_rows
 from nvil.errors import ConfigError
 
 BOLTZMANN_ESTIMATORS = "ais, raise, exact or classify"
+CONTINUOUS_ESTIMATORS = "ais_hmc, chib_mh or iwae"
 
 
 class LatentModel:
+    """Binary latent units h of an SBN, fDARN or DBN, for estimators that sum over them."""
+
     def __init__(self, model, inference, estimator: str) -> None:
+        if getattr(model, "is_continuous_latent", False):
+            raise ConfigError(f"estimator={estimator} sums over binary latent units; this checkpoint holds a "
+                              f"{type(model).__name__} with continuous latents: use {CONTINUOUS_ESTIMATORS}")
         if isinstance(model, BoltzmannMachine):
             raise ConfigError(f"estimator={estimator} sums over one test case's latent units, and an RBM's hidden "
                               f"units are summed exactly; for model=rbm or srbm use estimator={BOLTZMANN_ESTIMATORS}")
@@ -70,8 +76,12 @@ class PerExample:
         self.num_runs = positive_int(cfg.get("num_runs", 1), "estimator.num_runs")
         self.batch_size = positive_int(cfg.get("batch_size", 100), "estimator.batch_size")
 
+    def latent_model(self, model, inference):
+        """What ``run_batch`` works with (``LatentModel``; continuous-latent estimators override this)."""
+        return LatentModel(model, inference, self.name)
+
     def check(self, model, inference) -> None:
-        LatentModel(model, inference, self.name)
+        self.latent_model(model, inference)
 
     def dataset_inputs(self, model, data, split, rows, checkpoint=None, **_) -> dict:
         wanted = isinstance(model, DBN) and self.uses_log_z
@@ -79,7 +89,7 @@ class PerExample:
 
     def log_z(self, lm: LatentModel, train, checkpoint, progress) -> tuple[float, float, dict]:
         """(log Z, its standard error, JSON extras); 0 for normalised models."""
-        if not (lm.needs_log_z and self.uses_log_z):
+        if not (getattr(lm, "needs_log_z", False) and self.uses_log_z):
             return 0.0, 0.0, {}
         from estimators.log_z import top_log_z
 
@@ -93,7 +103,7 @@ class PerExample:
     @torch.no_grad()
     def estimate(self, model, data, *, inference=None, generator=None, seed: int, progress=None, train=None,
                  checkpoint=None, row_offset: int = 0) -> Result:
-        lm = LatentModel(model, inference, self.name)
+        lm = self.latent_model(model, inference)
         t0 = time.perf_counter()
         show = progress is not None and not progress.disable
         log_z, log_z_se, extras = self.log_z(lm, train, checkpoint, show)

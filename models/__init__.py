@@ -7,9 +7,11 @@ from typing import Callable
 from torch import nn
 
 from models.dbn import DBN
+from models.gaussian import DynamicBayesNet, GaussianBeliefNet
 from models.inference import LayeredInference
 from models.rbm import BoltzmannMachine
 from models.sbn import PRIORS, SBN, VISIBLES
+from nvil.config import positive_int
 from nvil.errors import ConfigError
 
 
@@ -75,9 +77,31 @@ def _build_dbn(cfg, n_visible: int):
     return DBN(n_visible, layers), None
 
 
+def _gaussian_options(cfg, visible_default: str) -> dict:
+    return {"form": cfg.get("form", "auxiliary"), "visible": cfg.get("visible", visible_default),
+            "nonlinearity": cfg.get("nonlinearity", "tanh"), "sigma": cfg.get("sigma", 0.1),
+            "visible_sigma": cfg.get("visible_sigma", 1.0), "learn_sigma": bool(cfg.get("learn_sigma", True)),
+            "init_scale": cfg.get("init_scale", 0.1)}
+
+
+def _build_gbn(cfg, n_visible: int):
+    """Gaussian belief net (Kingma 2013): latent layers [n_1, ..., n_L] above the data, centred or auxiliary form."""
+    return GaussianBeliefNet(n_visible, _layers(cfg), **_gaussian_options(cfg, "bernoulli")), None
+
+
+def _build_dbn_dynamic(cfg, n_visible: int):
+    """Dynamic Bayesian network (Kingma 2013, Sec. 4.2): a chain of ``length`` latent vectors, each emitting one
+    observed vector; a data row is the ``length`` observed vectors side by side."""
+    length, latent, obs = (positive_int(cfg.get(k), f"model.{k}") for k in ("length", "latent_dim", "obs_dim"))
+    if length * obs != n_visible:
+        raise ConfigError(f"model=dbn_dynamic with length={length} and obs_dim={obs} needs rows of {length * obs} "
+                          f"values, but the data has {n_visible}")
+    return DynamicBayesNet(length, latent, obs, **_gaussian_options(cfg, "gaussian")), None
+
+
 N_LABELS = 10
 MODELS: dict[str, Callable] = {"sbn": _build_sbn, "fdarn": _build_fdarn, "rbm": _build_rbm, "srbm": _build_srbm,
-                               "dbn": _build_dbn}
+                               "dbn": _build_dbn, "gbn": _build_gbn, "dbn_dynamic": _build_dbn_dynamic}
 
 
 def build_model(cfg, n_visible: int) -> tuple[nn.Module, nn.Module | None]:

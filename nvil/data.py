@@ -224,13 +224,17 @@ class MinibatchStream:
         self._perm: torch.Tensor | None = None
         self._gen = torch.Generator(device=self.x.device)
 
-    def batch(self, step: int) -> torch.Tensor:
+    def indices(self, step: int) -> torch.Tensor:
+        """The training rows of minibatch ``step`` (learners with per-example state, e.g. MCEM's chains)."""
         epoch, i = divmod(step, self.batches_per_epoch)
         if epoch != self._epoch:
             g = torch.Generator(device="cpu").manual_seed(self.seed * 1_000_003 + epoch)
             self._perm = torch.randperm(self.x.shape[0], generator=g).to(self.x.device)
             self._epoch = epoch
-        idx = self._perm[i * self.batch_size : (i + 1) * self.batch_size]
+        return self._perm[i * self.batch_size : (i + 1) * self.batch_size]
+
+    def batch(self, step: int) -> torch.Tensor:
+        idx = self.indices(step)
         x = self.x.index_select(0, idx).to_dense() if self.x.is_sparse else self.x[idx]
         if self.dynamic:
             self._gen.manual_seed(self.seed * 7_919 + step + 1)
@@ -247,9 +251,11 @@ def build_model_data(data_cfg, model_cfg, device) -> Dataset:
 
 
 def check_model_fits_data(model, data: Dataset) -> None:
-    """Word counts need a multinomial visible layer, and binary data a Bernoulli one."""
+    """Word counts need a multinomial visible layer, binary data a Bernoulli one, real-valued data a Gaussian one."""
     counts = data.binarize == "counts"
     visible = getattr(model, "visible", "bernoulli")
+    if data.binarize == "continuous" and visible not in ("gaussian",):
+        raise ConfigError(f"data={data.name} is real-valued: use model.visible=gaussian")
     if counts and visible != "multinomial":
         raise ConfigError(f"data={data.name} holds word counts: use model.visible=multinomial")
     if not counts and visible == "multinomial":
@@ -267,6 +273,8 @@ def build_dataset(cfg, device: torch.device | str = "cpu") -> Dataset:
         data = _build_bow(cfg)
     elif name == "synthetic_bow":
         data = _build_synthetic_bow(cfg)
+    elif name == "synthetic_dynamic":
+        data = _build_synthetic_dynamic(cfg)
     else:
         binarization = cfg.get("binarize", "fixed")
         if binarization not in BINARIZATIONS:
@@ -276,7 +284,8 @@ def build_dataset(cfg, device: torch.device | str = "cpu") -> Dataset:
         elif name == "synthetic":
             data = _build_synthetic(cfg)
         else:
-            raise ConfigError(f"unknown dataset data.name={name!r}; known: mnist, synthetic, bow, synthetic_bow")
+            raise ConfigError(f"unknown dataset data.name={name!r}; known: mnist, synthetic, bow, synthetic_bow, "
+                              "synthetic_dynamic")
     return data.to(torch.device(device))
 
 
@@ -317,6 +326,25 @@ def _build_synthetic(cfg) -> Dataset:
             x, _ = model.sample(int(cfg[f"num_{s}"]), generator=g)
         splits[s] = x
     return Dataset("synthetic", splits, {s: None for s in SPLITS}, "fixed", cfg.seed)
+
+
+def _build_synthetic_dynamic(cfg) -> Dataset:
+    """Real-valued sequences forward-sampled from a dynamic Bayesian network whose parameters are drawn from
+    N(0, weight_scale^2) with ``cfg.model_seed`` (Kingma 2013, Sec. 4.2: 100 sequences of length 10, latent and
+    observed vectors of size 10). A row is [x_1, ..., x_T]."""
+    from models.gaussian import DynamicBayesNet
+
+    torch_state = torch.random.get_rng_state()
+    try:
+        torch.manual_seed(int(cfg.model_seed))
+        model = DynamicBayesNet(int(cfg.length), int(cfg.latent_dim), int(cfg.obs_dim), visible="gaussian",
+                                sigma=float(cfg.sigma), visible_sigma=float(cfg.visible_sigma),
+                                init_scale=float(cfg.weight_scale))
+    finally:
+        torch.random.set_rng_state(torch_state)
+    g = torch.Generator().manual_seed(int(cfg.seed))
+    splits = {s: model.sample(int(cfg[f"num_{s}"]), generator=g)[0] for s in SPLITS}
+    return Dataset("synthetic_dynamic", splits, {s: None for s in SPLITS}, "continuous", int(cfg.seed))
 
 
 def synthetic_sbn(cfg, visible: str = "bernoulli"):

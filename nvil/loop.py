@@ -25,7 +25,7 @@ from nvil.logging import RunLogger, to_floats
 from nvil.validation import score_tag, validate
 
 # What the progress bar shows, the first that the learner reports.
-PROGRESS_KEYS = ("train/elbo", "train/log_p_exact_batch", "train/free_energy_gap")
+PROGRESS_KEYS = ("train/elbo", "train/log_p_exact_batch", "train/free_energy_gap", "train/log_joint")
 # Sections of the config a resumed run must share with the run that wrote the checkpoint.
 RESUME_MUST_MATCH = ("model", "learner", "data", "seed")
 
@@ -71,6 +71,8 @@ def fit(cfg, run_dir: Path) -> dict:
         inference.to(device)
         inference.set_input_mean(data.train_mean())
     learner = build_learner(cfg.learner, model, inference, device, cfg.seed)
+    if hasattr(learner, "bind_data"):  # per-example state (MCEM's persistent chains), sized before a resume
+        learner.bind_data(data.split("train"))
     state = LoopState()
     resolved = OmegaConf.to_container(cfg, resolve=True)
     if t.resume:
@@ -106,7 +108,8 @@ def fit(cfg, run_dir: Path) -> dict:
         while state.step < t.max_steps and not state.stopped_early:
             x = stream.batch(state.step)
             log_now = (state.step + 1) % t.log_every == 0
-            metrics = learner.step(x, diagnostics=log_now)
+            rows = {"indices": stream.indices(state.step)} if getattr(learner, "per_example_state", False) else {}
+            metrics = learner.step(x, diagnostics=log_now, **rows)
             state.step += 1
             bar.update(1)
             done = state.step == t.max_steps
@@ -127,7 +130,8 @@ def fit(cfg, run_dir: Path) -> dict:
             if (state.step % t.val_every == 0 or done) and tag is None:  # e.g. greedy DBN: no single score
                 logger.scalars(state.step, learner.validate(valid, train_subset))
             elif state.step % t.val_every == 0 or done:
-                val_metrics = validate(model, inference, valid, train_subset, t.val_num_samples, cfg.seed)
+                val_metrics = validate(model, inference, valid, train_subset, t.val_num_samples, cfg.seed,
+                                       ais_betas=t.get("val_ais_betas", 100))
                 score = val_metrics[tag]
                 improved = score > state.best_score
                 if improved:

@@ -3,6 +3,8 @@
 - directed models with an inference network: ``val/elbo``, the ELBO with ``num_samples`` from q;
 - Boltzmann machines small enough to enumerate (<= 20 hidden units, or pixels for a semi-RBM):
   ``val/log_p_exact`` and ``train/log_p_exact`` (on a training subset), exact log-likelihoods;
+- Gaussian belief nets (continuous latents): ``val/log_likelihood``, log p(x) by AIS with HMC transitions
+  (``estimators.ais_hmc``, ``trainer.val_ais_betas`` temperatures, ``num_samples`` chains per example);
 - larger Boltzmann machines: ``val/pseudo_log_likelihood``, the stochastic pseudo-likelihood
   (D x log p(x_i | x_-i) for one random pixel i per example); Gaussian visibles:
   ``val/neg_reconstruction_error``.
@@ -23,6 +25,8 @@ from nvil.errors import ConfigError
 def score_tag(model, inference) -> str:
     if inference is not None:
         return "val/elbo"
+    if getattr(model, "is_continuous_latent", False):
+        return "val/log_likelihood"
     if _exact_feasible(model):
         return "val/log_p_exact"
     return "val/pseudo_log_likelihood" if model.visible == "binary" else "val/neg_reconstruction_error"
@@ -37,11 +41,14 @@ def _exact_feasible(model) -> bool:
 
 
 @torch.no_grad()
-def validate(model, inference, valid: torch.Tensor, train_subset: torch.Tensor, num_samples: int, seed: int) -> dict:
+def validate(model, inference, valid: torch.Tensor, train_subset: torch.Tensor, num_samples: int, seed: int,
+             ais_betas: int = 100) -> dict:
     g = torch.Generator(device=valid.device).manual_seed(seed + 1_000_003)
     tag = score_tag(model, inference)
     if tag == "val/elbo":
         return {tag: elbo(model, inference, valid, num_samples, generator=g).mean().item()}
+    if tag == "val/log_likelihood":
+        return {tag: continuous_log_likelihood(model, valid, num_samples, ais_betas, g).mean().item()}
     if tag == "val/log_p_exact":
         log_z = model.log_z_exact()
         return {tag: model.exact_log_prob(valid, log_z).mean().item(),
@@ -50,6 +57,17 @@ def validate(model, inference, valid: torch.Tensor, train_subset: torch.Tensor, 
         return {tag: stochastic_pseudo_log_likelihood(model, valid, g).mean().item()}
     recon = model.sample_x_given_h(model.h_given_x(valid), 1.0, g, x=valid)
     return {tag: -((recon - valid) ** 2).sum(-1).mean().item()}
+
+
+def continuous_log_likelihood(model, x: torch.Tensor, num_chains: int, num_betas: int, generator) -> torch.Tensor:
+    """Per-example log p(x) by AIS-HMC (sigmoid schedule, auxiliary form), ``num_chains`` chains per example."""
+    from estimators.ais import schedule
+    from estimators.ais_hmc import ContinuousLatent, ais_hmc_log_w
+    from nvil.ops import log_mean_exp
+
+    lm = ContinuousLatent(model, "validation", "auxiliary")
+    log_w, _ = ais_hmc_log_w(lm, x.repeat_interleave(num_chains, 0), schedule("sigmoid", num_betas), generator=generator)
+    return log_mean_exp(log_w.view(-1, num_chains), 1)
 
 
 def stochastic_pseudo_log_likelihood(model: BoltzmannMachine, x: torch.Tensor, generator) -> torch.Tensor:

@@ -25,10 +25,15 @@ RUNS = {
     "exact_ml": ["model=rbm", "model.n_hidden=6", "learner=exact_ml"],
     "documents": ["data=synthetic_bow", "model.visible=multinomial", "model.layers=[5]"],
     "greedy_dbn": ["model=dbn", "model.layers=[5,4]", "learner=greedy", "learner.layer_steps=30"],
+    "mcem_gbn": ["model=gbn", "model.layers=[3,2]", "learner=mcem_hmc", "learner.adapt=dual_averaging",
+                 "trainer.val_ais_betas=10", "trainer.val_num_samples=2", "trainer.batch_size=50"],
+    "map_latents_centred": ["model=gbn", "model.layers=[3,2]", "model.form=centred", "learner=map_latents",
+                            "trainer.val_ais_betas=10", "trainer.val_num_samples=2", "trainer.batch_size=50"],
 }
 SMALL = {"ais": {"num_betas": 50, "num_chains": 20}, "raise": {"num_betas": 50, "num_chains": 20},
          "chib": {"num_steps": 3, "num_runs": 2}, "ais_posterior": {"num_betas": 20, "num_runs": 2},
-         "harmonic": {"num_samples": 5, "num_runs": 2}, "dbn_bound": {"num_samples": 10}}
+         "harmonic": {"num_samples": 5, "num_runs": 2}, "dbn_bound": {"num_samples": 10},
+         "ais_hmc": {"num_betas": 20, "num_runs": 2}, "chib_mh": {"num_steps": 3, "num_runs": 2, "hill_climb_steps": 10}}
 LOG_Z = {"log_z": {"num_betas": 50, "num_chains": 20}}
 
 
@@ -40,6 +45,8 @@ def test_learner_trains_resumes_and_evaluates_on_cuda(tmp_path, name):
     assert m["step"] == 60
     if any(e.startswith("model=rbm") for e in extra):
         estimators = ["exact", "ais", "raise"]
+    elif "model=gbn" in extra:
+        estimators = ["ais_hmc", "chib_mh", "iwae"]
     elif "model=dbn" in extra:
         estimators = ["iwae", "dbn_bound", "chib", "ais_posterior", "harmonic"]
     elif name == "documents":

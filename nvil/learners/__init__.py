@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from nvil.errors import ConfigError
 from nvil.learners.greedy import Greedy
+from nvil.learners.mcem import MCEM, MAPLatents
 from nvil.learners.nvil import NVIL
 from nvil.learners.sap import SAP
 from nvil.learners.wake_sleep import WakeSleep
 
-LEARNERS = {"nvil": NVIL, "wake_sleep": WakeSleep, "greedy": Greedy, **{mode: SAP for mode in SAP.MODES}}
+LEARNERS = {"nvil": NVIL, "wake_sleep": WakeSleep, "greedy": Greedy, "mcem_hmc": MCEM, "map_latents": MAPLatents,
+            **{mode: SAP for mode in SAP.MODES}}
 DIRECTED = ("nvil", "wake_sleep")
 
 

@@ -101,6 +101,15 @@ class SequentialGibbs:
                 h[:, j] = new
         return h, log_t
 
+    # The transition-operator interface the Chib-style estimator uses (estimators/chib.py).
+    def step(self, h: torch.Tensor, reverse=False, generator=None) -> torch.Tensor:
+        """h' ~ T(. <- h), or ~ T~(. <- h) (the reverse sweep) where ``reverse``."""
+        return self.sweep(h, reverse=reverse, generator=generator)[0]
+
+    def log_transition(self, to: torch.Tensor, frm: torch.Tensor) -> torch.Tensor:
+        """log T(to <- frm) of one forward sweep (Murray & Salakhutdinov 2009, Eq. 11)."""
+        return self.sweep(frm, force=to)[1]
+
     def hill_climb(self, h: torch.Tensor, max_sweeps: int = 100) -> tuple[torch.Tensor, int]:
         """Deterministic coordinate ascent in log f from h to a local mode (every unit at its more probable
         value given the rest). Returns (mode, sweeps used)."""

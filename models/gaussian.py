@@ -1,0 +1,273 @@
+"""Gaussian belief nets with continuous latent variables, in centred or auxiliary form (Kingma 2013).
+
+A net is a set of Gaussian latent vectors z_1..z_K in ancestral order, each with at most one latent
+parent, and observed vectors, each with one latent parent:
+
+    z_root ~ N(0, I),        z_i | z_pa(i) ~ N(f(W_i z_pa(i) + b_i), diag sigma_i^2),
+    x_j | z_pa(j) ~ Bernoulli(sigmoid(V_j z_pa(j) + c_j))   or   N(V_j z_pa(j) + c_j, diag sigma_x^2).
+
+The same parameters define the model in two forms (Kingma 2013, Sec. 3, Eq. 7):
+
+- ``centred``: the sampler's state is z itself; log p(x, z) = log p(x | z) + sum_i log N(z_i; mu_i, sigma_i^2).
+- ``auxiliary``: the state is eps, with z computed from its ancestors, z_root = eps_root and
+  z_i = f(W_i z_pa(i) + b_i) + sigma_i * eps_i; log p(x, eps) = log p(x | z(eps)) + sum_i log N(eps_i; 0, I).
+
+The map eps -> z is triangular with Jacobian prod_i sigma_i, so log p_aux(x, eps) = log p_centred(x, z(eps))
++ sum_i sum_d log sigma_id: both forms give the same p(x) (``log_jacobian``). In auxiliary form every latent's
+Markov blanket reaches all its descendants, so a gradient step moves the whole hierarchy at once.
+
+``GaussianBeliefNet``: layers [z_1, ..., z_L] above one observed layer (the MNIST nets of Kingma 2013, Sec. 4.1).
+``DynamicBayesNet``: a chain z_1 -> ... -> z_T, each z_t emitting x_t, parameters shared over time (Sec. 4.2).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from nvil.errors import ConfigError
+from nvil.ops import bernoulli_log_prob
+
+FORMS = ("auxiliary", "centred")
+VISIBLES = ("bernoulli", "gaussian")
+NONLINEARITIES = {"tanh": torch.tanh, "sigmoid": torch.sigmoid, "hard_tanh": F.hardtanh, "identity": lambda a: a}
+LOG_2PI = math.log(2 * math.pi)
+
+
+def gaussian_log_prob(x: torch.Tensor, mean, log_sigma) -> torch.Tensor:
+    """log N(x; mean, diag exp(log_sigma)^2), summed over the last dimension."""
+    z = (x - mean) * torch.exp(-log_sigma)
+    return (-0.5 * z * z - log_sigma - 0.5 * LOG_2PI).sum(-1)
+
+
+class GaussianNet(nn.Module):
+    """What both nets share. Subclasses fill in the graph in ``__init__`` through ``_build``:
+    ``latent_sizes`` (ancestral order), ``latent_parent`` (None for a root), ``latent_link`` (index into
+    ``links``, the (W, b) of f(W z + b), shared between nodes that share parameters) and ``latent_scale``
+    (index into ``log_sigmas``); ``obs_parent`` and ``obs_link`` (index into ``emissions``) for the
+    observed vectors, whose concatenation is a data row."""
+
+    is_continuous_latent = True
+
+    def __init__(self, form: str, visible: str, nonlinearity: str, sigma: float, visible_sigma: float,
+                 learn_sigma: bool, init_scale: float) -> None:
+        super().__init__()
+        if form not in FORMS:
+            raise ConfigError(f"model.form must be one of {list(FORMS)}, got {form!r}")
+        if visible not in VISIBLES:
+            raise ConfigError(f"model.visible must be one of {list(VISIBLES)} for a Gaussian belief net, got {visible!r}")
+        if nonlinearity not in NONLINEARITIES:
+            raise ConfigError(f"model.nonlinearity must be one of {list(NONLINEARITIES)}, got {nonlinearity!r}")
+        for key, value in (("sigma", sigma), ("visible_sigma", visible_sigma), ("init_scale", init_scale)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ConfigError(f"model.{key} must be a positive number, got {value!r}")
+        self.form, self.visible, self.nonlinearity = form, visible, nonlinearity
+        self.f = NONLINEARITIES[nonlinearity]
+        self.sigma, self.visible_sigma, self.learn_sigma, self.init_scale = float(sigma), float(visible_sigma), bool(learn_sigma), float(init_scale)
+
+    def _build(self, latent_sizes, latent_parent, latent_link, link_shapes, obs_sizes, obs_parent, obs_link,
+               emission_shapes) -> None:
+        self.latent_sizes, self.latent_parent, self.latent_link = list(latent_sizes), list(latent_parent), list(latent_link)
+        self.obs_sizes, self.obs_parent, self.obs_link = list(obs_sizes), list(obs_parent), list(obs_link)
+        self.links = nn.ModuleList(nn.Linear(n_in, n_out) for n_in, n_out in link_shapes)
+        self.emissions = nn.ModuleList(nn.Linear(n_in, n_out) for n_in, n_out in emission_shapes)
+        with torch.no_grad():  # the same Gaussian draw of initial parameters for either form (Kingma 2013, Sec. 4.1)
+            for p in self.parameters():
+                p.normal_(0.0, self.init_scale)
+        # One log sigma vector per parameter-sharing group of non-root latents (the link index).
+        self.log_sigmas = nn.ParameterList(nn.Parameter(torch.full((n_out,), math.log(self.sigma)), requires_grad=self.learn_sigma)
+                                           for _, n_out in link_shapes)
+        self.log_sigma_x = nn.Parameter(torch.full((emission_shapes[0][1],), math.log(self.visible_sigma)),
+                                        requires_grad=self.learn_sigma) if self.visible == "gaussian" else None
+        self.offsets = [0]
+        for n in self.latent_sizes:
+            self.offsets.append(self.offsets[-1] + n)
+
+    # ---- bookkeeping -------------------------------------------------------------------------------
+    @property
+    def n_latent(self) -> int:
+        return self.offsets[-1]
+
+    @property
+    def n_visible(self) -> int:
+        return sum(self.obs_sizes)
+
+    def split(self, state: torch.Tensor) -> list[torch.Tensor]:
+        """The per-node vectors of a flat state [..., n_latent], in ancestral order."""
+        return [state[..., a:b] for a, b in zip(self.offsets[:-1], self.offsets[1:])]
+
+    def split_obs(self, x: torch.Tensor) -> list[torch.Tensor]:
+        out, start = [], 0
+        for n in self.obs_sizes:
+            out.append(x[..., start:start + n])
+            start += n
+        return out
+
+    def prior_mean(self, i: int, z_parent: torch.Tensor) -> torch.Tensor:
+        """mu_i = f(W_i z_pa(i) + b_i)."""
+        return self.f(self.links[self.latent_link[i]](z_parent))
+
+    def log_sigma(self, i: int) -> torch.Tensor:
+        return self.log_sigmas[self.latent_link[i]]
+
+    # ---- the two forms ----------------------------------------------------------------------------
+    def to_centred(self, eps: torch.Tensor) -> torch.Tensor:
+        """z(eps): z_root = eps_root, z_i = f(W_i z_pa(i) + b_i) + sigma_i eps_i, in ancestral order (Eq. 7)."""
+        zs: list[torch.Tensor] = []
+        for i, e in enumerate(self.split(eps)):
+            p = self.latent_parent[i]
+            zs.append(e if p is None else self.prior_mean(i, zs[p]) + torch.exp(self.log_sigma(i)) * e)
+        return torch.cat(zs, -1)
+
+    def to_auxiliary(self, z: torch.Tensor) -> torch.Tensor:
+        """eps(z): the inverse of ``to_centred``."""
+        zs = self.split(z)
+        eps = [zi if self.latent_parent[i] is None else
+               (zi - self.prior_mean(i, zs[self.latent_parent[i]])) * torch.exp(-self.log_sigma(i)) for i, zi in enumerate(zs)]
+        return torch.cat(eps, -1)
+
+    def latents(self, state: torch.Tensor, form: str | None = None) -> list[torch.Tensor]:
+        """The z vectors that a state in ``form`` (default: this net's) stands for."""
+        return self.split(self.to_centred(state) if (form or self.form) == "auxiliary" else state)
+
+    def log_jacobian(self) -> torch.Tensor:
+        """log |det dz / deps| = sum over non-root latents of sum_d log sigma_id."""
+        return sum((self.log_sigma(i).sum() for i, p in enumerate(self.latent_parent) if p is not None),
+                   torch.zeros((), device=self.emissions[0].weight.device, dtype=self.emissions[0].weight.dtype))
+
+    # ---- densities (``form=None``: this net's own form) -------------------------------------------------
+    def log_prior(self, state: torch.Tensor, form: str | None = None) -> torch.Tensor:
+        """log p(state): sum_i log N(eps_i; 0, I) (auxiliary), or the centred chain of Gaussians."""
+        if (form or self.form) == "auxiliary":
+            return gaussian_log_prob(state, 0.0, torch.zeros((), device=state.device))
+        zs = self.split(state)
+        total = 0.0
+        for i, zi in enumerate(zs):
+            p = self.latent_parent[i]
+            if p is None:
+                total = total + gaussian_log_prob(zi, 0.0, torch.zeros((), device=state.device))
+            else:
+                total = total + gaussian_log_prob(zi, self.prior_mean(i, zs[p]), self.log_sigma(i))
+        return total
+
+    def emission(self, j: int, z_parent: torch.Tensor) -> torch.Tensor:
+        """Logits (Bernoulli) or means (Gaussian) of observed vector j."""
+        return self.emissions[self.obs_link[j]](z_parent)
+
+    def log_likelihood(self, x: torch.Tensor, state: torch.Tensor, form: str | None = None) -> torch.Tensor:
+        """log p(x | z(state))."""
+        zs = self.latents(state, form)
+        total = 0.0
+        for j, xj in enumerate(self.split_obs(x)):
+            out = self.emission(j, zs[self.obs_parent[j]])
+            if self.visible == "bernoulli":
+                total = total + bernoulli_log_prob(out, xj)
+            else:
+                total = total + gaussian_log_prob(xj, out, self.log_sigma_x)
+        return total
+
+    def log_joint(self, x: torch.Tensor, state: torch.Tensor, form: str | None = None) -> torch.Tensor:
+        """log p(x, state): the target of the E-step's HMC."""
+        return self.log_prior(state, form) + self.log_likelihood(x, state, form)
+
+    def log_param_prior(self, prior_std: float) -> torch.Tensor:
+        """log N(theta; 0, prior_std^2) over the weights and biases (MAP learning, Kingma 2013, Sec. 4.1);
+        the log sigmas have a flat prior."""
+        params = [p for m in (self.links, self.emissions) for p in m.parameters()]
+        sq = sum((p * p).sum() for p in params)
+        n = sum(p.numel() for p in params)
+        return -0.5 * sq / prior_std**2 - n * (math.log(prior_std) + 0.5 * LOG_2PI)
+
+    # ---- sampling --------------------------------------------------------------------------------------
+    def sample_prior(self, n: int, generator=None, device=None, form: str | None = None) -> torch.Tensor:
+        """n prior draws of the state in ``form`` (one eps draw, mapped to z in centred form)."""
+        w = self.emissions[0].weight
+        eps = torch.randn(n, self.n_latent, generator=generator, device=device or w.device, dtype=w.dtype)
+        return eps if (form or self.form) == "auxiliary" else self.to_centred(eps)
+
+    @torch.no_grad()
+    def sample(self, n: int, generator=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Ancestral samples (x [n, n_visible], state [n, n_latent])."""
+        state = self.sample_prior(n, generator)
+        zs = self.latents(state)
+        xs = []
+        for j in range(len(self.obs_sizes)):
+            out = self.emission(j, zs[self.obs_parent[j]])
+            if self.visible == "bernoulli":
+                xs.append((torch.rand(out.shape, generator=generator, device=out.device) < torch.sigmoid(out)).to(out.dtype))
+            else:
+                xs.append(out + torch.exp(self.log_sigma_x) * torch.randn(out.shape, generator=generator, device=out.device))
+        return torch.cat(xs, -1), state
+
+    @torch.no_grad()
+    def visible_probs(self, state: torch.Tensor) -> torch.Tensor:
+        """p(x = 1 | z) (Bernoulli) or E[x | z] (Gaussian), for image grids."""
+        zs = self.latents(state)
+        outs = [self.emission(j, zs[self.obs_parent[j]]) for j in range(len(self.obs_sizes))]
+        out = torch.cat(outs, -1)
+        return torch.sigmoid(out) if self.visible == "bernoulli" else out
+
+    @torch.no_grad()
+    def init_visible_bias(self, train_mean: torch.Tensor) -> None:
+        """The emission bias from the training mean (averaged over time steps that share it): the logit of the
+        pixel marginals (clamped to [1e-3, 1 - 1e-3]) for Bernoulli visibles, the mean for Gaussian ones. The
+        rest stays as drawn, so both forms start from the same parameters."""
+        mean = train_mean.reshape(-1, self.emissions[0].out_features).mean(0)
+        if self.visible == "bernoulli":
+            mean = torch.logit(mean.clamp(1e-3, 1 - 1e-3))
+        self.emissions[0].bias.copy_(mean)
+
+    def prior_proposal(self) -> "PriorProposal":
+        return PriorProposal(self)
+
+
+class PriorProposal:
+    """The prior as the proposal of an importance-sampled bound: log w = log p(x, s) - log p(s) = log p(x | s).
+    The weak baseline (``estimator=iwae`` on a Gaussian net); ``sample`` mirrors the inference networks'."""
+
+    def __init__(self, net: GaussianNet) -> None:
+        self.net = net
+
+    def sample(self, x: torch.Tensor, generator=None):
+        state = self.net.sample_prior(x.shape[:-1].numel(), generator, x.device).view(*x.shape[:-1], -1)
+        return state, [self.net.log_prior(state)]
+
+
+class GaussianBeliefNet(GaussianNet):
+    """layers = [n_1, ..., n_L]: z_L ~ N(0, I) at the top, z_l | z_{l+1} ~ N(f(W_l z_{l+1} + b_l), sigma_l^2),
+    x | z_1 Bernoulli(sigmoid(V z_1 + c)) or N(V z_1 + c, sigma_x^2). State order: z_L, ..., z_1."""
+
+    def __init__(self, n_visible: int, layers: list[int], form: str = "auxiliary", visible: str = "bernoulli",
+                 nonlinearity: str = "tanh", sigma: float = 0.1, visible_sigma: float = 1.0,
+                 learn_sigma: bool = True, init_scale: float = 0.1) -> None:
+        super().__init__(form, visible, nonlinearity, sigma, visible_sigma, learn_sigma, init_scale)
+        self.layers = [int(n) for n in layers]
+        top_down = self.layers[::-1]  # ancestral order
+        self._build(
+            latent_sizes=top_down,
+            latent_parent=[None] + list(range(len(top_down) - 1)),
+            latent_link=[None] + list(range(len(top_down) - 1)),
+            link_shapes=[(top_down[i - 1], top_down[i]) for i in range(1, len(top_down))],
+            obs_sizes=[int(n_visible)], obs_parent=[len(top_down) - 1], obs_link=[0],
+            emission_shapes=[(top_down[-1], int(n_visible))])
+
+
+class DynamicBayesNet(GaussianNet):
+    """A length-T chain (Kingma 2013, Sec. 4.2): z_1 ~ N(0, I), z_t | z_{t-1} ~ N(f(A z_{t-1} + a), sigma^2),
+    x_t | z_t ~ N(C z_t + c, sigma_x^2), with A, a, C, c and the sigmas shared over time. A data row is
+    [x_1, ..., x_T]; the state is [z_1, ..., z_T] (or the eps)."""
+
+    def __init__(self, length: int, latent_dim: int, obs_dim: int, form: str = "auxiliary", visible: str = "gaussian",
+                 nonlinearity: str = "tanh", sigma: float = 0.1, visible_sigma: float = 1.0,
+                 learn_sigma: bool = True, init_scale: float = 0.1) -> None:
+        super().__init__(form, visible, nonlinearity, sigma, visible_sigma, learn_sigma, init_scale)
+        self.length, self.latent_dim, self.obs_dim = int(length), int(latent_dim), int(obs_dim)
+        T = self.length
+        self._build(
+            latent_sizes=[latent_dim] * T, latent_parent=[None] + list(range(T - 1)), latent_link=[None] + [0] * (T - 1),
+            link_shapes=[(latent_dim, latent_dim)],
+            obs_sizes=[obs_dim] * T, obs_parent=list(range(T)), obs_link=[0] * T,
+            emission_shapes=[(latent_dim, obs_dim)])

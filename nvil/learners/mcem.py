@@ -1,0 +1,160 @@
+"""Monte Carlo EM for Gaussian belief nets with a Hybrid Monte Carlo E-step (Wei & Tanner 1990; Kingma 2013, Sec. 4.1).
+
+Every training example owns a persistent chain over its latent state, in the model's form (eps in auxiliary
+form, z in centred form); the chains live in one [num_train, n_latent] tensor, travel in checkpoints and resume
+exactly. One iteration on a minibatch of examples:
+
+- E-step: ``e_steps`` HMC transitions (``num_leapfrog`` leapfrog steps each) on the minibatch's chains, all in
+  one batched call, targeting p(x, s | theta). The step size is the paper's fixed 0.01, or per chain by dual
+  averaging towards ``target_accept`` (Hoffman & Gelman 2014, Alg. 5).
+- M-step: ``m_steps`` Adagrad steps on theta ascending mean log p(x, s | theta) + log p(theta) / N with the
+  chains' states held fixed (MAP with a Gaussian prior N(0, prior_std^2) on weights and biases).
+
+In auxiliary form the M-step moves z(eps) with theta; in centred form z stays where the sampler left it. That is
+the whole difference between the two forms in training, so they compare directly (bench/auxiliary_vs_centred.py).
+
+``learner=map_latents`` (``MAPLatents``) treats the latents as parameters instead: its E-step is plain gradient
+ascent on log p(x, s) in s (Kingma 2013, Sec. 4; Neal & Hinton 1998), which optimises a bound and may overfit.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from nvil.config import positive_float, positive_int
+from nvil.errors import ConfigError
+from nvil.learners.base import grad_norms
+from nvil.mcmc.adapt import DualAveraging
+from nvil.mcmc.hmc import HMC, value_and_grad
+
+ADAPT = ("fixed", "dual_averaging")
+
+
+def _rows(state, idx):
+    """The rows ``idx`` of a NamedTuple of per-chain tensors (scalars pass through)."""
+    return type(state)(*(f[idx] if f.dim() else f for f in state))
+
+
+def _set_rows(state, idx, new):
+    for f, g in zip(state, new):
+        if f.dim():
+            f[idx] = g
+
+
+class MCEM(nn.Module):
+    per_example_state = True  # the loop passes each minibatch's training-row indices
+
+    def __init__(self, model, inference, cfg, device: torch.device, seed: int) -> None:
+        super().__init__()
+        if not getattr(model, "is_continuous_latent", False):
+            raise ConfigError(f"learner={cfg.name} trains Gaussian belief nets (model=gbn or dbn_dynamic), "
+                              f"not a {type(model).__name__}")
+        self.model, self.cfg, self.device, self.seed = model, cfg, device, seed
+        params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.Adagrad([{"params": params, "name": "model"}], lr=positive_float(cfg.get("lr"), "learner.lr"))
+        self.m_steps = positive_int(cfg.get("m_steps", 5), "learner.m_steps")
+        self.e_steps = positive_int(cfg.get("e_steps", 1), "learner.e_steps")
+        self.num_leapfrog = positive_int(cfg.get("num_leapfrog", 5), "learner.num_leapfrog")
+        self.step_size = positive_float(cfg.get("step_size", 0.01), "learner.step_size")
+        self.adapt = cfg.get("adapt", "fixed")
+        if self.adapt not in ADAPT:
+            raise ConfigError(f"learner.adapt must be one of {list(ADAPT)}, got {self.adapt!r}")
+        prior_std = cfg.get("prior_std", 1.0)
+        self.prior_std = None if prior_std is None else positive_float(prior_std, "learner.prior_std")
+        self.dual = DualAveraging(positive_float(cfg.get("target_accept", 0.65), "learner.target_accept"),
+                                  max_count=positive_int(cfg.get("adapt_window", 100), "learner.adapt_window"))
+        self.generator = torch.Generator(device=device).manual_seed(seed)
+        self.grad_evals = 0  # gradient evaluations of the minibatch log joint, E- and M-steps together
+        self.chains: torch.Tensor | None = None
+
+    # ---- per-example state ---------------------------------------------------------------------------
+    @torch.no_grad()
+    def bind_data(self, train: torch.Tensor) -> None:
+        """One chain per training example, started from a prior draw (the same draw in either form)."""
+        self.num_train = train.shape[0]
+        g = torch.Generator(device=self.device).manual_seed(self.seed + 104_729)
+        self.chains = self.model.sample_prior(self.num_train, g, self.device)
+        self.adaptation = self.dual.init(torch.full((self.num_train,), self.step_size, device=self.device))
+
+    # ---- one iteration ---------------------------------------------------------------------------------
+    def step(self, x: torch.Tensor, diagnostics: bool = False, indices: torch.Tensor | None = None) -> dict:
+        if self.chains is None or indices is None:
+            raise RuntimeError("MCEM needs bind_data(train) and the minibatch's row indices")
+        s, metrics = self.e_step(x, indices)
+        metrics.update(self.m_step(x, s, diagnostics))
+        metrics["train/grad_evals"] = torch.tensor(float(self.grad_evals))
+        return metrics
+
+    def e_step(self, x: torch.Tensor, idx: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        hmc = HMC(lambda s: self.model.log_joint(x, s), self.num_leapfrog)
+        adaptation = _rows(self.adaptation, idx)
+        step_size = self.dual.step_size(adaptation) if self.adapt == "dual_averaging" else self.step_size
+        state = hmc.init(self.chains[idx])  # theta moved since this chain's last visit: its density is recomputed
+        accept = divergent = 0.0
+        for _ in range(self.e_steps):
+            state, info = hmc.step(state, step_size, self.generator)
+            accept, divergent = accept + info.accept_prob, divergent + info.divergent.float()
+            if self.adapt == "dual_averaging":
+                adaptation = self.dual.update(adaptation, info.accept_prob)
+                step_size = self.dual.step_size(adaptation)
+        self.chains[idx] = state.position
+        _set_rows(self.adaptation, idx, adaptation)
+        self.grad_evals += 1 + self.e_steps * self.num_leapfrog
+        accept = accept / self.e_steps
+        steps = torch.as_tensor(step_size, device=x.device).expand(x.shape[0]).float()
+        q = torch.quantile(steps, torch.tensor([0.1, 0.5, 0.9], device=x.device))
+        return state.position, {
+            "train/log_joint": state.log_density.mean(), "mcmc/accept_rate": accept.mean(),
+            "mcmc/accept_below_0.1": (accept < 0.1).float().mean(), "mcmc/divergences": divergent.sum(),
+            "mcmc/step_size_q10": q[0], "mcmc/step_size_q50": q[1], "mcmc/step_size_q90": q[2]}
+
+    def m_step(self, x: torch.Tensor, s: torch.Tensor, diagnostics: bool) -> dict:
+        """``m_steps`` Adagrad steps on -(mean log p(x, s | theta) + log p(theta) / N), s fixed."""
+        s = s.detach()
+        for _ in range(self.m_steps):
+            self.optimizer.zero_grad(set_to_none=True)
+            objective = self.model.log_joint(x, s).mean()
+            if self.prior_std is not None:
+                objective = objective + self.model.log_param_prior(self.prior_std) / self.num_train
+            (-objective).backward()
+            self.optimizer.step()
+        self.grad_evals += self.m_steps
+        out = {"train/map_objective": objective.detach()}
+        if diagnostics:
+            out.update(grad_norms(self.optimizer))
+        return out
+
+    # ---- state for resume ------------------------------------------------------------------------------
+    def learner_state(self) -> dict:
+        return {"optimizer": self.optimizer.state_dict(), "generator": self.generator.get_state(),
+                "grad_evals": self.grad_evals, "chains": self.chains,
+                "adaptation": {k: v for k, v in self.adaptation._asdict().items()}}
+
+    def load_learner_state(self, state: dict) -> None:
+        if state["chains"].shape != self.chains.shape:
+            raise ValueError(f"the checkpoint holds {tuple(state['chains'].shape)} chains, this run's data needs "
+                             f"{tuple(self.chains.shape)}")
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.generator.set_state(state["generator"].cpu())
+        self.grad_evals = int(state["grad_evals"])
+        self.chains = state["chains"].to(self.device)
+        self.adaptation = type(self.adaptation)(**{k: v.to(self.device) for k, v in state["adaptation"].items()})
+
+
+class MAPLatents(MCEM):
+    """``learner=map_latents``: the E-step ascends log p(x, s) in the minibatch's latents, ``e_steps`` gradient
+    steps of size ``latent_lr``, instead of sampling; the M-step is MCEM's."""
+
+    def __init__(self, model, inference, cfg, device, seed: int) -> None:
+        super().__init__(model, inference, cfg, device, seed)
+        self.latent_lr = positive_float(cfg.get("latent_lr", 0.01), "learner.latent_lr")
+
+    def e_step(self, x: torch.Tensor, idx: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        s = self.chains[idx]
+        for _ in range(self.e_steps):
+            log_joint, grad = value_and_grad(lambda v: self.model.log_joint(x, v), s)
+            s = s + self.latent_lr * grad
+        self.chains[idx] = s
+        self.grad_evals += self.e_steps
+        return s, {"train/log_joint": log_joint.mean()}

@@ -1,0 +1,130 @@
+"""Hybrid (Hamiltonian) Monte Carlo, batched over chains (Duane, Kennedy, Pendleton & Roweth 1987;
+Neal 2011, "MCMC using Hamiltonian dynamics").
+
+The state is [chains, dim]: one chain per row, all chains moved at once, each accepted or rejected on
+its own. With potential U(q) = -log p(q) and kinetic energy K(p) = 0.5 * sum(p^2 * inv_mass) (a diagonal
+mass matrix M), H(q, p) = U(q) + K(p). One transition (Neal 2011, Sec. 5.3.2) draws p ~ N(0, M), runs L
+leapfrog steps (Eq. 5.18-5.20) and accepts the end point with probability min(1, exp(-Delta H)); the
+final negation of p is dropped, as K is even and p is redrawn next time. The log density and its
+gradient at the current position are cached in the state, so each transition costs exactly L gradients.
+
+Everything runs on the device of ``position`` and never syncs the host: rejection is a ``torch.where``.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+import torch
+
+LogDensity = Callable[[torch.Tensor], torch.Tensor]  # [chains, dim] -> [chains]
+
+
+class HMCState(NamedTuple):
+    position: torch.Tensor     # [chains, dim]
+    log_density: torch.Tensor  # [chains], the target's log density at position (cached, never recomputed)
+    grad: torch.Tensor         # [chains, dim], its gradient (cached)
+
+
+class HMCInfo(NamedTuple):
+    accept_prob: torch.Tensor    # [chains], min(1, exp(-Delta H)); 0 where Delta H is not finite
+    accepted: torch.Tensor       # [chains] bool
+    divergent: torch.Tensor      # [chains] bool: Delta H > divergence_threshold or not finite
+    energy_change: torch.Tensor  # [chains], Delta H = H(proposal) - H(current)
+
+
+def value_and_grad(log_density: LogDensity, position: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """log_density(position) [chains] and its gradient wrt position [chains, dim], by autograd.
+
+    Works under ``torch.no_grad()``, returns detached tensors, and differentiates with respect to the
+    position only, so no ``nn.Parameter`` inside ``log_density`` accumulates a ``.grad``. Non-finite
+    values pass through; the accept step deals with them.
+    """
+    with torch.enable_grad():
+        q = position.detach().requires_grad_(True)
+        log_p = log_density(q)
+        (grad,) = torch.autograd.grad(log_p.sum(), inputs=[q], allow_unused=True, materialize_grads=True)
+    return log_p.detach(), grad.detach()
+
+
+def kinetic_energy(momentum: torch.Tensor, inv_mass: torch.Tensor | None = None) -> torch.Tensor:
+    """K(p) = 0.5 * sum_i p_i^2 / m_i = p^T M^-1 p / 2 for a diagonal M, per chain: [chains]."""
+    sq = momentum.square() if inv_mass is None else momentum.square() * inv_mass
+    return 0.5 * sq.sum(-1)
+
+
+def leapfrog(log_density: LogDensity, position: torch.Tensor, momentum: torch.Tensor, grad: torch.Tensor,
+             step_size, num_steps: int, inv_mass: torch.Tensor | None = None):
+    """``num_steps`` leapfrog steps of size eps from (q, p), given grad = grad log p(q) (Neal 2011, Eq. 5.18-5.20).
+
+    step_size: a float, or a [chains, 1] tensor (anything broadcastable to [chains, dim]). inv_mass: None
+    (identity) or the diagonal of M^-1, [dim] or [chains, dim]. The inner momentum half-steps are merged
+    into full steps, so this costs ``num_steps`` gradient evaluations and no more.
+    Returns (position, momentum, log_density, grad) at the end point.
+    """
+    if num_steps < 1:
+        raise ValueError(f"leapfrog needs num_steps >= 1, got {num_steps}")
+    q, p = position, momentum
+    p = p + 0.5 * step_size * grad  # half step in momentum, Eq. 5.18: p -= eps/2 * dU/dq
+    for i in range(num_steps):
+        q = q + step_size * (p if inv_mass is None else p * inv_mass)  # full step in position, Eq. 5.19
+        log_p, grad = value_and_grad(log_density, q)
+        if i < num_steps - 1:
+            p = p + step_size * grad  # two half steps in momentum (Eq. 5.20, then Eq. 5.18 of the next step)
+        else:
+            p = p + 0.5 * step_size * grad  # final half step in momentum, Eq. 5.20
+    return q, p, log_p, grad
+
+
+class HMC:
+    """The HMC transition kernel: ``init(position) -> state``, ``step(state, step_size, generator) -> (state, info)``.
+
+    log_density: Callable[[Tensor [chains, dim]], Tensor [chains]], an unnormalised log density that
+    treats rows independently. inv_mass: None (M = I) or the diagonal of M^-1, [dim] or [chains, dim].
+    """
+
+    def __init__(self, log_density: LogDensity, num_leapfrog: int = 5, inv_mass: torch.Tensor | None = None,
+                 divergence_threshold: float = 1000.0) -> None:
+        if num_leapfrog < 1:
+            raise ValueError(f"num_leapfrog must be >= 1, got {num_leapfrog}")
+        self.log_density = log_density
+        self.num_leapfrog = num_leapfrog
+        self.inv_mass = inv_mass
+        self.divergence_threshold = divergence_threshold
+
+    def init(self, position: torch.Tensor) -> HMCState:
+        log_p, grad = value_and_grad(self.log_density, position)
+        return HMCState(position.detach(), log_p, grad)
+
+    def step(self, state: HMCState, step_size, generator: torch.Generator | None = None) -> tuple[HMCState, HMCInfo]:
+        """One HMC transition per chain (Neal 2011, Sec. 5.3.2).
+
+        p ~ N(0, M) as randn / sqrt(inv_mass), L leapfrog steps, then each chain accepts with probability
+        min(1, exp(-Delta H)) against its own uniform; both draws use ``generator``. step_size: a float or
+        a [chains] tensor (one step size per chain). Rejected chains keep their position, log_density and
+        grad exactly.
+        """
+        q = state.position
+        inv_mass = None if self.inv_mass is None else self.inv_mass.to(q)
+        eps = step_size
+        if torch.is_tensor(eps):
+            eps = eps.to(q)
+            eps = eps.unsqueeze(-1) if eps.dim() == 1 else eps  # [chains] -> [chains, 1]
+        noise = torch.randn(q.shape, generator=generator, device=q.device, dtype=q.dtype)
+        p = noise if inv_mass is None else noise / inv_mass.sqrt()  # p ~ N(0, M), M = diag(1 / inv_mass)
+        q_new, p_new, log_p_new, grad_new = leapfrog(self.log_density, q, p, state.grad, eps,
+                                                     self.num_leapfrog, inv_mass)
+
+        # Delta H = [U(q*) + K(p*)] - [U(q) + K(p)], with U = -log p
+        h_new = kinetic_energy(p_new, inv_mass) - log_p_new
+        energy_change = h_new - (kinetic_energy(p, inv_mass) - state.log_density)
+        finite = torch.isfinite(energy_change)
+        accept_prob = torch.where(finite, torch.exp(torch.clamp(-energy_change, max=0.0)), 0.0)
+        u = torch.rand(accept_prob.shape, generator=generator, device=q.device, dtype=q.dtype)
+        accepted = u < accept_prob
+        divergent = ~finite | (energy_change > self.divergence_threshold)
+
+        a = accepted.unsqueeze(-1)
+        new_state = HMCState(torch.where(a, q_new, q), torch.where(accepted, log_p_new, state.log_density),
+                             torch.where(a, grad_new, state.grad))
+        return new_state, HMCInfo(accept_prob, accepted, divergent, energy_change)
