@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from models.rbm import _bernoulli
 from nvil.errors import ConfigError
 from nvil.ops import bernoulli_log_prob
 
@@ -197,7 +198,7 @@ class GaussianNet(nn.Module):
         for j in range(len(self.obs_sizes)):
             out = self.emission(j, zs[self.obs_parent[j]])
             if self.visible == "bernoulli":
-                xs.append((torch.rand(out.shape, generator=generator, device=out.device) < torch.sigmoid(out)).to(out.dtype))
+                xs.append(_bernoulli(torch.sigmoid(out), generator))
             else:
                 xs.append(out + torch.exp(self.log_sigma_x) * torch.randn(out.shape, generator=generator, device=out.device))
         return torch.cat(xs, -1), state

@@ -16,8 +16,17 @@ PRESETS = sorted(p.stem for p in (CONFIG_DIR / "experiment").glob("*.yaml"))
 @pytest.mark.parametrize("name", PRESETS)
 def test_preset_composes_and_builds(name):
     cfg = make_cfg("train", [f"experiment={name}"]) if name != "eval_chib_vs_ais" else make_cfg("train", [])
-    n_visible = 794 if cfg.model.get("labels") else 784
+    n_visible = 794 if cfg.model.get("labels") else 100 if cfg.model.name == "dbn_dynamic" else 784
     model, inference = build_model(cfg.model, n_visible)
+    if name.startswith("mcem_"):  # Kingma 2013, Sec. 4: HMC with 5 leapfrog steps of 0.01, 5 Adagrad steps, MAP
+        assert (cfg.learner.name, cfg.learner.num_leapfrog, cfg.learner.step_size, cfg.learner.m_steps) == ("mcem_hmc", 5, 0.01, 5)
+        assert cfg.learner.prior_std is not None and cfg.final_eval.estimator.name == "ais_hmc"
+        if name == "mcem_gbn_mnist":
+            assert (cfg.model.name, list(cfg.model.layers), cfg.data.name, cfg.data.num_train) == ("gbn", [64, 64], "mnist", 10000)
+        else:
+            assert (cfg.model.name, cfg.model.length, cfg.model.latent_dim, cfg.data.name, cfg.data.num_train) == \
+                ("dbn_dynamic", 10, 10, "synthetic_dynamic", 100)
+        return
     if name == "nvil_mnist_paper":
         return
     if name == "dbn_mnist":  # Murray & Salakhutdinov 2009, Sec. 5.1: 784-500-2000, greedy CD
