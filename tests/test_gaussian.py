@@ -256,6 +256,13 @@ def test_gaussian_learners_resume_exactly(tmp_path, extra):
         assert torch.equal(a["model"][key], b["model"][key]), key
     assert torch.equal(a["learner"]["chains"], b["learner"]["chains"])  # the persistent chains travel
     assert a["learner"]["chains"].shape == (5000, 5)
+    import json
+
+    logged = set().union(*(json.loads(line) for line in (tmp_path / "straight/metrics.jsonl").read_text().splitlines()))
+    assert {"train/log_joint", "train/grad_evals", "val/log_likelihood"} <= logged
+    if "learner=map_latents" not in extra:  # the sampler's diagnostics (the TensorBoard list)
+        assert {"mcmc/accept_rate", "mcmc/accept_below_0.1", "mcmc/divergences", "mcmc/step_size_q10",
+                "mcmc/step_size_q50", "mcmc/step_size_q90"} <= logged
 
 
 def test_dynamic_bayes_net_trains_on_its_synthetic_sequences(tmp_path):

@@ -81,12 +81,12 @@ class MCEM(nn.Module):
     def step(self, x: torch.Tensor, diagnostics: bool = False, indices: torch.Tensor | None = None) -> dict:
         if self.chains is None or indices is None:
             raise RuntimeError("MCEM needs bind_data(train) and the minibatch's row indices")
-        s, metrics = self.e_step(x, indices)
+        s, metrics = self.e_step(x, indices, diagnostics)
         metrics.update(self.m_step(x, s, diagnostics))
         metrics["train/grad_evals"] = torch.tensor(float(self.grad_evals))
         return metrics
 
-    def e_step(self, x: torch.Tensor, idx: torch.Tensor) -> tuple[torch.Tensor, dict]:
+    def e_step(self, x: torch.Tensor, idx: torch.Tensor, diagnostics: bool = False) -> tuple[torch.Tensor, dict]:
         hmc = HMC(lambda s: self.model.log_joint(x, s), self.num_leapfrog)
         adaptation = _rows(self.adaptation, idx)
         step_size = self.dual.step_size(adaptation) if self.adapt == "dual_averaging" else self.step_size
@@ -102,12 +102,13 @@ class MCEM(nn.Module):
         _set_rows(self.adaptation, idx, adaptation)
         self.grad_evals += 1 + self.e_steps * self.num_leapfrog
         accept = accept / self.e_steps
-        steps = torch.as_tensor(step_size, device=x.device).expand(x.shape[0]).float()
-        q = torch.quantile(steps, torch.tensor([0.1, 0.5, 0.9], device=x.device))
-        return state.position, {
-            "train/log_joint": state.log_density.mean(), "mcmc/accept_rate": accept.mean(),
-            "mcmc/accept_below_0.1": (accept < 0.1).float().mean(), "mcmc/divergences": divergent.sum(),
-            "mcmc/step_size_q10": q[0], "mcmc/step_size_q50": q[1], "mcmc/step_size_q90": q[2]}
+        metrics = {"train/log_joint": state.log_density.mean(), "mcmc/accept_rate": accept.mean(),
+                   "mcmc/accept_below_0.1": (accept < 0.1).float().mean(), "mcmc/divergences": divergent.sum()}
+        if diagnostics:  # a sort over the minibatch: only when the loop logs
+            steps = torch.as_tensor(step_size, device=x.device).expand(x.shape[0]).float()
+            q = torch.quantile(steps, torch.tensor([0.1, 0.5, 0.9], device=x.device))
+            metrics.update({"mcmc/step_size_q10": q[0], "mcmc/step_size_q50": q[1], "mcmc/step_size_q90": q[2]})
+        return state.position, metrics
 
     def m_step(self, x: torch.Tensor, s: torch.Tensor, diagnostics: bool) -> dict:
         """``m_steps`` Adagrad steps on -(mean log p(x, s | theta) + log p(theta) / N), s fixed."""
@@ -129,7 +130,7 @@ class MCEM(nn.Module):
     def learner_state(self) -> dict:
         return {"optimizer": self.optimizer.state_dict(), "generator": self.generator.get_state(),
                 "grad_evals": self.grad_evals, "chains": self.chains,
-                "adaptation": {k: v for k, v in self.adaptation._asdict().items()}}
+                "adaptation": self.adaptation._asdict()}
 
     def load_learner_state(self, state: dict) -> None:
         if state["chains"].shape != self.chains.shape:
@@ -150,7 +151,7 @@ class MAPLatents(MCEM):
         super().__init__(model, inference, cfg, device, seed)
         self.latent_lr = positive_float(cfg.get("latent_lr", 0.01), "learner.latent_lr")
 
-    def e_step(self, x: torch.Tensor, idx: torch.Tensor) -> tuple[torch.Tensor, dict]:
+    def e_step(self, x: torch.Tensor, idx: torch.Tensor, diagnostics: bool = False) -> tuple[torch.Tensor, dict]:
         s = self.chains[idx]
         for _ in range(self.e_steps):
             log_joint, grad = value_and_grad(lambda v: self.model.log_joint(x, v), s)
