@@ -256,14 +256,11 @@ def free_energy_log_p(model, data, log_z: float, batch_size: int, progress=None)
 
 
 def check_boltzmann(model, name: str) -> None:
-    if getattr(model, "is_continuous_latent", False):
-        raise ConfigError(f"estimator={name} estimates the partition function of a Boltzmann machine (model=rbm or "
-                          f"srbm); this checkpoint holds a {type(model).__name__} with continuous latents: use ais_hmc, "
-                          "chib_mh or iwae")
     if not isinstance(model, BoltzmannMachine):
+        use = ("ais_hmc, chib_mh or iwae" if getattr(model, "is_continuous_latent", False)
+               else "ais_posterior, chib, harmonic or iwae (dbn: also dbn_bound)")
         raise ConfigError(f"estimator={name} estimates the partition function of a Boltzmann machine (model=rbm or "
-                          f"srbm); this checkpoint holds a {type(model).__name__}: use ais_posterior, chib, harmonic "
-                          "or iwae (dbn: also dbn_bound)")
+                          f"srbm); this checkpoint holds a {type(model).__name__}: use {use}")
 
 
 # ---- per-example AIS over the latent units ---------------------------------------------------------------

@@ -32,6 +32,8 @@ CONTINUOUS_HINT = "model=gbn or dbn_dynamic"
 class ContinuousLatent:
     """A Gaussian net seen by a per-example estimator: the state of every chain lives in ``form``."""
 
+    needs_log_z = False  # the prior is normalised: exp(log w) estimates p(x) itself
+
     def __init__(self, model, estimator: str, form: str) -> None:
         if not getattr(model, "is_continuous_latent", False):
             raise ConfigError(f"estimator={estimator} integrates over continuous latent variables ({CONTINUOUS_HINT}); "

@@ -104,7 +104,7 @@ class ChibMH(PerExample):
         self.proposal = cfg.get("proposal", "langevin")
         if self.proposal not in PROPOSALS:
             raise ConfigError(f"estimator.proposal must be one of {list(PROPOSALS)}, got {self.proposal!r}")
-        self.climb_steps = int(cfg.get("hill_climb_steps", 200))
+        self.climb_steps = positive_int(cfg.get("hill_climb_steps", 200), "estimator.hill_climb_steps")
         self.climb_lr = positive_float(cfg.get("hill_climb_lr", 0.05), "estimator.hill_climb_lr")
         self.form = cfg.get("form", "auxiliary")
         self.zero_runs = 0

@@ -89,7 +89,7 @@ class PerExample:
 
     def log_z(self, lm: LatentModel, train, checkpoint, progress) -> tuple[float, float, dict]:
         """(log Z, its standard error, JSON extras); 0 for normalised models."""
-        if not (getattr(lm, "needs_log_z", False) and self.uses_log_z):
+        if not (lm.needs_log_z and self.uses_log_z):
             return 0.0, 0.0, {}
         from estimators.log_z import top_log_z
 

@@ -254,7 +254,7 @@ def check_model_fits_data(model, data: Dataset) -> None:
     """Word counts need a multinomial visible layer, binary data a Bernoulli one, real-valued data a Gaussian one."""
     counts = data.binarize == "counts"
     visible = getattr(model, "visible", "bernoulli")
-    if data.binarize == "continuous" and visible not in ("gaussian",):
+    if data.binarize == "continuous" and visible != "gaussian":
         raise ConfigError(f"data={data.name} is real-valued: use model.visible=gaussian")
     if counts and visible != "multinomial":
         raise ConfigError(f"data={data.name} holds word counts: use model.visible=multinomial")

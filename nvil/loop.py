@@ -43,6 +43,7 @@ def check_trainer_config(t) -> None:
     for key in ("max_steps", "batch_size", "log_every", "val_every", "ckpt_every", "sample_every",
                 "val_num_examples", "val_num_samples"):
         positive_int(t.get(key), f"trainer.{key}")
+    positive_int(t.get("val_ais_betas", 100), "trainer.val_ais_betas")
     positive_int(t.get("patience"), "trainer.patience", allow_none=True)
 
 

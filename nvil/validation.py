@@ -63,11 +63,11 @@ def continuous_log_likelihood(model, x: torch.Tensor, num_chains: int, num_betas
     """Per-example log p(x) by AIS-HMC (sigmoid schedule, auxiliary form), ``num_chains`` chains per example."""
     from estimators.ais import schedule
     from estimators.ais_hmc import ContinuousLatent, ais_hmc_log_w
-    from nvil.ops import log_mean_exp
+    from estimators.base import combine_runs
 
     lm = ContinuousLatent(model, "validation", "auxiliary")
     log_w, _ = ais_hmc_log_w(lm, x.repeat_interleave(num_chains, 0), schedule("sigmoid", num_betas), generator=generator)
-    return log_mean_exp(log_w.view(-1, num_chains), 1)
+    return combine_runs(log_w.view(-1, num_chains))
 
 
 def stochastic_pseudo_log_likelihood(model: BoltzmannMachine, x: torch.Tensor, generator) -> torch.Tensor:

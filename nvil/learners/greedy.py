@@ -4,7 +4,8 @@ RBM 1 is trained on the data; RBM l + 1 on the hidden activities of RBM l given 
 the lower RBMs frozen. Each RBM is trained by one of the Boltzmann-machine learners of
 ``nvil.learners.sap`` (``learner.layer_learner=cd`` or ``sap``), with the same lr, k, particles and
 schedule; ``learner.per_layer`` (a list with one mapping per RBM) overrides any of these for one RBM,
-e.g. ``[{layer_learner: cd, k_final: 25}, {layer_learner: sap}]``. Every RBM below the top trains for ``layer_steps`` updates; the top RBM trains for the rest of
+e.g. ``[{layer_learner: cd, k_final: 25}, {layer_learner: sap}]``. Every RBM below the top trains for
+``layer_steps`` updates; the top RBM trains for the rest of
 ``trainer.max_steps``. What the next layer sees is p(h = 1 | x) (``propagate=mean``, as in Hinton's
 code) or a sample h ~ p(h | x) (``propagate=sample``).
 

@@ -32,14 +32,13 @@ ADAPT = ("fixed", "dual_averaging")
 
 
 def _rows(state, idx):
-    """The rows ``idx`` of a NamedTuple of per-chain tensors (scalars pass through)."""
-    return type(state)(*(f[idx] if f.dim() else f for f in state))
+    """The rows ``idx`` of a NamedTuple of per-chain tensors."""
+    return type(state)(*(f[idx] for f in state))
 
 
-def _set_rows(state, idx, new):
+def _set_rows(state, idx, new) -> None:
     for f, g in zip(state, new):
-        if f.dim():
-            f[idx] = g
+        f[idx] = g
 
 
 class MCEM(nn.Module):
