@@ -3,6 +3,7 @@
     python evaluate.py checkpoint=outputs/run1/checkpoints/best.pt estimator=iwae estimator.num_samples=5000
     python evaluate.py checkpoint=PATH estimator=elbo estimator.num_samples=10 data.split=test eval.num_examples=1000
     python evaluate.py checkpoint=PATH estimator=exact        # models with at most 20 latent units
+    torchrun --nproc_per_node=4 evaluate.py checkpoint=PATH estimator=ais   # the examples shared by 4 ranks
 """
 
 from __future__ import annotations

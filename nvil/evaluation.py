@@ -1,5 +1,8 @@
 """Evaluate a checkpoint: rebuild the model from the registry, pick the data split, run an estimator,
-print one JSON line and append it to ``<checkpoint>.eval.jsonl`` beside the checkpoint."""
+print one JSON line and append it to ``<checkpoint>.eval.jsonl`` beside the checkpoint.
+
+Under torchrun every rank evaluates its shard of the examples (whole estimator batches, as ``eval.shard`` does
+for separate jobs); rank 0 gathers the per-example estimates and reports the result of the whole set."""
 
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ from tqdm import tqdm
 from estimators import build_estimator
 from estimators.base import Result
 from models import MODELS, build_model
+from nvil import distributed
 from nvil.checkpoint import load_checkpoint, load_module_state
 from nvil.config import positive_int, resolve_device
 from nvil.data import build_model_data, take_rows
@@ -65,8 +69,12 @@ def evaluate_checkpoint(path, estimator_cfg, *, split: str = "test", num_example
                         shard: int | None = None, num_shards: int | None = None,
                         per_class: int | None = None) -> Result:
     path = Path(path)
-    dev = resolve_device(device)
+    d = distributed.setup()
+    dev = distributed.rank_device(resolve_device(device), d)
     positive_int(num_examples, "eval.num_examples", allow_none=True)
+    if d.enabled and (shard is not None or num_shards is not None):
+        raise ConfigError("eval.shard / eval.num_shards split the work between separate jobs; under torchrun the "
+                          "ranks already share the examples, so leave them unset")
     estimator = build_estimator(estimator_cfg)
     model, inference, payload = load_model(path, dev)
     estimator.check(model, inference)  # refuse before any work starts
@@ -78,7 +86,8 @@ def evaluate_checkpoint(path, estimator_cfg, *, split: str = "test", num_example
     if per_class is not None:
         x = first_per_class(x, data, split, positive_int(per_class, "eval.per_class"), estimator.name)
     total = x.shape[0] if num_examples is None else min(num_examples, x.shape[0])
-    start, stop = shard_rows(total, shard, num_shards, int(estimator_cfg.get("batch_size", 100) or 100))
+    start, stop = shard_rows(total, d.rank if d.enabled else shard, d.world_size if d.enabled else num_shards,
+                             int(estimator_cfg.get("batch_size", 100) or 100))
     x = take_rows(x, start, stop, dense=False)
     # What estimators need beyond the rows (classify: labels; AIS: training marginals; DBNs: the log Z cache).
     inputs = (estimator.dataset_inputs(model, data, split, (start, stop), checkpoint=path)
@@ -86,20 +95,42 @@ def evaluate_checkpoint(path, estimator_cfg, *, split: str = "test", num_example
     if getattr(estimator, "row_offset_aware", False):
         inputs["row_offset"] = start
     generator = torch.Generator(device=dev).manual_seed(seed)
-    with tqdm(total=x.shape[0], disable=not progress, desc=estimator.name, unit="example") as bar:
-        result = estimator.estimate(model, x, inference=inference, generator=generator, seed=seed, progress=bar,
-                                    **inputs)
-    if getattr(model, "visible", None) == "multinomial":
-        result.extras.update(perplexity(result, x, exact=estimator.name == "exact"))
+    if x.shape[0] == 0:  # more ranks than estimator batches: this one has nothing to do
+        result = Result(estimator.name, torch.empty(0), 0.0, seed)
+    else:
+        with tqdm(total=x.shape[0], disable=not (progress and d.is_main), desc=estimator.name, unit="example") as bar:
+            result = estimator.estimate(model, x, inference=inference, generator=generator, seed=seed, progress=bar,
+                                        **inputs)
+    lengths = doc_lengths(x) if getattr(model, "visible", None) == "multinomial" else None
+    if d.enabled:
+        result, lengths = gather_result(result, lengths)
+    if lengths is not None:
+        result.extras.update(perplexity(result, lengths, exact=estimator.name == "exact"))
     result.extras.update({"split": split, "checkpoint": str(path), "step": int(payload.get("step", -1))})
     if num_shards is not None:
         result.extras.update(shard_sums(result, shard, num_shards, (start, stop)))
-    line = result.to_json()
-    print(line, flush=True)
-    out = Path(output) if output else path.with_name(path.name + ".eval.jsonl")
-    with open(out, "a") as f:
-        f.write(line + "\n")
+    if d.is_main:
+        line = result.to_json()
+        print(line, flush=True)
+        out = Path(output) if output else path.with_name(path.name + ".eval.jsonl")
+        with open(out, "a") as f:
+            f.write(line + "\n")
     return result
+
+
+def gather_result(result: Result, lengths: torch.Tensor | None) -> tuple[Result, torch.Tensor | None]:
+    """Every rank's per-example estimates (and document lengths), in shard order, as one ``Result`` of the whole
+    set: the result one process would give, where each example's random numbers depend only on its batch.
+    Shared terms (an AIS log Z, computed alike on every rank from the same seed) and the extras are rank 0's;
+    the time is the slowest rank's."""
+    parts = distributed.gather_objects({"log_p": result.log_p, "run_log_p": result.run_log_p,
+                                        "seconds": result.seconds, "lengths": lengths})
+    whole = Result(result.estimator, torch.cat([p["log_p"] for p in parts]), max(p["seconds"] for p in parts),
+                   result.seed, extras=dict(result.extras), shared_stderr=result.shared_stderr)
+    if result.run_log_p is not None:
+        whole.run_log_p = torch.cat([p["run_log_p"] for p in parts], dim=1)
+    whole.extras["num_processes"] = len(parts)
+    return whole, None if lengths is None else torch.cat([p["lengths"] for p in parts])
 
 
 def first_per_class(x, data, split: str, k: int, estimator: str):
@@ -124,11 +155,15 @@ def shard_sums(result: Result, shard: int, num_shards: int, rows: tuple[int, int
     return out
 
 
-def perplexity(result: Result, docs: torch.Tensor, exact: bool) -> dict:
+def doc_lengths(docs: torch.Tensor) -> torch.Tensor:
+    """L_d, the words in each document (dense or sparse counts)."""
+    return (torch.sparse.sum(docs, 1).to_dense() if docs.is_sparse else docs.sum(1)).cpu()
+
+
+def perplexity(result: Result, lengths: torch.Tensor, exact: bool) -> dict:
     """Perplexity per word, exp(-(1/N) sum_d log p(d) / L_d) (Mnih & Gregor 2014, Sec. 4.3), with a
     delta-method standard error. log p(d) counts each document as a sequence of L_d words (no
     multinomial coefficient). From a lower bound on log p(d) this is an upper bound on perplexity."""
-    lengths = torch.sparse.sum(docs, 1).to_dense() if docs.is_sparse else docs.sum(1)
     per_word = result.log_p.double() / lengths.double().cpu().clamp(min=1)
     mean, se = mean_and_stderr(per_word)
     value = math.exp(-mean)

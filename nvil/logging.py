@@ -38,6 +38,19 @@ class RunLogger:
         self.jsonl.close()
 
 
+class NullLogger:
+    """What ranks other than 0 log under data parallelism: nothing."""
+
+    def scalars(self, step: int, metrics: dict[str, float]) -> None:
+        pass
+
+    def image_grid(self, tag: str, images: torch.Tensor, step: int, image_shape: tuple[int, ...]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 def to_floats(metrics: dict) -> dict[str, float]:
     """Device tensors to Python floats, with one host sync for the whole dict."""
     if not metrics:

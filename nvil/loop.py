@@ -2,6 +2,10 @@
 
 Read top to bottom: set up (or restore) the run, then one flat loop over steps. Every learner plugs in
 through ``step(batch, diagnostics) -> metrics`` and ``learner_state()`` / ``load_learner_state()``.
+
+Under torchrun (``nvil.distributed``) every rank runs this same loop on its share of each minibatch; learners
+that run data-parallel also have ``distribute`` and ``rank_state`` / ``load_rank_state``. Rank 0 alone
+validates (and tells the others the outcome), logs, and writes checkpoints, which hold every rank's state.
 """
 
 from __future__ import annotations
@@ -16,12 +20,13 @@ from omegaconf import OmegaConf
 from tqdm import tqdm
 
 from models import build_model
+from nvil import distributed
 from nvil.checkpoint import load_checkpoint, load_module_state, save_checkpoint
 from nvil.config import positive_int, resolve_device
 from nvil.data import MinibatchStream, build_model_data, check_model_fits_data, take_rows
 from nvil.errors import CheckpointError, ConfigError, TrainingDiverged
 from nvil.learners import build_learner
-from nvil.logging import RunLogger, to_floats
+from nvil.logging import NullLogger, RunLogger, to_floats
 from nvil.validation import score_tag, validate
 
 # What the progress bar shows, the first that the learner reports.
@@ -51,14 +56,20 @@ def fit(cfg, run_dir: Path) -> dict:
     """Train the configured model and learner in ``run_dir``; return the final metrics."""
     t = cfg.trainer
     check_trainer_config(t)
-    device = resolve_device(t.device)
+    d = distributed.setup()
+    device = distributed.rank_device(resolve_device(t.device), d)
+    rows = distributed.local_rows(t.batch_size, d, "trainer.batch_size")  # this rank's share of each minibatch
     run_dir = Path(run_dir)
     ckpt_dir = run_dir / "checkpoints"
     last_path, best_path = ckpt_dir / "last.pt", ckpt_dir / "best.pt"
-    if last_path.exists() and not t.resume:
+    if t.resume not in (True, False, "auto"):
+        raise ConfigError(f"trainer.resume must be true, false or auto (continue when a checkpoint is there), "
+                          f"got {t.resume!r}")
+    resume = last_path.exists() if t.resume == "auto" else t.resume
+    if last_path.exists() and not resume:
         raise ConfigError(f"{run_dir} already holds a run; pass trainer.resume=true to continue it, "
                           "or choose another hydra.run.dir")
-    if t.resume and not last_path.exists():
+    if resume and not last_path.exists():
         raise ConfigError(f"trainer.resume=true but there is no checkpoint at {last_path}")
 
     # ---- build everything -----------------------------------------------------------------------
@@ -71,15 +82,21 @@ def fit(cfg, run_dir: Path) -> dict:
     if inference is not None:
         inference.to(device)
         inference.set_input_mean(data.train_mean())
-    learner = build_learner(cfg.learner, model, inference, device, cfg.seed)
+    learner = build_learner(cfg.learner, model, inference, device, distributed.rank_seed(cfg.seed, d))
     if hasattr(learner, "bind_data"):  # per-example state (MCEM's persistent chains), sized before a resume
         learner.bind_data(data.split("train"))
+    if d.enabled:
+        if not hasattr(learner, "distribute"):
+            raise ConfigError(f"learner={cfg.learner.name} does not run data-parallel; train it in one process "
+                              "(python train.py, not torchrun)")
+        learner.distribute(d, device)
     state = LoopState()
     resolved = OmegaConf.to_container(cfg, resolve=True)
-    if t.resume:
-        state = _restore(last_path, resolved, model, inference, learner, device)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
+    if resume:
+        state = _restore(last_path, resolved, model, inference, learner, device, d)
+    if d.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
 
     stream = MinibatchStream(data, t.batch_size, cfg.seed)
     valid = take_rows(data.split("valid"), 0, t.val_num_examples)
@@ -89,34 +106,43 @@ def fit(cfg, run_dir: Path) -> dict:
     if tag is None and t.patience is not None:
         raise ConfigError(f"trainer.patience needs a validation score, and learner={cfg.learner.name} has none "
                           "(set trainer.patience=null)")
-    logger = RunLogger(run_dir, enabled=bool(t.tensorboard))
+    logger = RunLogger(run_dir, enabled=bool(t.tensorboard)) if d.is_main else NullLogger()
 
     def checkpoint(path: Path) -> None:
         _check_finite(model, inference, state.step, last_path)
-        save_checkpoint(path, {
+        payload = {
             "config": resolved, "model_name": cfg.model.name, "n_visible": data.dim,
             "model": model.state_dict(), "inference": None if inference is None else inference.state_dict(),
             "learner": learner.learner_state(), "step": state.step, "best_score": state.best_score,
             "loop": asdict(state), "rng": {"torch": torch.get_rng_state()},
-        })
+        }
+        if d.enabled:  # every rank's own generators and particles; a collective, so every rank comes here
+            payload["world_size"] = d.world_size
+            payload["ranks"] = distributed.gather_objects(
+                {"learner": learner.rank_state(), "torch_rng": torch.get_rng_state()})
+        if d.is_main:
+            save_checkpoint(path, payload)
 
     # ---- the loop ---------------------------------------------------------------------------------
-    bar = tqdm(total=t.max_steps, initial=state.step, disable=not t.progress, dynamic_ncols=True,
+    bar = tqdm(total=t.max_steps, initial=state.step, disable=not (t.progress and d.is_main), dynamic_ncols=True,
                desc=f"{cfg.learner.name} {cfg.model.name}", unit="step")
     started, first_step = time.perf_counter(), state.step
     latest: dict[str, float] = {}
     try:
         while state.step < t.max_steps and not state.stopped_early:
-            x = stream.batch(state.step)
+            x = stream.batch(state.step)[rows]
             log_now = (state.step + 1) % t.log_every == 0
-            rows = {"indices": stream.indices(state.step)} if getattr(learner, "per_example_state", False) else {}
-            metrics = learner.step(x, diagnostics=log_now, **rows)
+            per_example = getattr(learner, "per_example_state", False)
+            extra = {"indices": stream.indices(state.step)[rows]} if per_example else {}
+            metrics = learner.step(x, diagnostics=log_now, **extra)
             state.step += 1
             bar.update(1)
             done = state.step == t.max_steps
 
             if log_now:
                 latest = to_floats(metrics)
+                if d.enabled:  # every rank then sees the same values, so every rank stops together on a NaN
+                    latest = distributed.average_metrics(latest)
                 if not all(map(math.isfinite, latest.values())):
                     bad = sorted(k for k, v in latest.items() if not math.isfinite(v))
                     raise TrainingDiverged(
@@ -132,7 +158,9 @@ def fit(cfg, run_dir: Path) -> dict:
                 logger.scalars(state.step, learner.validate(valid, train_subset))
             elif state.step % t.val_every == 0 or done:
                 val_metrics = validate(model, inference, valid, train_subset, t.val_num_samples, cfg.seed,
-                                       ais_betas=t.get("val_ais_betas", 100))
+                                       ais_betas=t.get("val_ais_betas", 100)) if d.is_main else None
+                if d.enabled:  # rank 0's scores decide early stopping and best checkpoints on every rank
+                    val_metrics = distributed.broadcast(val_metrics)
                 score = val_metrics[tag]
                 improved = score > state.best_score
                 if improved:
@@ -146,7 +174,7 @@ def fit(cfg, run_dir: Path) -> dict:
                 if improved:
                     checkpoint(best_path)
 
-            if state.step % t.sample_every == 0 and data.image_shape is not None:
+            if state.step % t.sample_every == 0 and data.image_shape is not None and d.is_main:
                 for image_tag, images in _image_grids(model, learner, cfg.seed, device).items():
                     logger.image_grid(image_tag, images, state.step, data.image_shape)
 
@@ -155,6 +183,8 @@ def fit(cfg, run_dir: Path) -> dict:
     finally:
         bar.close()
         logger.close()
+    if d.enabled:
+        distributed.barrier()  # rank 0's last checkpoint is on disk before any rank reads it
     return {
         "step": state.step, "best_step": state.best_step, "val/tag": tag, "val/best": state.best_score,
         "stopped_early": state.stopped_early, "train/elbo": latest.get("train/elbo"),
@@ -192,8 +222,13 @@ def _check_finite(model, inference, step: int, last_path: Path) -> None:
                                f"is kept at {last_path} (try a smaller learner.lr)")
 
 
-def _restore(path: Path, resolved: dict, model, inference, learner, device) -> LoopState:
+def _restore(path: Path, resolved: dict, model, inference, learner, device, d: distributed.Dist) -> LoopState:
     payload = load_checkpoint(path, map_location=device)
+    written = int(payload.get("world_size", 1))
+    if written != d.world_size:
+        raise CheckpointError(f"cannot resume from {path}: it was written by {written} process(es) and this run "
+                              f"has {d.world_size}; resume with the same number (torchrun --nproc_per_node={written}"
+                              f"{'' if written > 1 else ', or plain python train.py'})")
     conflicts = [c for key in RESUME_MUST_MATCH for c in config_conflicts(payload["config"].get(key),
                                                                              resolved.get(key), key)]
     if conflicts:
@@ -203,7 +238,9 @@ def _restore(path: Path, resolved: dict, model, inference, learner, device) -> L
         load_module_state(inference, payload["inference"], "inference network", path)
     try:
         learner.load_learner_state(payload["learner"])
-    except (KeyError, RuntimeError, ValueError) as e:
+        if d.enabled:
+            learner.load_rank_state(payload["ranks"][d.rank]["learner"])
+    except (KeyError, IndexError, RuntimeError, ValueError) as e:
         raise CheckpointError(f"cannot restore the learner state from {path}: {str(e).splitlines()[0][:200]}") from None
-    torch.set_rng_state(payload["rng"]["torch"].cpu())
+    torch.set_rng_state((payload["ranks"][d.rank]["torch_rng"] if d.enabled else payload["rng"]["torch"]).cpu())
     return LoopState(**payload["loop"])

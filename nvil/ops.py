@@ -65,8 +65,15 @@ class RunningMoments(torch.nn.Module):
 
     @torch.no_grad()
     def update(self, x: torch.Tensor) -> None:
-        batch_mean = x.mean()
-        batch_var = x.var(unbiased=False) if x.numel() > 1 else torch.zeros_like(batch_mean)
+        """Under data parallelism (several ranks) the statistics are those of every rank's ``x`` together,
+        so c and v stay the same on every rank and equal those of one process with the whole batch."""
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            from nvil.distributed import global_mean_var
+
+            batch_mean, batch_var = global_mean_var(x)
+        else:
+            batch_mean = x.mean()
+            batch_var = x.var(unbiased=False) if x.numel() > 1 else torch.zeros_like(batch_mean)
         # The first minibatch sets the statistics rather than being shrunk towards (0, 1); torch.where
         # keeps this branch on the device, with no host sync per step.
         a = torch.where(self.initialised, torch.tensor(self.alpha, device=x.device), torch.tensor(0.0, device=x.device))

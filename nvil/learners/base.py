@@ -6,6 +6,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from nvil import distributed
+
 
 def grad_norms(optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
     """``grad_norm/<group>``: the global gradient norm of each named parameter group."""
@@ -18,17 +20,42 @@ def grad_norms(optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
     return out
 
 
-class SurrogateLearner(nn.Module):
+class DataParallel:
+    """What a learner does to run as one rank of several (``nvil.distributed``): its ``forward`` computes the
+    loss through ``DistributedDataParallel``, which averages the gradients over ranks; ``rank_state`` is what
+    differs between ranks and travels in the checkpoint once per rank."""
+
+    generator: torch.Generator
+
+    def distribute(self, d: distributed.Dist, device: torch.device) -> None:
+        # Kept out of nn.Module's registry: the wrapper must not appear in state_dict or parameters().
+        self.__dict__["_ddp"] = distributed.wrap(self, device)
+
+    def loss_module(self) -> nn.Module:
+        """The module whose call computes the loss: the DDP wrapper under torchrun, else the learner itself."""
+        return self.__dict__.get("_ddp", self)
+
+    def rank_state(self) -> dict:
+        return {"generator": self.generator.get_state()}
+
+    def load_rank_state(self, state: dict) -> None:
+        self.generator.set_state(state["generator"].cpu())
+
+
+class SurrogateLearner(DataParallel, nn.Module):
     """Subclasses set ``optimizer`` and ``generator`` and define ``surrogate(x) -> (loss, metrics)``,
     whose gradient is minus the update direction; extra resumable state goes in ``extra_state``."""
 
     optimizer: torch.optim.Optimizer
     generator: torch.Generator
 
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        return self.surrogate(x)
+
     def step(self, x: torch.Tensor, diagnostics: bool = False) -> dict[str, torch.Tensor]:
         """One update on the minibatch ``x``; metrics stay on the device (no host sync)."""
         self.optimizer.zero_grad(set_to_none=True)
-        loss, metrics = self.surrogate(x)
+        loss, metrics = self.loss_module()(x)
         loss.backward()
         if diagnostics:
             metrics.update(grad_norms(self.optimizer))

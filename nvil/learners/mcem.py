@@ -13,6 +13,9 @@ exactly. One iteration on a minibatch of examples:
 In auxiliary form the M-step moves z(eps) with theta; in centred form z stays where the sampler left it. That is
 the whole difference between the two forms in training, so they compare directly (bench/auxiliary_vs_centred.py).
 
+Under data parallelism each rank moves the chains of its share of the minibatch, then the ranks exchange the
+moved rows, so every rank holds the whole table (and rank 0's checkpoint is complete).
+
 ``learner=map_latents`` (``MAPLatents``) treats the latents as parameters instead: its E-step is plain gradient
 ascent on log p(x, s) in s (Kingma 2013, Sec. 4; Neal & Hinton 1998), which optimises a bound and may overfit.
 """
@@ -24,7 +27,8 @@ from torch import nn
 
 from nvil.config import positive_float, positive_int
 from nvil.errors import ConfigError
-from nvil.learners.base import grad_norms
+from nvil import distributed
+from nvil.learners.base import DataParallel, grad_norms
 from nvil.mcmc.adapt import DualAveraging
 from nvil.mcmc.hmc import HMC, value_and_grad
 
@@ -41,7 +45,7 @@ def _set_rows(state, idx, new) -> None:
         f[idx] = g
 
 
-class MCEM(nn.Module):
+class MCEM(DataParallel, nn.Module):
     per_example_state = True  # the loop passes each minibatch's training-row indices
 
     def __init__(self, model, inference, cfg, device: torch.device, seed: int) -> None:
@@ -81,6 +85,8 @@ class MCEM(nn.Module):
         if self.chains is None or indices is None:
             raise RuntimeError("MCEM needs bind_data(train) and the minibatch's row indices")
         s, metrics = self.e_step(x, indices, diagnostics)
+        if "_ddp" in self.__dict__:
+            self.share_rows(indices)
         metrics.update(self.m_step(x, s, diagnostics))
         metrics["train/grad_evals"] = torch.tensor(float(self.grad_evals))
         return metrics
@@ -109,14 +115,33 @@ class MCEM(nn.Module):
             metrics.update({"mcmc/step_size_q10": q[0], "mcmc/step_size_q50": q[1], "mcmc/step_size_q90": q[2]})
         return state.position, metrics
 
+    def distribute(self, d: distributed.Dist, device: torch.device) -> None:
+        """Every rank starts from rank 0's chains (each rank drew its own in ``bind_data``)."""
+        super().distribute(d, device)
+        for table in (self.chains, *self.adaptation):
+            distributed.broadcast_(table)
+
+    @torch.no_grad()
+    def share_rows(self, idx: torch.Tensor) -> None:
+        """Every rank's moved chains (and their step-size adaptation) written into every rank's table."""
+        every_idx = distributed.gather_rows(idx)
+        self.chains[every_idx] = distributed.gather_rows(self.chains[idx])
+        for field in self.adaptation:
+            field[every_idx] = distributed.gather_rows(field[idx])
+
+    def forward(self, x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+        """The M-step's objective, mean log p(x, s | theta) + log p(theta) / N."""
+        objective = self.model.log_joint(x, s).mean()
+        if self.prior_std is not None:
+            objective = objective + self.model.log_param_prior(self.prior_std) / self.num_train
+        return objective
+
     def m_step(self, x: torch.Tensor, s: torch.Tensor, diagnostics: bool) -> dict:
         """``m_steps`` Adagrad steps on -(mean log p(x, s | theta) + log p(theta) / N), s fixed."""
         s = s.detach()
         for _ in range(self.m_steps):
             self.optimizer.zero_grad(set_to_none=True)
-            objective = self.model.log_joint(x, s).mean()
-            if self.prior_std is not None:
-                objective = objective + self.model.log_param_prior(self.prior_std) / self.num_train
+            objective = self.loss_module()(x, s)
             (-objective).backward()
             self.optimizer.step()
         self.grad_evals += self.m_steps

@@ -23,7 +23,8 @@ from torch import nn
 from models.rbm import BoltzmannMachine, State
 from nvil.config import positive_float, positive_int
 from nvil.errors import ConfigError
-from nvil.learners.base import grad_norms
+from nvil import distributed
+from nvil.learners.base import DataParallel, grad_norms
 from nvil.mcmc import BlockGibbs, ParallelTempering, TemperedTransitions, uniform_betas
 
 
@@ -43,7 +44,7 @@ def filter_grid(w: torch.Tensor, n: int = 64) -> torch.Tensor:
     return (w - lo) / (hi - lo).clamp(min=1e-8)
 
 
-class SAP(nn.Module):
+class SAP(DataParallel, nn.Module):
     MODES = ("sap", "trans_sap", "pt_sap", "cd", "exact_ml")
 
     def __init__(self, model, inference, cfg, device: torch.device, seed: int) -> None:
@@ -124,20 +125,41 @@ class SAP(nn.Module):
             self.gibbs_sweeps += 1
         return self.pt.target(self.particles).x if self.pt else self.particles.x
 
+    # ---- data parallelism ------------------------------------------------------------------------------
+    def distribute(self, d: distributed.Dist, device: torch.device) -> None:
+        """Each rank keeps its own share of the ``num_particles`` persistent particles (and of PT's replicas)."""
+        self.num_particles = distributed.per_rank(self.num_particles, d, "learner.num_particles")
+        super().distribute(d, device)
+
+    def rank_state(self) -> dict:
+        state = super().rank_state()
+        if self.particles is not None:
+            state.update(particles_x=self.particles.x, particles_h=self.particles.h)
+        return state
+
+    def load_rank_state(self, state: dict) -> None:
+        super().load_rank_state(state)
+        if state.get("particles_x") is not None:
+            device = self.particles.x.device if self.particles is not None else state["particles_x"].device
+            self.particles = State(state["particles_x"].to(device),
+                                   None if state["particles_h"] is None else state["particles_h"].to(device))
+
     # ---- one update ----------------------------------------------------------------------------------
+    def forward(self, x: torch.Tensor, neg: torch.Tensor | None) -> torch.Tensor:
+        """The surrogate mean F(data) - mean F(negatives), or mean F(data) + log Z for exact ML: its gradient is
+        minus the log-likelihood gradient (one rank's share of it under data parallelism)."""
+        f_data = self.model.free_energy(x).mean()
+        if neg is None:
+            return f_data + self.model.log_z_exact()
+        return f_data - self.model.free_energy(neg).mean()
+
     def step(self, x: torch.Tensor, diagnostics: bool = False) -> dict[str, torch.Tensor]:
         metrics: dict = {}
         neg = self.negatives(x, metrics)
         self.optimizer.zero_grad(set_to_none=True)
-        f_data = self.model.free_energy(x).mean()
-        if neg is None:
-            log_z = self.model.log_z_exact()
-            loss = f_data + log_z
-            metrics["train/log_p_exact_batch"] = -loss.detach()
-        else:
-            f_neg = self.model.free_energy(neg).mean()
-            loss = f_data - f_neg
-            metrics["train/free_energy_gap"] = (f_neg - f_data).detach()
+        loss = self.loss_module()(x, neg)
+        # -loss is log p of the batch for exact ML, and the free-energy gap F(negatives) - F(data) otherwise.
+        metrics["train/log_p_exact_batch" if neg is None else "train/free_energy_gap"] = -loss.detach()
         loss.backward()
         if diagnostics:
             metrics.update(grad_norms(self.optimizer))
