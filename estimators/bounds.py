@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from estimators.base import Result, chunks
+from estimators.base import Result, batch_generator, chunks
 from nvil.data import take_rows
 from models.dbn import DBN
 from nvil.errors import ConfigError
@@ -31,15 +31,18 @@ def log_weights(model, inference, x: torch.Tensor, k: int, generator: torch.Gene
 
 @torch.no_grad()
 def _reduce_log_weights(model, inference, data, num_samples, accumulator, *, batch_size, generator,
-                        max_elements, progress) -> torch.Tensor:
+                        max_elements, progress, seed: int | None = None, row_offset: int = 0) -> torch.Tensor:
+    """With ``seed``, each batch draws from its own generator seeded by (seed, first row in the whole split),
+    so an example's estimate does not depend on how the split is sharded; otherwise ``generator`` serves all."""
     width = model.n_visible + model.n_latent
     out = []
     for start, stop in chunks(data.shape[0], batch_size):
         x = take_rows(data, start, stop)
+        g = generator if seed is None else batch_generator(seed, row_offset + start, x.device)
         acc = accumulator()
         k_chunk = max(1, max_elements // (x.shape[0] * width))
         for k0, k1 in chunks(num_samples, k_chunk):
-            acc.update(log_weights(model, inference, x, k1 - k0, generator), dim=0)
+            acc.update(log_weights(model, inference, x, k1 - k0, g), dim=0)
         out.append(acc.result())
         if progress is not None:
             progress.update(stop - start)
@@ -47,23 +50,24 @@ def _reduce_log_weights(model, inference, data, num_samples, accumulator, *, bat
 
 
 def importance_sampled_bound(model, inference, data, num_samples, *, generator, batch_size=100,
-                             max_elements=2**25, progress=None) -> torch.Tensor:
+                             max_elements=2**25, progress=None, **seeding) -> torch.Tensor:
     """Per-example L_K = log (1/K) sum_k p(v, h_k) / q(h_k | v), h_k ~ q(. | v)."""
     return _reduce_log_weights(model, inference, data, num_samples, StreamingLogMeanExp, batch_size=batch_size,
-                               generator=generator, max_elements=max_elements, progress=progress)
+                               generator=generator, max_elements=max_elements, progress=progress, **seeding)
 
 
 def elbo(model, inference, data, num_samples, *, generator, batch_size=100, max_elements=2**25,
-         progress=None) -> torch.Tensor:
+         progress=None, **seeding) -> torch.Tensor:
     """Per-example ELBO: the mean of log w over ``num_samples`` samples from q."""
     return _reduce_log_weights(model, inference, data, num_samples, StreamingMean, batch_size=batch_size,
-                               generator=generator, max_elements=max_elements, progress=progress)
+                               generator=generator, max_elements=max_elements, progress=progress, **seeding)
 
 
 class SampledBound:
     """``estimator=iwae`` (K = num_samples) or ``estimator=elbo`` (mean over num_samples) from q."""
 
     BOUNDS = {"iwae": importance_sampled_bound, "elbo": elbo}
+    row_offset_aware = True  # evaluate_checkpoint passes the first row's index in the whole split
 
     def __init__(self, cfg) -> None:
         self.name = cfg.name
@@ -82,7 +86,7 @@ class SampledBound:
         return {"train": data.split("train"), "checkpoint": checkpoint} if isinstance(model, DBN) else {}
 
     def estimate(self, model, data, *, inference=None, generator, seed: int, progress=None, train=None,
-                 checkpoint=None) -> Result:
+                 checkpoint=None, row_offset: int = 0) -> Result:
         """For a DBN, q is the greedy up-pass and log P = log P* - log Z with the shared, cached top-RBM log Z."""
         self.check(model, inference)
         t0 = time.perf_counter()
@@ -98,6 +102,7 @@ class SampledBound:
         with torch.no_grad():
             log_p = self.BOUNDS[self.name](model, inference, data, self.num_samples, generator=generator,
                                            batch_size=int(self.cfg.batch_size),
-                                           max_elements=int(self.cfg.max_elements), progress=progress)
+                                           max_elements=int(self.cfg.max_elements), progress=progress,
+                                           seed=seed, row_offset=row_offset)
         return Result(self.name, log_p.cpu() - log_z, time.perf_counter() - t0, seed,
                       {"num_samples": self.num_samples, **extras}, shared_stderr=log_z_se)

@@ -110,6 +110,18 @@ def test_sharded_evaluation_equals_the_unsharded_one(exact_ml_runs):
     assert two[0]["mean_log_p"] == one["mean_log_p"] and two[0]["stderr"] == one["stderr"]
 
 
+def test_sharded_importance_sampled_bound_equals_the_unsharded_one(tmp_path):
+    """Each batch of the IWAE bound draws from a generator seeded by its first row, so 2 ranks give the numbers of
+    one process example by example (the batch of 64 does not divide the 500 test cases evenly between ranks)."""
+    metrics = train_module.train(make_cfg("train", [*SYNTHETIC, *QUIET, "trainer.max_steps=20"]), tmp_path / "run")
+    args = [f"checkpoint={metrics['checkpoint']}", "estimator=iwae", "estimator.num_samples=50",
+            "estimator.batch_size=64", "eval.progress=false", "eval.device=cpu", f"eval.output={tmp_path / 'e.jsonl'}"]
+    one = json_lines(ok(single("evaluate.py", *args)).stdout)[0]
+    two = json_lines(ok(torchrun("evaluate.py", *args)).stdout)[0]
+    assert two["num_processes"] == 2 and two["num_examples"] == one["num_examples"] == 500
+    assert two["mean_log_p"] == one["mean_log_p"] and two["stderr"] == one["stderr"]
+
+
 def test_resuming_with_another_number_of_processes_is_refused(exact_ml_runs):
     root, _ = exact_ml_runs
     proc = single("train.py", *RBM, f"hydra.run.dir={root / 'two'}", "trainer.resume=true", "trainer.max_steps=60")
