@@ -31,7 +31,8 @@ import torch
 from tqdm import tqdm
 
 from estimators.base import Result, batch_generator, chunks, combine_runs
-from models.rbm import BaseRate, BoltzmannMachine, _bernoulli
+from models.rbm import BaseRate, BoltzmannMachine, as_beta
+from nvil.accel import accelerate, check_mode
 from nvil.config import positive_float, positive_int
 from nvil.errors import ConfigError
 from nvil.mcmc.sequential_gibbs import SequentialGibbs
@@ -70,11 +71,15 @@ def ais(path, state, betas: torch.Tensor, generator=None, progress: bool = False
     """Run AIS along ``path`` from ``state`` through ``betas``; returns (log w [chains] float64, final state)."""
     b = betas.tolist()
     log_w = None
+    fused = getattr(path, "fused_step", None)  # weight increment and move in one call (RBMPath with accel)
     for k in tqdm(range(1, len(b)), disable=not progress, desc=desc, leave=False, unit="beta", mininterval=1.0):
-        step = (path.log_f(state, b[k]) - path.log_f(state, b[k - 1])).double()
+        if fused is not None and k < len(b) - 1:
+            step, state = fused(state, b[k - 1], b[k], generator)
+        else:
+            step = (path.log_f(state, b[k]) - path.log_f(state, b[k - 1])).double()
+            if k < len(b) - 1:
+                state = path.transition(state, b[k], generator)
         log_w = step if log_w is None else log_w + step
-        if k < len(b) - 1:
-            state = path.transition(state, b[k], generator)
     return log_w, state
 
 
@@ -126,6 +131,8 @@ class LogZ:
 class RBMState(NamedTuple):
     x: torch.Tensor
     a: torch.Tensor  # hidden input c + x'W, shared by log f and the next h | x draw
+    e_vis: torch.Tensor | None = None   # E_vis(x), shared by the two log f of the weight increment
+    e_base: torch.Tensor | None = None  # E_A(x), likewise
 
 
 def base_rate(model: BoltzmannMachine, train: torch.Tensor, smoothing: float = 0.05, batch_size: int = 10000) -> BaseRate:
@@ -152,11 +159,32 @@ def base_rate(model: BoltzmannMachine, train: torch.Tensor, smoothing: float = 0
     return BaseRate(b, d)
 
 
-class RBMPath:
-    """The Boltzmann machine annealed from a base-rate model: E_beta = (1 - beta) E_A + beta E, h summed out."""
+def _fused_ais_kernel(x, a, e_vis, e_base, u_h, u_x, beta_prev, beta, W, b, c, base_b):
+    """One AIS step of a binary RBM from uniforms u_h, u_x (drawn in that order): the weight increment
+    log f_beta(x) - log f_beta_prev(x), then h ~ p_beta(h | x), x' ~ p_beta(x | h), and x' with its a, E_vis, E_A."""
+    def log_f(t):
+        return -(t * e_vis - torch.nn.functional.softplus(t * a).sum(-1) + (1 - t) * e_base)
 
-    def __init__(self, model: BoltzmannMachine, base: BaseRate) -> None:
+    step = (log_f(beta) - log_f(beta_prev)).double()
+    h = (u_h < torch.sigmoid(beta * a)).to(x.dtype)
+    x = (u_x < torch.sigmoid(beta * (b + h @ W.T) + (1 - beta) * base_b)).to(x.dtype)
+    return step, x, c + x @ W, -(x @ b), -(x @ base_b)
+
+
+class RBMPath:
+    """The Boltzmann machine annealed from a base-rate model: E_beta = (1 - beta) E_A + beta E, h summed out.
+
+    ``accel`` (``nvil.accel``): with ``compile`` or ``cudagraphs``, binary RBMs without labels or lateral weights
+    take each AIS step (weight increment and block-Gibbs move) as one compiled kernel, ``fused_step``; the
+    uniforms are drawn outside it in the eager order, so the random stream is the same in every mode."""
+
+    def __init__(self, model: BoltzmannMachine, base: BaseRate, accel: str = "none") -> None:
         self.model, self.base = model, base
+        self.accel = check_mode(accel, model.W.device, "estimator.accel")
+        self.fused_step = None
+        if accel != "none" and model.fused_gibbs:
+            self._kernel = accelerate(_fused_ais_kernel, accel, model.W.device, "estimator.accel")
+            self.fused_step = self._fused_step
 
     def log_z0(self) -> float:
         """log Z_A + H log 2: at beta = 0 the hidden units are free."""
@@ -182,22 +210,35 @@ class RBMPath:
         return self.state(v)
 
     def state(self, x: torch.Tensor) -> RBMState:
-        return RBMState(x, self.model.hidden_input(x))
+        m = self.model
+        return RBMState(x, m.hidden_input(x), m.visible_energy(x), m.base_energy(x, self.base))
 
     def log_f(self, state: RBMState, beta: float) -> torch.Tensor:
-        return -self.model.free_energy(state.x, beta, self.base, hidden_input=state.a)
+        return -self.model.free_energy(state.x, beta, self.base, hidden_input=state.a, visible_energy=state.e_vis,
+                                       base_energy=state.e_base)
+
+    def _fused_step(self, state: RBMState, beta_prev: float, beta: float, generator=None):
+        """(log f_beta(x) - log f_beta_prev(x) in float64, the state after the move at beta)."""
+        m, x = self.model, state.x
+        n, dev, dt = x.shape[0], x.device, x.dtype
+        u_h = torch.rand((n, m.n_hidden), generator=generator, device=dev, dtype=dt)
+        u_x = torch.rand((n, m.n_pixels), generator=generator, device=dev, dtype=dt)
+        step, *new = self._kernel(x, state.a, state.e_vis, state.e_base, u_h, u_x, as_beta(beta_prev, x),
+                                  as_beta(beta, x), m.W, m.b, m.c, self.base.b)
+        return step, RBMState(*new)
 
     def transition(self, state: RBMState, beta: float, generator=None) -> RBMState:
         """Block Gibbs at beta: h ~ p_beta(h | x), then x ~ p_beta(x | h)."""
-        h = _bernoulli(torch.sigmoid(beta * state.a), generator)
-        return self.state(self.model.sample_x_given_h(h, beta, generator, x=state.x, base=self.base))
+        m = self.model
+        h = m.sample_h(state.x, beta, generator, hidden_input=state.a)
+        return self.state(m.sample_x_given_h(h, beta, generator, x=state.x, base=self.base))
 
 
 def rbm_log_z(model: BoltzmannMachine, base: BaseRate, num_chains: int, betas: torch.Tensor, generator=None,
-              progress: bool = False) -> LogZ:
+              progress: bool = False, accel: str = "none") -> LogZ:
     """Forward AIS from the base-rate model: log Z_hat, an under-estimate in expectation."""
     t0 = time.perf_counter()
-    path = RBMPath(model, base)
+    path = RBMPath(model, base, accel)
     log_w, _ = ais(path, path.sample_base(num_chains, generator), betas, generator, progress, "AIS log Z")
     return LogZ.from_log_w(log_w, path.log_z0(), "forward", len(betas) - 1, time.perf_counter() - t0)
 
@@ -220,6 +261,7 @@ class AIS:
         self.cfg = cfg
         self.settings = ais_settings(cfg)
         self.batch_size = positive_int(cfg.get("batch_size", 1000), "estimator.batch_size")
+        self.accel = check_mode(cfg.get("accel", "none"), what="estimator.accel")
 
     def check(self, model, inference) -> None:
         check_boltzmann(model, self.name)
@@ -230,7 +272,8 @@ class AIS:
     def log_z(self, model, train, generator, progress) -> LogZ:
         s = self.settings
         base = base_rate(model, train, s["base_smoothing"])
-        return rbm_log_z(model, base, s["num_chains"], schedule(s["schedule"], s["num_betas"]), generator, progress)
+        return rbm_log_z(model, base, s["num_chains"], schedule(s["schedule"], s["num_betas"]), generator, progress,
+                         self.accel)
 
     @torch.no_grad()
     def estimate(self, model, data, *, inference=None, generator, seed: int, progress=None, train=None) -> Result:

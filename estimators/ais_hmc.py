@@ -22,6 +22,7 @@ from estimators.ais import ais, schedule
 from estimators.posterior import PerExample
 from models.gaussian import FORMS
 from nvil.config import positive_float, positive_int
+from nvil.accel import accelerate, check_mode
 from nvil.errors import ConfigError
 from nvil.mcmc.adapt import multiplicative_adapt
 from nvil.mcmc.hmc import HMC
@@ -67,9 +68,16 @@ class PathState(NamedTuple):
 class PriorPosteriorPath:
     """f_beta(s) = p(s) p(x | s)^beta for each chain's own x; HMC moves with per-chain step sizes."""
 
-    def __init__(self, lm: ContinuousLatent, x: torch.Tensor, num_leapfrog: int, target_accept: float, adapt: bool):
+    def __init__(self, lm: ContinuousLatent, x: torch.Tensor, num_leapfrog: int, target_accept: float, adapt: bool,
+                 accel: str = "none"):
         self.lm, self.x = lm, x
         self.num_leapfrog, self.target_accept, self.adapt = num_leapfrog, target_accept, adapt
+        self.accel = check_mode(accel, x.device, "estimator.accel")
+        # Compiled once per path, with beta a tensor argument so that a new beta is not a new graph.
+        self._tempered = accelerate(self._tempered_log_density, accel, x.device, "estimator.accel")
+
+    def _tempered_log_density(self, s: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
+        return self.lm.log_prior(s) + beta * self.lm.log_likelihood(self.x, s)
 
     @torch.no_grad()
     def state(self, position, step_size, accept_sum) -> PathState:
@@ -79,16 +87,21 @@ class PriorPosteriorPath:
         return state.log_prior + beta * state.log_lik
 
     def transition(self, state: PathState, beta: float, generator=None) -> PathState:
-        hmc = HMC(lambda s: self.lm.log_prior(s) + beta * self.lm.log_likelihood(self.x, s), self.num_leapfrog)
+        if self.accel == "none":
+            hmc = HMC(lambda s: self.lm.log_prior(s) + beta * self.lm.log_likelihood(self.x, s), self.num_leapfrog)
+        else:
+            beta_t = torch.tensor(beta, dtype=state.position.dtype, device=state.position.device)
+            hmc = HMC(lambda s: self._tempered(s, beta_t), self.num_leapfrog)
         new, info = hmc.step(hmc.init(state.position), state.step_size, generator)
         step = multiplicative_adapt(state.step_size, info.accept_prob, self.target_accept) if self.adapt else state.step_size
         return self.state(new.position, step, state.accept_sum + info.accept_prob)
 
 
 def ais_hmc_log_w(lm: ContinuousLatent, x: torch.Tensor, betas: torch.Tensor, *, num_leapfrog: int = 10,
-                  step_size: float = 0.05, target_accept: float = 0.65, adapt: bool = True, generator=None):
+                  step_size: float = 0.05, target_accept: float = 0.65, adapt: bool = True, generator=None,
+                  accel: str = "none"):
     """One AIS run per row of x: (log w [rows] float64, final PathState)."""
-    path = PriorPosteriorPath(lm, x, num_leapfrog, target_accept, adapt)
+    path = PriorPosteriorPath(lm, x, num_leapfrog, target_accept, adapt, accel)
     n = x.shape[0]
     start = path.state(lm.sample_prior(n, generator, x.device), torch.full((n,), float(step_size), device=x.device),
                        torch.zeros(n, device=x.device))
@@ -110,6 +123,7 @@ class AISHMC(PerExample):
         self.target_accept = positive_float(cfg.get("target_accept", 0.65), "estimator.target_accept")
         self.adapt = bool(cfg.get("adapt", True))
         self.form = cfg.get("form", "auxiliary")
+        self.accel = check_mode(cfg.get("accel", "none"), what="estimator.accel")
         self.accept: list[torch.Tensor] = []
         self.final_steps: list[torch.Tensor] = []
 
@@ -118,7 +132,8 @@ class AISHMC(PerExample):
 
     def run_batch(self, lm: ContinuousLatent, x: torch.Tensor, generator) -> torch.Tensor:
         log_w, final = ais_hmc_log_w(lm, x, self.betas, num_leapfrog=self.num_leapfrog, step_size=self.step_size,
-                                     target_accept=self.target_accept, adapt=self.adapt, generator=generator)
+                                     target_accept=self.target_accept, adapt=self.adapt, generator=generator,
+                                     accel=self.accel)
         self.accept.append((final.accept_sum / max(1, len(self.betas) - 2)).cpu())
         self.final_steps.append(final.step_size.cpu())
         return log_w

@@ -23,10 +23,10 @@ from nvil.errors import ConfigError
 
 
 def rbm_log_z_reverse(model, base, x_init: torch.Tensor, betas: torch.Tensor, generator=None,
-                      progress: bool = False) -> LogZ:
+                      progress: bool = False, accel: str = "none") -> LogZ:
     """Reverse AIS from chains at ``x_init`` (beta = 1) to the base-rate model: log Z_hat over-estimates log Z."""
     t0 = time.perf_counter()
-    path = RBMPath(model, base)
+    path = RBMPath(model, base, accel)
     log_w, _ = ais(path, path.state(x_init), betas.flip(0), generator, progress, "reverse AIS log Z")
     return LogZ.from_log_w(log_w, path.log_z0(), "reverse", len(betas) - 1, time.perf_counter() - t0)
 
@@ -61,7 +61,7 @@ class RAISE(AIS):
         if x_init is None:
             raise ConfigError(f"estimator.num_chains={s['num_chains']} exceeds the {init.shape[0]} rows of the "
                               f"{self.init_split} split that start the reverse chains")
-        reverse = rbm_log_z_reverse(model, base, x_init, betas, generator, show)
+        reverse = rbm_log_z_reverse(model, base, x_init, betas, generator, show, self.accel)
         log_p = free_energy_log_p(model, data, reverse.log_z, self.batch_size, progress)
         gap = reverse.log_z - forward.log_z
         extras = {**reverse.extras("log_z_raise"), **forward.extras("log_z_ais"),

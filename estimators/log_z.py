@@ -19,6 +19,7 @@ import torch
 
 from estimators.ais import LogZ, ais_settings, base_rate, rbm_log_z, schedule
 from estimators.base import chunks
+from nvil.accel import check_mode
 
 
 def fingerprint(module: torch.nn.Module) -> str:
@@ -59,8 +60,9 @@ def top_log_z(dbn, train: torch.Tensor, cfg, checkpoint=None, progress: bool = F
     device = dbn.top.W.device
     base = base_rate(dbn.top, propagate_up(dbn, train), settings["base_smoothing"])
     generator = torch.Generator(device=device).manual_seed(seed)
+    # accel changes only the float rounding, so it is not part of the cache key
     est = rbm_log_z(dbn.top, base, settings["num_chains"], schedule(settings["schedule"], settings["num_betas"]),
-                    generator, progress)
+                    generator, progress, check_mode(cfg.get("accel", "none"), device, "estimator.log_z.accel"))
     if path is not None:
         _write(path, entries + [{"key": key, "estimate": est.to_dict()}])
     return est, False

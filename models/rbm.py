@@ -51,6 +51,14 @@ def as_beta(beta, like: torch.Tensor) -> torch.Tensor:
     return beta.unsqueeze(-1) if beta.dim() == 1 else beta
 
 
+def temper(beta, t: torch.Tensor) -> torch.Tensor:
+    """beta * t (beta a scalar or one per chain, as in ``as_beta``). At the target, beta = 1 given as a Python
+    number, t itself: multiplying by 1 is exact, so this only skips a pass over t (SAP's sweeps are all at 1)."""
+    if isinstance(beta, (int, float)) and beta == 1:
+        return t
+    return as_beta(beta, t) * t
+
+
 class BoltzmannMachine(nn.Module):
     def __init__(self, n_visible: int, n_hidden: int, visible: str = "binary", lateral: bool = False,
                  n_labels: int = 0, visible_update: str = "sequential") -> None:
@@ -126,12 +134,15 @@ class BoltzmannMachine(nn.Module):
             e = e - 0.5 * ((v @ lat) * v).sum(-1)
         return e
 
-    def energy(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-        return self.visible_energy(x) - (self.hidden_input(x) * h).sum(-1)
+    def energy(self, x: torch.Tensor, h: torch.Tensor, hidden_input: torch.Tensor | None = None) -> torch.Tensor:
+        """E(x, h); ``hidden_input`` passes a(x) = c + v'W + y'U when the caller already has it (the sampler
+        that drew h from it), which saves the matmul."""
+        a = self.hidden_input(x) if hidden_input is None else hidden_input
+        return self.visible_energy(x) - (a * h).sum(-1)
 
-    def log_unnormalised(self, state: State) -> torch.Tensor:
-        """log p*(x, h) = -E(x, h)."""
-        return -self.energy(state.x, state.h)
+    def log_unnormalised(self, state: State, hidden_input: torch.Tensor | None = None) -> torch.Tensor:
+        """log p*(x, h) = -E(x, h) (``hidden_input``: a(x), as in ``energy``)."""
+        return -self.energy(state.x, state.h, hidden_input)
 
     def base_energy(self, x: torch.Tensor, base: BaseRate) -> torch.Tensor:
         """E_A(x) of a base-rate model."""
@@ -140,23 +151,35 @@ class BoltzmannMachine(nn.Module):
         return e - y @ base.d if y is not None else e
 
     def free_energy(self, x: torch.Tensor, beta=1.0, base: BaseRate | None = None,
-                    hidden_input: torch.Tensor | None = None) -> torch.Tensor:
+                    hidden_input: torch.Tensor | None = None, visible_energy: torch.Tensor | None = None,
+                    base_energy: torch.Tensor | None = None) -> torch.Tensor:
         """F_beta(x) = beta E_vis(x) - sum_j softplus(beta a_j(x)): exp(-F_beta) = sum_h exp(-beta E).
         With a base-rate model, (1 - beta) E_A(x) is added: the AIS path of Salakhutdinov & Murray 2008.
-        ``hidden_input`` passes a(x) when the caller already has it."""
+        ``hidden_input``, ``visible_energy`` and ``base_energy`` pass a(x), E_vis(x) and E_A(x) when the caller
+        already has them (AIS weighs each state at two betas)."""
         beta = as_beta(beta, x)
         beta_per_chain = beta.squeeze(-1) if beta.dim() else beta
         a = self.hidden_input(x) if hidden_input is None else hidden_input
-        f = beta_per_chain * self.visible_energy(x) - F.softplus(beta * a).sum(-1)
-        return f if base is None else f + (1 - beta_per_chain) * self.base_energy(x, base)
+        e_vis = self.visible_energy(x) if visible_energy is None else visible_energy
+        f = beta_per_chain * e_vis - F.softplus(beta * a).sum(-1)
+        if base is None:
+            return f
+        return f + (1 - beta_per_chain) * (self.base_energy(x, base) if base_energy is None else base_energy)
 
     # ---- conditionals at inverse temperature beta ---------------------------------------------------
-    def h_given_x(self, x: torch.Tensor, beta=1.0) -> torch.Tensor:
-        return torch.sigmoid(as_beta(beta, x) * self.hidden_input(x))
+    def h_given_x(self, x: torch.Tensor, beta=1.0, hidden_input: torch.Tensor | None = None) -> torch.Tensor:
+        """p_beta(h = 1 | x) = sigmoid(beta a(x)); ``hidden_input`` passes a(x) when the caller has it."""
+        return torch.sigmoid(temper(beta, self.hidden_input(x) if hidden_input is None else hidden_input))
 
-    def sample_h(self, x: torch.Tensor, beta=1.0, generator=None) -> torch.Tensor:
-        p = self.h_given_x(x, beta)
+    def sample_h(self, x: torch.Tensor, beta=1.0, generator=None, hidden_input: torch.Tensor | None = None) -> torch.Tensor:
+        p = self.h_given_x(x, beta, hidden_input)
         return (torch.rand(p.shape, generator=generator, device=p.device, dtype=p.dtype) < p).to(p.dtype)
+
+    @property
+    def fused_gibbs(self) -> bool:
+        """Whether the compiled block-Gibbs kernels (``nvil.mcmc.gibbs``) cover this model: binary pixels, no
+        labels, no lateral weights."""
+        return self.visible == "binary" and self.L is None and not self.n_labels
 
     def sample_x_given_h(self, h: torch.Tensor, beta=1.0, generator=None, x: torch.Tensor | None = None,
                          reverse: bool = False, base: BaseRate | None = None) -> torch.Tensor:
@@ -164,8 +187,8 @@ class BoltzmannMachine(nn.Module):
         For the semi-RBM the pixels are a pairwise MRF given h: one sequential Gibbs sweep over them
         (``visible_update=sequential``, starting from ``x``; in index order, or the opposite order with
         ``reverse``), or damped mean-field probabilities (``mean_field``, an approximation for CD only)."""
+        field = temper(beta, self.b + h @ self.W.T)  # tempered logits (binary) or precision-weighted mean
         beta = as_beta(beta, h)
-        field = beta * (self.b + h @ self.W.T)  # tempered logits (binary) or precision-weighted mean
         if base is not None:
             field = field + (1 - beta) * base.b
         if self.L is None:

@@ -21,6 +21,7 @@ from tqdm import tqdm
 
 from models import build_model
 from nvil import distributed
+from nvil.accel import accelerate_learner
 from nvil.checkpoint import load_checkpoint, load_module_state, save_checkpoint
 from nvil.config import positive_int, resolve_device
 from nvil.data import MinibatchStream, build_model_data, check_model_fits_data, take_rows
@@ -83,6 +84,7 @@ def fit(cfg, run_dir: Path) -> dict:
         inference.to(device)
         inference.set_input_mean(data.train_mean())
     learner = build_learner(cfg.learner, model, inference, device, distributed.rank_seed(cfg.seed, d))
+    accelerate_learner(learner, t.get("accel", "none"), device)
     if hasattr(learner, "bind_data"):  # per-example state (MCEM's persistent chains), sized before a resume
         learner.bind_data(data.split("train"))
     if d.enabled:

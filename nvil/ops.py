@@ -74,9 +74,9 @@ class RunningMoments(torch.nn.Module):
         else:
             batch_mean = x.mean()
             batch_var = x.var(unbiased=False) if x.numel() > 1 else torch.zeros_like(batch_mean)
-        # The first minibatch sets the statistics rather than being shrunk towards (0, 1); torch.where
-        # keeps this branch on the device, with no host sync per step.
-        a = torch.where(self.initialised, torch.tensor(self.alpha, device=x.device), torch.tensor(0.0, device=x.device))
+        # The first minibatch sets the statistics rather than being shrunk towards (0, 1): a = 0 until
+        # initialised, computed on the device (no host sync, no new tensor per step).
+        a = self.initialised.to(batch_mean.dtype) * self.alpha
         self.mean.mul_(a).add_((1 - a) * batch_mean)
         self.var.mul_(a).add_((1 - a) * batch_var)
         self.initialised.fill_(True)

@@ -59,7 +59,7 @@ def check_nvil(d: distributed.Dist) -> None:
     g = torch.Generator().manual_seed(7)
     batch = (torch.rand(20, 8, generator=g) < 0.4).float()  # the global minibatch
     x = batch[distributed.local_rows(20, d, "batch")]
-    metrics = learner.step(x)
+    metrics = learner.step(x, diagnostics=True)
     local = {k: metrics[f"nvil/layer{j}/signal_{s}"].double() for j in (1, 2) for s, k in
              (("mean", f"mean{j}"), ("var", f"var{j}"))}
     every = distributed.gather_objects(local)

@@ -68,3 +68,22 @@ def test_cuda_and_cpu_agree_on_exact_log_p(tmp_path):
     assert torch.allclose(cpu.log_p, gpu.log_p, atol=1e-4)
     model, _, _ = load_model(ckpt, torch.device("cuda"))
     assert next(model.parameters()).is_cuda
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+@pytest.mark.parametrize("learner", [
+    ["model.layers=[4,3]", "final_eval.enabled=true", "final_eval.estimator.num_samples=10"],
+    ["model=rbm", "model.n_hidden=6", "learner=sap", "learner.num_particles=20"]])
+def test_torchrun_nccl_on_two_gpus(tmp_path, learner):
+    """Data parallelism over 2 GPUs (nccl for the CUDA tensors): rank 0's checkpoint holds both ranks' state, and
+    the sharded final evaluation reports the whole test set."""
+    from test_distributed import json_lines, ok, torchrun
+
+    from nvil.checkpoint import load_checkpoint
+
+    proc = ok(torchrun("train.py", *CUDA, *learner, "trainer.batch_size=20", "trainer.max_steps=40",
+                       f"hydra.run.dir={tmp_path}"))
+    ckpt = load_checkpoint(tmp_path / "checkpoints" / "last.pt")
+    assert ckpt["world_size"] == 2 and ckpt["step"] == 40
+    if "final_eval.enabled=true" in learner:
+        assert json_lines(proc.stdout)[-1]["num_processes"] == 2

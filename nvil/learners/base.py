@@ -44,18 +44,19 @@ class DataParallel:
 
 class SurrogateLearner(DataParallel, nn.Module):
     """Subclasses set ``optimizer`` and ``generator`` and define ``surrogate(x) -> (loss, metrics)``,
-    whose gradient is minus the update direction; extra resumable state goes in ``extra_state``."""
+    whose gradient is minus the update direction; extra resumable state goes in ``extra_state``.
+    ``surrogate(x, diagnostics=False)`` may leave out the metrics only a logging step reads."""
 
     optimizer: torch.optim.Optimizer
     generator: torch.Generator
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, dict]:
-        return self.surrogate(x)
+    def forward(self, x: torch.Tensor, diagnostics: bool = True) -> tuple[torch.Tensor, dict]:
+        return self.surrogate(x, diagnostics=diagnostics)
 
     def step(self, x: torch.Tensor, diagnostics: bool = False) -> dict[str, torch.Tensor]:
         """One update on the minibatch ``x``; metrics stay on the device (no host sync)."""
         self.optimizer.zero_grad(set_to_none=True)
-        loss, metrics = self.loss_module()(x)
+        loss, metrics = self.loss_module()(x, diagnostics)
         loss.backward()
         if diagnostics:
             metrics.update(grad_norms(self.optimizer))

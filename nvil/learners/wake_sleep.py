@@ -33,7 +33,7 @@ class WakeSleep(SurrogateLearner):
         self.generator = torch.Generator(device=device).manual_seed(seed)
         self.sleep_batch = cfg.get("sleep_batch_size")
 
-    def surrogate(self, x: torch.Tensor) -> tuple[torch.Tensor, dict]:
+    def surrogate(self, x: torch.Tensor, diagnostics: bool = True) -> tuple[torch.Tensor, dict]:
         # Wake phase: recognise the data, fit the model to (x, h).
         with torch.no_grad():
             hs, log_q = self.inference.sample(x, generator=self.generator)

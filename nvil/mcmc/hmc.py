@@ -17,6 +17,8 @@ from typing import Callable, NamedTuple
 
 import torch
 
+from nvil.accel import accelerate
+
 LogDensity = Callable[[torch.Tensor], torch.Tensor]  # [chains, dim] -> [chains]
 
 
@@ -84,10 +86,12 @@ class HMC:
     """
 
     def __init__(self, log_density: LogDensity, num_leapfrog: int = 5, inv_mass: torch.Tensor | None = None,
-                 divergence_threshold: float = 1000.0) -> None:
+                 divergence_threshold: float = 1000.0, accel: str = "none") -> None:
         if num_leapfrog < 1:
             raise ValueError(f"num_leapfrog must be >= 1, got {num_leapfrog}")
-        self.log_density = log_density
+        # accel (nvil.accel) compiles the log density, forward and backward (the gradient is still taken by
+        # autograd, through the compiled graph); the transition itself, and its random draws, stay eager.
+        self.log_density = accelerate(log_density, accel)
         self.num_leapfrog = num_leapfrog
         self.inv_mass = inv_mass
         self.divergence_threshold = divergence_threshold
