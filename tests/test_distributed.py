@@ -36,11 +36,11 @@ RBM = [*BASE, "model=rbm", "model.n_hidden=6", "learner=exact_ml", "learner.lr=0
        "trainer.max_steps=40", "trainer.val_every=20", "trainer.ckpt_every=20"]
 
 
-def torchrun(script: str, *args: str, nproc: int = 2) -> subprocess.CompletedProcess:
+def torchrun(script: str, *args: str, nproc: int = 2, cwd=ROOT) -> subprocess.CompletedProcess:
     env = dict(os.environ, HYDRA_FULL_ERROR="0", OMP_NUM_THREADS="1")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
            str(ROOT / script), *args]
-    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
 
 
 def single(script: str, *args: str) -> subprocess.CompletedProcess:
@@ -120,6 +120,21 @@ def test_sharded_importance_sampled_bound_equals_the_unsharded_one(tmp_path):
     two = json_lines(ok(torchrun("evaluate.py", *args)).stdout)[0]
     assert two["num_processes"] == 2 and two["num_examples"] == one["num_examples"] == 500
     assert two["mean_log_p"] == one["mean_log_p"] and two["stderr"] == one["stderr"]
+
+
+def test_ranks_share_one_default_run_directory(tmp_path):
+    """Without hydra.run.dir each rank would stamp its own time into outputs/<date>/<time>: rank 0's is used."""
+    ok(torchrun("train.py", *SYNTHETIC, *QUIET, "trainer.max_steps=10", cwd=tmp_path))
+    runs = [p for p in (tmp_path / "outputs").glob("*/*") if p.is_dir()]
+    assert len(runs) == 1 and (runs[0] / "checkpoints" / "last.pt").exists()
+    assert (runs[0] / ".hydra").is_dir()  # written by rank 0 alone
+
+
+def test_manual_shards_under_torchrun_are_refused(exact_ml_runs):
+    root, _ = exact_ml_runs
+    proc = torchrun("evaluate.py", f"checkpoint={root / 'one' / 'checkpoints' / 'last.pt'}", "estimator=exact",
+                    "eval.shard=0", "eval.num_shards=2", "eval.device=cpu")
+    assert_one_line_error(proc, "eval.shard / eval.num_shards", "leave them unset")
 
 
 def test_resuming_with_another_number_of_processes_is_refused(exact_ml_runs):
