@@ -20,7 +20,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from common import ROOT, markdown_table  # noqa: F401,I001
+from common import ROOT, markdown_table, sync  # noqa: F401,I001
 
 import torch
 
@@ -28,11 +28,6 @@ from estimators.ais import base_rate, rbm_log_z, schedule
 from nvil.accel import MODES
 from models.rbm import BoltzmannMachine
 from nvil.evaluation import load_model
-
-
-def sync(device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
 
 
 def matmul_gflops(device, m: int, k: int, n: int, min_seconds: float = 0.5) -> float:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import platform
 import sys
 import time
 from pathlib import Path
@@ -23,6 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+import torch  # noqa: E402
 from hydra import compose, initialize_config_dir  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
@@ -161,6 +163,23 @@ def measured_cells(result: dict | None, paper: float | None, missing: str = NOT_
     gap = f"{-result['elbo'].mean - paper:+.2f}" if paper is not None else "—"
     return [fmt_bound(result["elbo"]), fmt_bound(result["iwae"]), str(m["step"]), rate,
             f"{result['seconds']:.0f}", gap]
+
+
+def sync(device) -> None:
+    """Wait for the device's queued work (CUDA), so that wall-clock timings cover it."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def cpu_name() -> str:
+    """The processor's model name (from /proc/cpuinfo where there is one)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def markdown_table(head: list[str], rows: list[list[str]]) -> str:

@@ -81,7 +81,7 @@ import platform  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
 
-from common import CONFIG_DIR, ROOT, markdown_table  # noqa: E402,F401,I001
+from common import CONFIG_DIR, ROOT, cpu_name, markdown_table, sync  # noqa: E402,F401,I001
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -181,11 +181,6 @@ def start_points(model, chains: int, form: str, seed: int, dtype) -> torch.Tenso
 
 # ---- the two samplers -----------------------------------------------------------------------------------
 
-def sync(device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def make_ours(model, x, form: str, L: int, accel: str) -> HMC:
     """Our kernel on p(x_c, s) for every chain c at once; ``accel`` (nvil.accel) other than none compiles the log
     density (the transition stays eager)."""
@@ -241,16 +236,6 @@ def make_blackjax(log_joint, step_size: float, L: int, iterations: int, dim: int
 
 def mean_se(v: np.ndarray) -> tuple[float, float]:
     return float(v.mean()), float(v.std(ddof=1) / np.sqrt(len(v))) if len(v) > 1 else float("nan")
-
-
-def cpu_name() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def main() -> None:

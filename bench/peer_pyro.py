@@ -54,8 +54,8 @@ import argparse
 import copy
 import time
 
-from common import markdown_table  # noqa: I001  (puts the repository root on sys.path)
-from peers import (PyroSBN, accelerate_ours, compose_train, limit_threads, machine_line, pyro_param_groups, sync,
+from common import markdown_table, sync  # noqa: I001  (puts the repository root on sys.path)
+from peers import (PyroSBN, accelerate_ours, compose_train, limit_threads, machine_line, pyro_param_groups,
                    warm_up)
 
 import torch
@@ -87,11 +87,12 @@ def build(args, device: torch.device):
     return cfg, data, model, inference, learner, pyro_side
 
 
-def train_ours(learner, stream: MinibatchStream, updates: int, device) -> float:
+def timed_updates(update, stream: MinibatchStream, updates: int, device) -> float:
+    """Seconds for ``update(x)`` on the stream's first ``updates`` minibatches (the device's work included)."""
     sync(device)
     t0 = time.perf_counter()
     for t in range(updates):
-        learner.step(stream.batch(t))
+        update(stream.batch(t))
     sync(device)
     return time.perf_counter() - t0
 
@@ -106,12 +107,7 @@ def train_pyro(pyro_sbn: PyroSBN, cfg, stream: MinibatchStream, updates: int, se
     lc = cfg.learner
     optim = pyro_param_groups(float(lc.lr), float(lc.inference_lr_scale), float(lc.baseline_lr_scale))
     svi = SVI(pyro_sbn.model, pyro_sbn.guide, optim, loss=TraceGraph_ELBO())
-    sync(device)
-    t0 = time.perf_counter()
-    for t in range(updates):
-        svi.step(stream.batch(t))
-    sync(device)
-    return time.perf_counter() - t0
+    return timed_updates(svi.step, stream, updates, device)
 
 
 def score(model, inference, valid: torch.Tensor, args, device, iwae: bool = True) -> dict[str, torch.Tensor]:
@@ -164,7 +160,7 @@ def main() -> None:
     stream = MinibatchStream(data, args.batch_size, cfg.seed)
     warm_up(learner, [model, inference], [stream.batch(t) for t in range(args.warmup)], device)
 
-    ours_s = train_ours(learner, stream, args.updates, device)
+    ours_s = timed_updates(learner.step, stream, args.updates, device)
     ours = score(model, inference, valid, args, device)
     print(f"ours: {args.updates} updates in {ours_s:.1f} s", flush=True)
     label = "ours: NVIL (learner=nvil" + ("" if args.accel == "none" else f", accel={args.accel}") + ")"

@@ -48,8 +48,8 @@ from __future__ import annotations
 import argparse
 import time
 
-from common import markdown_table  # noqa: I001  (puts the repository root on sys.path)
-from peers import accelerate_ours, compose_train, limit_threads, machine_line, sklearn_to_rbm, sync, warm_up
+from common import markdown_table, sync  # noqa: I001  (puts the repository root on sys.path)
+from peers import accelerate_ours, compose_train, limit_threads, machine_line, sklearn_to_rbm, warm_up
 
 import numpy as np
 import torch

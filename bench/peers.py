@@ -9,7 +9,7 @@
 - ``sklearn_to_rbm``: load a fitted scikit-learn ``BernoulliRBM``
   (``components_`` [hidden, visible], ``intercept_hidden_``, ``intercept_visible_``) into our
   ``models.rbm.BoltzmannMachine`` (``W`` [visible, hidden], hidden bias ``c``, visible bias ``b``).
-- ``limit_threads``, ``machine_line``, ``sync``: the same thread count for torch and for numpy's BLAS, and the
+- ``limit_threads``, ``machine_line``: the same thread count for torch and for numpy's BLAS, and the
   header line every peer table prints; ``accelerate_ours`` and ``warm_up``: our side's ``nvil.accel`` mode and
   untimed warm-up steps whose effects are undone before the timed run.
 
@@ -20,7 +20,6 @@ need them, so ``tests/test_peers.py`` can skip cleanly without them.
 from __future__ import annotations
 
 import os
-import platform
 import sys
 from pathlib import Path
 
@@ -31,6 +30,7 @@ ROOT = BENCH.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from common import cpu_name, sync  # noqa: E402  (bench/common.py, beside this file)
 from models.rbm import BoltzmannMachine  # noqa: E402
 
 CONFIG_DIR = ROOT / "configs"
@@ -57,16 +57,6 @@ def limit_threads(threads: int | None):
     return threadpool_limits(limits=n)
 
 
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def machine_line(device: torch.device, extra: str = "") -> str:
     """``<device name>, <threads> threads (<cores> cores), torch <version>[, extra]``."""
     if device.type == "cuda":
@@ -76,11 +66,6 @@ def machine_line(device: torch.device, extra: str = "") -> str:
     line = (f"{where}, {torch.get_num_threads()} torch threads of {available_cores()} cores, "
             f"torch {torch.__version__}")
     return f"{line}, {extra}" if extra else line
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def compose_train(overrides: list[str]):

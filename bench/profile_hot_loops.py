@@ -25,7 +25,7 @@ import argparse
 import statistics
 import time
 
-from common import ROOT, markdown_table  # noqa: F401,I001
+from common import ROOT, markdown_table, sync  # noqa: F401,I001
 
 import torch
 from omegaconf import OmegaConf
@@ -41,11 +41,6 @@ from nvil.mcmc import BlockGibbs, TemperedTransitions
 from nvil.mcmc.hmc import HMC
 
 LOOPS = ("nvil", "gibbs", "tt", "hmc", "ais")
-
-
-def sync(device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
 
 
 def binary_data(n: int, dim: int, device, seed: int = 0) -> torch.Tensor:

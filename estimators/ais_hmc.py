@@ -72,8 +72,7 @@ class PriorPosteriorPath:
                  accel: str = "none"):
         self.lm, self.x = lm, x
         self.num_leapfrog, self.target_accept, self.adapt = num_leapfrog, target_accept, adapt
-        self.accel = check_mode(accel, x.device, "estimator.accel")
-        # Compiled once per path, with beta a tensor argument so that a new beta is not a new graph.
+        # Compiled (with accel) once per path, beta a tensor argument so that a new beta is not a new graph.
         self._tempered = accelerate(self._tempered_log_density, accel, x.device, "estimator.accel")
 
     def _tempered_log_density(self, s: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
@@ -87,11 +86,8 @@ class PriorPosteriorPath:
         return state.log_prior + beta * state.log_lik
 
     def transition(self, state: PathState, beta: float, generator=None) -> PathState:
-        if self.accel == "none":
-            hmc = HMC(lambda s: self.lm.log_prior(s) + beta * self.lm.log_likelihood(self.x, s), self.num_leapfrog)
-        else:
-            beta_t = torch.tensor(beta, dtype=state.position.dtype, device=state.position.device)
-            hmc = HMC(lambda s: self._tempered(s, beta_t), self.num_leapfrog)
+        beta_t = torch.tensor(beta, dtype=state.position.dtype, device=state.position.device)
+        hmc = HMC(lambda s: self._tempered(s, beta_t), self.num_leapfrog)
         new, info = hmc.step(hmc.init(state.position), state.step_size, generator)
         step = multiplicative_adapt(state.step_size, info.accept_prob, self.target_accept) if self.adapt else state.step_size
         return self.state(new.position, step, state.accept_sum + info.accept_prob)

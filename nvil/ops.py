@@ -7,6 +7,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from nvil.distributed import global_mean_var
+
 
 def bernoulli_log_prob(logits: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
     """log Bernoulli(value; sigmoid(logits)), summed over the last dimension.
@@ -68,8 +70,6 @@ class RunningMoments(torch.nn.Module):
         """Under data parallelism (several ranks) the statistics are those of every rank's ``x`` together,
         so c and v stay the same on every rank and equal those of one process with the whole batch."""
         if torch.distributed.is_available() and torch.distributed.is_initialized():
-            from nvil.distributed import global_mean_var
-
             batch_mean, batch_var = global_mean_var(x)
         else:
             batch_mean = x.mean()

@@ -31,6 +31,10 @@ class DataParallel:
         # Kept out of nn.Module's registry: the wrapper must not appear in state_dict or parameters().
         self.__dict__["_ddp"] = distributed.wrap(self, device)
 
+    @property
+    def data_parallel(self) -> bool:
+        return "_ddp" in self.__dict__
+
     def loss_module(self) -> nn.Module:
         """The module whose call computes the loss: the DDP wrapper under torchrun, else the learner itself."""
         return self.__dict__.get("_ddp", self)

@@ -85,7 +85,7 @@ class MCEM(DataParallel, nn.Module):
         if self.chains is None or indices is None:
             raise RuntimeError("MCEM needs bind_data(train) and the minibatch's row indices")
         s, metrics = self.e_step(x, indices, diagnostics)
-        if "_ddp" in self.__dict__:
+        if self.data_parallel:
             self.share_rows(indices)
         metrics.update(self.m_step(x, s, diagnostics))
         metrics["train/grad_evals"] = torch.tensor(float(self.grad_evals))

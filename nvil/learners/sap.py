@@ -139,10 +139,8 @@ class SAP(DataParallel, nn.Module):
 
     def load_rank_state(self, state: dict) -> None:
         super().load_rank_state(state)
-        if state.get("particles_x") is not None:
-            device = self.particles.x.device if self.particles is not None else state["particles_x"].device
-            self.particles = State(state["particles_x"].to(device),
-                                   None if state["particles_h"] is None else state["particles_h"].to(device))
+        if state.get("particles_x") is not None:  # as load_learner_state: the checkpoint is mapped to the device
+            self.particles = State(state["particles_x"], state["particles_h"])
 
     # ---- one update ----------------------------------------------------------------------------------
     def forward(self, x: torch.Tensor, neg: torch.Tensor | None) -> torch.Tensor:
