@@ -5,8 +5,9 @@ The path tempers the likelihood, f_beta(s) = p(s) p(x | s)^beta, from the normal
 the unnormalised posterior p(s) p(x | s) (beta = 1, Z_1 = p(x)); the generic loop of ``estimators.ais`` takes
 each weight increment (beta_k - beta_{k-1}) log p(x | s) before the move. Each move is one HMC transition at
 beta_k, with a per-chain step size adapted after every move towards an acceptance of 0.65 (Wu et al. 2017,
-Sec. 5). The adaptation uses only the chain's past, so every transition still leaves its own f_beta invariant
-and exp(log w) stays unbiased for p(x): log p(x) is under-estimated in expectation.
+Sec. 5), kept within [1e-4, ``max_step_size``]. The adaptation uses only the chain's past, so every transition
+still leaves its own f_beta invariant and exp(log w) stays unbiased for p(x): log p(x) is under-estimated in
+expectation.
 
 The sampler runs in the auxiliary form by default (the state is eps, the prior is N(0, I)); ``form=centred``
 runs on z. Both estimate the same p(x).
@@ -28,6 +29,9 @@ from nvil.mcmc.adapt import multiplicative_adapt
 from nvil.mcmc.hmc import HMC
 
 CONTINUOUS_HINT = "model=gbn or dbn_dynamic"
+# Upper clamp of the adapted step size: large enough not to bind (in auxiliary form the posterior's scale is at
+# most the prior's, 1), only a guard against runaway growth where a direction is flat.
+MAX_STEP_SIZE = 10.0
 
 
 class ContinuousLatent:
@@ -69,9 +73,10 @@ class PriorPosteriorPath:
     """f_beta(s) = p(s) p(x | s)^beta for each chain's own x; HMC moves with per-chain step sizes."""
 
     def __init__(self, lm: ContinuousLatent, x: torch.Tensor, num_leapfrog: int, target_accept: float, adapt: bool,
-                 accel: str = "none"):
+                 accel: str = "none", max_step_size: float | None = MAX_STEP_SIZE):
         self.lm, self.x = lm, x
         self.num_leapfrog, self.target_accept, self.adapt = num_leapfrog, target_accept, adapt
+        self.max_step_size = max_step_size
         # Compiled (with accel) once per path, beta a tensor argument so that a new beta is not a new graph.
         self._tempered = accelerate(self._tempered_log_density, accel, x.device, "estimator.accel")
 
@@ -89,15 +94,16 @@ class PriorPosteriorPath:
         beta_t = torch.tensor(beta, dtype=state.position.dtype, device=state.position.device)
         hmc = HMC(lambda s: self._tempered(s, beta_t), self.num_leapfrog)
         new, info = hmc.step(hmc.init(state.position), state.step_size, generator)
-        step = multiplicative_adapt(state.step_size, info.accept_prob, self.target_accept) if self.adapt else state.step_size
+        step = (multiplicative_adapt(state.step_size, info.accept_prob, self.target_accept, max_step=self.max_step_size)
+                if self.adapt else state.step_size)
         return self.state(new.position, step, state.accept_sum + info.accept_prob)
 
 
 def ais_hmc_log_w(lm: ContinuousLatent, x: torch.Tensor, betas: torch.Tensor, *, num_leapfrog: int = 10,
                   step_size: float = 0.05, target_accept: float = 0.65, adapt: bool = True, generator=None,
-                  accel: str = "none"):
+                  accel: str = "none", max_step_size: float | None = MAX_STEP_SIZE):
     """One AIS run per row of x: (log w [rows] float64, final PathState)."""
-    path = PriorPosteriorPath(lm, x, num_leapfrog, target_accept, adapt, accel)
+    path = PriorPosteriorPath(lm, x, num_leapfrog, target_accept, adapt, accel, max_step_size)
     n = x.shape[0]
     start = path.state(lm.sample_prior(n, generator, x.device), torch.full((n,), float(step_size), device=x.device),
                        torch.zeros(n, device=x.device))
@@ -108,6 +114,7 @@ class AISHMC(PerExample):
     """``estimator=ais_hmc``: ``num_runs`` AIS chains per example, their weights averaged (log-mean-exp)."""
 
     name = "ais_hmc"
+    importance_runs = True  # each run's exp(log w) is an importance weight: per-example ESS over runs
 
     def __init__(self, cfg) -> None:
         super().__init__(cfg)
@@ -118,6 +125,8 @@ class AISHMC(PerExample):
         self.step_size = positive_float(cfg.get("step_size", 0.05), "estimator.step_size")
         self.target_accept = positive_float(cfg.get("target_accept", 0.65), "estimator.target_accept")
         self.adapt = bool(cfg.get("adapt", True))
+        max_step = cfg.get("max_step_size", MAX_STEP_SIZE)
+        self.max_step_size = None if max_step is None else positive_float(max_step, "estimator.max_step_size")
         self.form = cfg.get("form", "auxiliary")
         self.accel = check_mode(cfg.get("accel", "none"), what="estimator.accel")
         self.accept: list[torch.Tensor] = []
@@ -129,14 +138,14 @@ class AISHMC(PerExample):
     def run_batch(self, lm: ContinuousLatent, x: torch.Tensor, generator) -> torch.Tensor:
         log_w, final = ais_hmc_log_w(lm, x, self.betas, num_leapfrog=self.num_leapfrog, step_size=self.step_size,
                                      target_accept=self.target_accept, adapt=self.adapt, generator=generator,
-                                     accel=self.accel)
+                                     accel=self.accel, max_step_size=self.max_step_size)
         self.accept.append((final.accept_sum / max(1, len(self.betas) - 2)).cpu())
         self.final_steps.append(final.step_size.cpu())
         return log_w
 
     def settings(self) -> dict:
         out = {"num_betas": self.num_betas, "schedule": self.schedule, "num_leapfrog": self.num_leapfrog,
-               "form": self.form, "adapt": self.adapt}
+               "form": self.form, "adapt": self.adapt, "max_step_size": self.max_step_size}
         if self.accept:
             accept, steps = torch.cat(self.accept), torch.cat(self.final_steps)
             q = torch.quantile(steps.double(), torch.tensor([0.1, 0.5, 0.9], dtype=torch.float64)).tolist()

@@ -24,7 +24,7 @@ from estimators.ais_hmc import ContinuousLatent
 from estimators.posterior import LatentModel, PerExample
 from nvil.config import positive_float, positive_int
 from nvil.errors import ConfigError
-from nvil.mcmc.mh import PROPOSALS, MetropolisHastings
+from nvil.mcmc.mh import PROPOSALS, MetropolisHastings, adapt_step_size
 from nvil.mcmc.sequential_gibbs import SequentialGibbs
 from nvil.ops import log_mean_exp
 
@@ -88,12 +88,54 @@ def climb_to_mode(log_f, h: torch.Tensor, steps: int, lr: float) -> torch.Tensor
     return h.detach()
 
 
+# Default acceptance targets for the step-size warm-up. Not the mixing optima (0.574 for MALA, Roberts & Rosenthal
+# 1998; 0.234 for the random walk, Roberts, Gelman & Gilks 1997): a run whose first move away from h* is rejected
+# estimates p(x) = 0 and the others are inflated by 1 / a(h*), so a run's relative variance is at least
+# (1 - a) / a, and with R runs an example is -inf with probability about (1 - a)^R. Measured on linear-Gaussian
+# nets (posterior SDs 0.5-1, S = 40, 10 runs): at 0.57 / 0.234, 52-57% / 86-93% of runs were 0 and up to 13 of 40
+# examples had every run 0; Langevin at 0.8 gave 10-19% zero runs and the smallest relative variance of the
+# run estimates (0.33-0.40, against 1.1-1.5 at 0.57); the random walk did best at 0.5 (above it, mixing suffers).
+CHIB_TARGET_ACCEPT = {"langevin": 0.8, "random_walk": 0.5}
+
+
+class _CountingMH:
+    """The Fig. 1 interface of a ``MetropolisHastings`` kernel (``step``, ``log_transition``, ``log_prob``) that
+    also sums each chain's acceptance probabilities over the transitions it makes, for the report."""
+
+    def __init__(self, mh: MetropolisHastings) -> None:
+        self.mh, self.accept_sum, self.steps = mh, None, 0
+        self.log_transition, self.log_prob = mh.log_transition, mh.log_prob
+
+    def step(self, h: torch.Tensor, reverse=False, generator=None) -> torch.Tensor:
+        h, accept = self.mh.step_with_info(h, generator)
+        accept = torch.nan_to_num(accept, nan=0.0)
+        self.accept_sum = accept if self.accept_sum is None else self.accept_sum + accept
+        self.steps += 1
+        return h
+
+
 class ChibMH(PerExample):
     """``estimator=chib_mh``: the Fig. 1 construction for continuous latents (Murray & Salakhutdinov 2009,
     appendix) with Metropolis-Hastings transitions: ``proposal=langevin`` (HMC with one leapfrog step) or
-    ``random_walk``, fixed per-chain step size ``step_size``. h* is a prior sample hill-climbed to a local mode
-    of log p(x, s) (``hill_climb_steps`` Adam steps at ``hill_climb_lr``). A run whose chain rejects its way back
-    to h* estimates p(x) = 0; ``zero_runs`` in the JSON counts them."""
+    ``random_walk``. h* is a prior sample hill-climbed to a local mode of log p(x, s) (``hill_climb_steps`` Adam
+    steps at ``hill_climb_lr``).
+
+    Step size. With ``adapt=true`` (default) each chain (example x run) first runs ``adapt_steps`` MH
+    transitions of its own from h*, a warm-up whose states are discarded, in which dual averaging (Hoffman &
+    Gelman 2014, Alg. 5) moves its step size from ``step_size`` towards an acceptance rate of ``target_accept``
+    (default 0.8 for Langevin, 0.5 for the random walk: higher than the mixing optima because a rejection at h*
+    zeroes the run; see ``CHIB_TARGET_ACCEPT``).
+    The averaged step size is then FIXED for the S transitions of Fig. 1, so every transition there is one
+    fixed MH kernel, reversible with respect to p(s | x). Fig. 1 is unbiased for p(x) for any h* and any such
+    kernel chosen before its own random numbers are drawn (their Eq. 15 holds conditionally on (h*, eps)), so
+    exp(estimate) stays unbiased for p(x). Adaptation matters for the variance, hence for the bias of the log:
+    a step much smaller than the posterior's scale makes T(h* <- h^(s)) vanish except for rare h^(s) near h*
+    (log p(x) far too low), a much larger one rejects the step away from h* (the run estimates 0). With
+    ``adapt=false`` ``step_size`` is used as given.
+
+    A run whose reverse step from h* is rejected (h^(s) = h*) meets T's point mass and estimates p(x) = 0
+    (unbiased, the appendix's caveat). ``zero_runs`` counts such runs, ``zero_run_examples`` the examples all
+    of whose runs are 0 (their log p(x) is -inf); ``zero_example_mask`` keeps, per batch, which examples."""
 
     name = "chib_mh"
 
@@ -104,21 +146,56 @@ class ChibMH(PerExample):
         self.proposal = cfg.get("proposal", "langevin")
         if self.proposal not in PROPOSALS:
             raise ConfigError(f"estimator.proposal must be one of {list(PROPOSALS)}, got {self.proposal!r}")
+        self.adapt = bool(cfg.get("adapt", True))
+        self.adapt_steps = positive_int(cfg.get("adapt_steps", 100), "estimator.adapt_steps")
+        target = cfg.get("target_accept")
+        self.target_accept = (CHIB_TARGET_ACCEPT[self.proposal] if target is None
+                              else positive_float(target, "estimator.target_accept"))
+        if not self.target_accept < 1:
+            raise ConfigError(f"estimator.target_accept must be in (0, 1), got {self.target_accept}")
         self.climb_steps = positive_int(cfg.get("hill_climb_steps", 200), "estimator.hill_climb_steps")
         self.climb_lr = positive_float(cfg.get("hill_climb_lr", 0.05), "estimator.hill_climb_lr")
         self.form = cfg.get("form", "auxiliary")
         self.zero_runs = 0
+        self.zero_example_mask: list[torch.Tensor] = []  # per batch: [examples] bool, every run estimated 0
+        self.step_sizes: list[torch.Tensor] = []  # per batch: [chains], the fixed step of the Fig. 1 run
+        self.accept: list[torch.Tensor] = []  # per batch: [chains], mean acceptance probability in Fig. 1
+        self.adapt_accept: list[torch.Tensor] = []  # per batch: [chains], mean acceptance in the warm-up
 
     def latent_model(self, model, inference):
         return ContinuousLatent(model, self.name, self.form)
 
+    @property
+    def zero_run_examples(self) -> int:
+        return int(sum(int(m.sum()) for m in self.zero_example_mask))
+
     def settings(self) -> dict:
-        return {"num_steps": self.num_steps, "proposal": self.proposal, "step_size": self.step_size, "form": self.form,
-                "zero_runs": self.zero_runs}
+        out = {"num_steps": self.num_steps, "proposal": self.proposal, "step_size": self.step_size, "form": self.form,
+               "adapt": self.adapt, "zero_runs": self.zero_runs, "zero_run_examples": self.zero_run_examples}
+        if self.adapt:
+            out.update({"adapt_steps": self.adapt_steps, "target_accept": self.target_accept})
+        if self.step_sizes:
+            steps = torch.cat(self.step_sizes).double()
+            q = torch.quantile(steps, torch.tensor([0.1, 0.5, 0.9], dtype=torch.float64)).tolist()
+            out.update({"accept_rate": round(torch.cat(self.accept).double().mean().item(), 4),
+                        "step_size_q10_q50_q90": [round(v, 5) for v in q]})
+            if self.adapt:
+                out["adapt_accept_rate"] = round(torch.cat(self.adapt_accept).double().mean().item(), 4)
+        return out
 
     def run_batch(self, lm, x: torch.Tensor, generator) -> torch.Tensor:
         log_f = lambda s: lm.log_joint(x, s)  # noqa: E731
         h_star = climb_to_mode(log_f, lm.sample_prior(x.shape[0], generator, x.device), self.climb_steps, self.climb_lr)
-        log_p = chib_log_p(MetropolisHastings(log_f, self.step_size, self.proposal), h_star, self.num_steps, generator)
-        self.zero_runs += int(torch.isneginf(log_p).sum())
+        step = torch.full((x.shape[0],), self.step_size, dtype=h_star.dtype, device=h_star.device)
+        if self.adapt:  # a separate warm-up run from h*; its states are discarded, only the step sizes are kept
+            step, warm_accept = adapt_step_size(log_f, h_star, step, self.target_accept, self.proposal,
+                                                self.adapt_steps, generator)
+            self.adapt_accept.append(warm_accept.cpu())
+        op = _CountingMH(MetropolisHastings(log_f, step, self.proposal))  # a fixed kernel from here on
+        log_p = chib_log_p(op, h_star, self.num_steps, generator)
+        zero = torch.isneginf(log_p)
+        self.zero_runs += int(zero.sum())
+        self.zero_example_mask.append(zero.view(-1, self.num_runs).all(1).cpu())
+        self.step_sizes.append(step.cpu())
+        self.accept.append((op.accept_sum / max(1, op.steps)).cpu())
         return log_p

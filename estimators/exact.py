@@ -2,6 +2,11 @@
 
 log p(v) = logsumexp_h log p(v, h) over all 2^L states h, computed in chunks of states and accumulated
 in log space; the states broadcast against the examples, so nothing loops over examples or states.
+
+For a DBN the enumerated sum is over h_1..h_{L-1} of the unnormalised P*(v, h_1..h_{L-1}) (Murray &
+Salakhutdinov 2009, Eq. 16, top layer summed out analytically), so log P(v) = log sum_h P*(v, h) - log Z with
+Z the top RBM's partition function, itself enumerated over its smaller side (``top_log_z_exact``).
+Models with continuous latent variables have nothing to enumerate and are refused.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ import time
 import torch
 
 from estimators.base import Result, chunks
+from models.dbn import DBN
 from nvil.data import take_rows
 from nvil.errors import ConfigError
 from nvil.ops import StreamingLogMeanExp
@@ -30,6 +36,9 @@ def split_layers(h: torch.Tensor, layers: list[int]) -> list[torch.Tensor]:
 
 
 def check_enumerable(model, max_latent: int = MAX_LATENT) -> None:
+    if getattr(model, "is_continuous_latent", False):
+        raise ConfigError(f"estimator=exact enumerates binary latent states; this {type(model).__name__} has "
+                          "continuous latents: use estimator=ais_hmc, chib_mh or iwae")
     if model.n_latent > max_latent:
         raise ConfigError(
             f"estimator=exact enumerates 2^L latent states and is limited to L <= {max_latent}; "
@@ -60,8 +69,31 @@ def exact_log_marginal(model, data: torch.Tensor, *, batch_size: int = 1000, max
     return torch.cat(out)
 
 
+def check_top_enumerable(top, max_units: int = MAX_LATENT) -> None:
+    """Refuse (one line) a DBN whose top RBM has neither side small enough to enumerate for its log Z."""
+    if min(top.n_pixels, top.n_hidden) > max_units:
+        raise ConfigError(f"estimator=exact needs the DBN's top-RBM log Z, which enumerates the smaller of its "
+                          f"{top.n_pixels} visible and {top.n_hidden} hidden units; the limit is {max_units} (use "
+                          "estimator=ais_posterior or chib with an AIS log Z)")
+
+
+@torch.no_grad()
+def top_log_z_exact(top, max_units: int = MAX_LATENT, chunk_elements: int = 2**24) -> torch.Tensor:
+    """log Z of a DBN's top RBM (binary, no labels, no lateral weights), enumerating its smaller side:
+    the hidden units with the visibles summed out (``BoltzmannMachine.log_z_exact``), or the visible units
+    (= h_{L-1}) with the hiddens summed out, log Z = logsumexp_v -F_top(v)."""
+    check_top_enumerable(top, max_units)
+    if top.n_hidden <= top.n_pixels or top.L is not None or top.n_labels:
+        return top.log_z_exact(max_units)
+    n, dev, dt = top.n_pixels, top.W.device, top.W.dtype
+    terms = [torch.logsumexp(-top.free_energy(enumerate_states(n, s0, s1, device=dev, dtype=dt)), 0)
+             for s0, s1 in chunks(2**n, max(1, chunk_elements // max(n, top.n_hidden)))]
+    return torch.logsumexp(torch.stack(terms), 0)
+
+
 class Exact:
-    """``estimator=exact``: enumeration, for models with at most 20 latent units."""
+    """``estimator=exact``: enumeration, for models with at most 20 binary latent units. A DBN's estimate
+    subtracts its top RBM's exact log Z (reported as ``log_z``)."""
 
     name = "exact"
 
@@ -73,6 +105,8 @@ class Exact:
             model.check_exact(int(self.cfg.max_latent))
         else:
             check_enumerable(model, int(self.cfg.max_latent))
+            if isinstance(model, DBN):
+                check_top_enumerable(model.top, int(self.cfg.max_latent))
 
     def estimate(self, model, data, *, inference=None, generator=None, seed: int, progress=None) -> Result:
         self.check(model, inference)
@@ -84,7 +118,14 @@ class Exact:
             log_p = exact_log_marginal(model, data, batch_size=int(self.cfg.batch_size),
                                        max_latent=int(self.cfg.max_latent), progress=progress)
             extras = {}
-        return Result(self.name, log_p.cpu(), time.perf_counter() - t0, seed, {"num_latent": model.n_latent, **extras})
+            if isinstance(model, DBN):  # log P(v) = log sum_h P*(v, h) - log Z_top (Eq. 16)
+                log_z = top_log_z_exact(model.top, int(self.cfg.max_latent))
+                log_p = log_p - log_z.to(log_p)
+                extras = {"log_z": round(log_z.item(), 4), "log_z_is": "exact"}
+        result = Result(self.name, log_p.cpu(), time.perf_counter() - t0, seed, {"num_latent": model.n_latent, **extras})
+        result.check("enumeration", bool(torch.isfinite(result.log_p).all()),
+                     "enumeration gave a non-finite log p for some example (an overflow in float32?)")
+        return result
 
 
 @torch.no_grad()

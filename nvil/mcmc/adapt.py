@@ -71,8 +71,9 @@ class DualAveraging:
 
 
 def multiplicative_adapt(step_size: Tensor, accept_prob: Tensor, target: float = 0.65, up: float = 1.02,
-                         down: float = 0.98, min_step: float = 1e-4, max_step: float = 0.5) -> Tensor:
+                         down: float = 0.98, min_step: float = 1e-4, max_step: float | None = 0.5) -> Tensor:
     """Wu, Burda, Salakhutdinov & Grosse 2017 (AIS for decoder-based models, Sec. 5): per chain, multiply the
     step size by ``up`` where the acceptance probability exceeded the target, else by ``down``; clamped
-    to [min_step, max_step]."""
+    to [min_step, max_step] (``max_step=None``: no upper clamp). The 0.5 default binds on posteriors whose
+    scale is near 1 (an auxiliary-form net, prior N(0, I)), holding the acceptance above its target."""
     return torch.where(accept_prob > target, step_size * up, step_size * down).clamp(min_step, max_step)

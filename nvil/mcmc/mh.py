@@ -15,6 +15,9 @@ with respect to f, so its reverse operator T~ is itself. The transition density 
 
 and a rejection leaves a point mass at h: T(h <- h) is infinite as a density. ``log_transition`` returns +inf
 there, which makes that run's Chib estimate of p(v) exactly 0 (still unbiased; the appendix's caveat).
+
+``adapt_step_size`` tunes each chain's eps in a warm-up run of its own (dual averaging towards an acceptance
+rate); the kernel that is then used with the returned eps is fixed, so it is still an ordinary MH kernel.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import math
 
 import torch
 
+from nvil.mcmc.adapt import DualAveraging
 from nvil.mcmc.hmc import value_and_grad
 
 PROPOSALS = ("langevin", "random_walk")
@@ -88,3 +92,24 @@ class MetropolisHastings:
         log_a, log_q = self._log_accept(frm, to, eps)
         stayed = (to == frm).all(-1)
         return torch.where(stayed, torch.full_like(log_q, math.inf), log_q + log_a)
+
+
+@torch.no_grad()
+def adapt_step_size(log_prob, h: torch.Tensor, step_size, target_accept: float, proposal: str = "langevin",
+                    num_steps: int = 100, generator=None):
+    """Per-chain MH step sizes from a warm-up run of ``num_steps`` MH transitions started at ``h``: dual
+    averaging (Hoffman & Gelman 2014, Alg. 5; ``nvil.mcmc.adapt.DualAveraging``) of each chain's acceptance
+    probability towards ``target_accept``, from the initial ``step_size`` (a float or [chains]). Returns (the
+    averaged step size exp(x_bar) [chains], the mean acceptance probability of the warm-up [chains]). The
+    warm-up's states are thrown away: only eps leaves."""
+    da = DualAveraging(target_accept=float(target_accept))
+    eps0 = torch.as_tensor(step_size, dtype=h.dtype, device=h.device).expand(h.shape[0]).clone()
+    state = da.init(eps0)
+    accept_sum = torch.zeros(h.shape[0], dtype=h.dtype, device=h.device)
+    for _ in range(num_steps):
+        mh = MetropolisHastings(log_prob, da.step_size(state), proposal)
+        h, accept = mh.step_with_info(h, generator)
+        accept = torch.nan_to_num(accept, nan=0.0)
+        state = da.update(state, accept)
+        accept_sum = accept_sum + accept
+    return da.final_step_size(state), accept_sum / max(1, num_steps)
