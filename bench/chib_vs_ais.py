@@ -50,6 +50,8 @@ def main() -> None:
     p.add_argument("--ais-betas", default="100,1000", help="per-case AIS temperatures (paper: 100, 1000, 10000)")
     p.add_argument("--ais-runs", type=int, default=10)
     p.add_argument("--log-z-betas", type=int, default=14500)
+    p.add_argument("--log-z-schedule", default="adaptive", help="adaptive (certified default) | paper")
+    p.add_argument("--log-z-chains", type=int, default=100)
     p.add_argument("--full-test", type=int, default=0, help="test cases for the final Chib run (paper: 10000)")
     p.add_argument("--full-batch", type=int, default=1000, help="test cases per batch in the full-test run")
     p.add_argument("--device", default="cpu")
@@ -71,11 +73,14 @@ def main() -> None:
     data = build_model_data(OmegaConf.create(payload["config"]["data"]), OmegaConf.create(payload["config"]["model"]), device)
     x50, train_rows = first_per_class(data.split("test"), data, "test", 5, "chib"), data.split("train")
 
-    log_z_cfg = OmegaConf.merge(estimator_config("chib").log_z, {"num_betas": args.log_z_betas})
+    shared = {"log_z": {"num_betas": args.log_z_betas, "schedule": args.log_z_schedule, "num_chains": args.log_z_chains}}
+    log_z_cfg = OmegaConf.merge(estimator_config("chib").log_z, shared["log_z"])
     est, cached = top_log_z(model, train_rows, log_z_cfg, checkpoint, progress=True)
-    print(f"top-RBM log Z = {est.log_z:.3f} +- {est.stderr:.3f} (3 SD band {est.log_z_3sd}), ESS {est.ess:.1f}, "
-          f"{est.seconds:.0f} s{' (cached)' if cached else ''}", flush=True)
-    shared = {"log_z": {"num_betas": args.log_z_betas}}
+    lo, hi = est.band()
+    print(f"top-RBM log Z = {est.log_z:.3f} +- {est.stderr:.3f} (3 SD band {est.forward.log_z_3sd}), ESS "
+          f"{est.forward.ess:.1f}, hard lower bound {est.bound.value if est.bound else float('nan'):.3f}, band "
+          f"[{lo:.3f}, {hi if hi is not None else float('nan'):.3f}], certified {est.certified} {est.warnings}, "
+          f"{sum(est.seconds.values()):.0f} s{' (cached)' if cached else ''}", flush=True)
 
     rows, series = [], {"chib": []}
     bound, sec = run("dbn_bound", {**shared, "num_samples": 100}, model, x50, train_rows, checkpoint, args.seed)

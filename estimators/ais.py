@@ -34,41 +34,51 @@ from estimators.base import Result, batch_generator, chunks, combine_runs
 from models.rbm import BaseRate, BoltzmannMachine, as_beta
 from nvil.accel import accelerate, check_mode
 from nvil.config import positive_float, positive_int
+from nvil.data import take_rows
 from nvil.errors import ConfigError
 from nvil.mcmc.sequential_gibbs import SequentialGibbs
 from nvil.ops import log_mean_exp
 
-SCHEDULES = ("paper", "linear", "sigmoid")
+SCHEDULES = ("adaptive", "paper", "linear", "sigmoid")
+FIXED_SCHEDULES = ("paper", "linear", "sigmoid")
 PAPER_SEGMENTS = ((0.0, 0.5, 500), (0.5, 0.9, 4000), (0.9, 1.0, 10000))  # 14,500 steps in all
 
 
+def check_schedule(kind: str, num_betas: int) -> None:
+    positive_int(num_betas, "estimator.num_betas")
+    if kind not in SCHEDULES:
+        raise ConfigError(f"estimator.schedule must be one of {list(SCHEDULES)}, got {kind!r}")
+    if kind == "paper" and num_betas < 3:
+        raise ConfigError(f"estimator.schedule=paper needs num_betas >= 3, got {num_betas}")
+
+
 def schedule(kind: str, num_betas: int) -> torch.Tensor:
-    """num_betas + 1 inverse temperatures from 0 to 1 (num_betas steps, as the papers count them).
+    """num_betas + 1 inverse temperatures from 0 to 1 (num_betas steps, as the papers count them), for the fixed
+    ladders (``adaptive`` needs a pilot run: ``adaptive_ladder``).
 
     ``paper``: Salakhutdinov & Murray 2008's spacing, uniform within [0, 0.5], [0.5, 0.9] and [0.9, 1]
     with 500 : 4,000 : 10,000 of the steps (exactly those numbers at num_betas = 14,500);
     ``linear``: uniform in [0, 1]; ``sigmoid``: beta_t proportional to sigmoid(4 (2t/T - 1)), rescaled to [0, 1]
     (Grosse et al. 2013; the schedule of Wu et al. 2017's AIS for decoder-based models)."""
-    positive_int(num_betas, "estimator.num_betas")
+    check_schedule(kind, num_betas)
     if kind == "linear":
         return torch.linspace(0.0, 1.0, num_betas + 1, dtype=torch.float64)
     if kind == "sigmoid":
         s = torch.sigmoid(torch.linspace(-4.0, 4.0, num_betas + 1, dtype=torch.float64))
         return (s - s[0]) / (s[-1] - s[0])
     if kind != "paper":
-        raise ConfigError(f"estimator.schedule must be one of {list(SCHEDULES)}, got {kind!r}")
+        raise ConfigError(f"estimator.schedule={kind} is not a fixed ladder (one of {list(FIXED_SCHEDULES)})")
     total = sum(n for *_, n in PAPER_SEGMENTS)
     counts = [max(1, round(num_betas * n / total)) for *_, n in PAPER_SEGMENTS[:-1]]
     counts.append(num_betas - sum(counts))
-    if counts[-1] < 1:
-        raise ConfigError(f"estimator.schedule=paper needs num_betas >= 3, got {num_betas}")
     parts = [torch.linspace(lo, hi, n + 1, dtype=torch.float64)[:-1] for (lo, hi, _), n in zip(PAPER_SEGMENTS, counts)]
     return torch.cat(parts + [torch.ones(1, dtype=torch.float64)])
 
 
 @torch.no_grad()
-def ais(path, state, betas: torch.Tensor, generator=None, progress: bool = False, desc: str = "AIS"):
-    """Run AIS along ``path`` from ``state`` through ``betas``; returns (log w [chains] float64, final state)."""
+def ais(path, state, betas: torch.Tensor, generator=None, progress: bool = False, desc: str = "AIS", on_step=None):
+    """Run AIS along ``path`` from ``state`` through ``betas``; returns (log w [chains] float64, final state).
+    ``on_step(k, increment)`` sees each step's weight increments (the pilot run of ``adaptive_ladder``)."""
     b = betas.tolist()
     log_w = None
     fused = getattr(path, "fused_step", None)  # weight increment and move in one call (RBMPath with accel)
@@ -79,8 +89,94 @@ def ais(path, state, betas: torch.Tensor, generator=None, progress: bool = False
             step = (path.log_f(state, b[k]) - path.log_f(state, b[k - 1])).double()
             if k < len(b) - 1:
                 state = path.transition(state, b[k], generator)
+        if on_step is not None:
+            on_step(k, step)
         log_w = step if log_w is None else log_w + step
     return log_w, state
+
+
+# ---- the adaptive ladder ----------------------------------------------------------------------------------
+
+
+def pilot_grid(num_steps: int) -> torch.Tensor:
+    """The pilot's betas: half uniform in [0, 1], half log-spaced from 1e-4, so the pilot resolves both the
+    low-beta stretch (where an RBM's chains leave the base-rate model) and the rest."""
+    n_log = num_steps // 2
+    lin = torch.linspace(0.0, 1.0, num_steps - n_log + 1, dtype=torch.float64)
+    log = torch.logspace(-4, 0, n_log + 1, dtype=torch.float64) if n_log else torch.zeros(0, dtype=torch.float64)
+    grid = torch.unique(torch.cat([lin, log]))
+    return grid
+
+
+@dataclass
+class Ladder:
+    """A beta ladder and, for an adaptive one, the density it was drawn from: ``knots`` (the pilot's betas) and
+    ``rate`` (estimated d sd(log w) / d beta on each pilot interval), so that ``betas(K)`` can place any number
+    of steps with the same spacing (reverse AIS uses fewer)."""
+
+    kind: str
+    knots: torch.Tensor | None = None
+    rate: torch.Tensor | None = None
+    pilot_steps: int = 0
+    pilot_log_w_sd: float | None = None  # sd of the pilot's log-weights
+
+    def betas(self, num_betas: int) -> torch.Tensor:
+        if self.kind != "adaptive":
+            return schedule(self.kind, num_betas)
+        positive_int(num_betas, "estimator.num_betas")
+        # Lambda(beta) = int_0^beta rate: piecewise linear through the knots; beta_k = Lambda^-1(k Lambda(1) / K).
+        cum = torch.cat([torch.zeros(1, dtype=torch.float64), torch.cumsum(self.rate * self.knots.diff(), 0)])
+        targets = torch.linspace(0.0, cum[-1].item(), num_betas + 1, dtype=torch.float64)
+        idx = torch.searchsorted(cum, targets, right=True).clamp(1, len(cum) - 1)
+        lo, hi = cum[idx - 1], cum[idx]
+        frac = ((targets - lo) / (hi - lo).clamp(min=1e-300)).clamp(0.0, 1.0)
+        betas = self.knots[idx - 1] + frac * (self.knots[idx] - self.knots[idx - 1])
+        betas[0], betas[-1] = 0.0, 1.0
+        return torch.maximum(betas, torch.cummax(betas, 0).values)  # monotone despite rounding
+
+    def extras(self) -> dict:
+        if self.kind != "adaptive":
+            return {"schedule": self.kind}
+        return {"schedule": "adaptive", "pilot_steps": self.pilot_steps,
+                "pilot_log_w_sd": None if self.pilot_log_w_sd is None else round(self.pilot_log_w_sd, 4)}
+
+
+@torch.no_grad()
+def adaptive_ladder(path, state, num_betas: int, generator=None, groups: int = 1, pilot_fraction: float = 0.05,
+                    floor: float = 0.05) -> Ladder:
+    """An AIS ladder whose every step adds about the same log-weight variance (the rule Murray & Salakhutdinov
+    2009, Sec. 4, applied by hand; the "thermodynamic length" schedule of Gelman & Meng 1998 / Grosse et al. 2013).
+
+    A pilot run with ``pilot_fraction`` of the main run's steps (on the grid of ``pilot_grid``) records, for each
+    step k, the standard deviation over chains of its weight increment, sd_k (within each of ``groups``
+    example-major groups of chains, averaged: per-example AIS shares one ladder over a batch). For small steps
+    sd_k ~ (beta_k - beta_{k-1}) sigma(beta), so the rate sigma_k = sd_k / (beta_k - beta_{k-1}) is the density in
+    which equal steps add equal variance: the main ladder spaces its betas uniformly in Lambda(beta) = int rate,
+    with ``floor`` of the mass spread uniformly so that no stretch is left without betas where the pilot saw none
+    of the variance. The pilot's chains are thrown away, so the main run's weights stay unbiased."""
+    steps = max(10, round(pilot_fraction * num_betas))
+    grid = pilot_grid(steps)
+    sds = []
+
+    def record(k, inc):
+        sds.append(inc.view(groups, -1).std(1, unbiased=True).nan_to_num(0.0).mean())
+
+    log_w, _ = ais(path, state, grid, generator, on_step=record)
+    rate = (torch.stack(sds).cpu().double() / grid.diff()).clamp(min=0.0)
+    total = (rate * grid.diff()).sum()
+    rate = (1 - floor) * rate + floor * (total if total > 0 else torch.ones((), dtype=torch.float64))
+    pilot_sd = log_w.view(groups, -1).std(1).nan_to_num(0.0).mean().item()
+    return Ladder("adaptive", grid, rate, len(grid) - 1, pilot_sd)
+
+
+def make_ladder(kind: str, num_betas: int, pilot=None, **kwargs) -> Ladder:
+    """A ``Ladder``: a fixed one, or (``adaptive``) one from a pilot run; ``pilot()`` returns (path, start state)
+    and is called only for an adaptive ladder."""
+    check_schedule(kind, num_betas)
+    if kind != "adaptive":
+        return Ladder(kind)
+    path, state = pilot()
+    return adaptive_ladder(path, state, num_betas, **kwargs)
 
 
 # ---- summaries of a set of log-weights -----------------------------------------------------------------
@@ -98,6 +194,7 @@ class LogZ:
     num_betas: int
     direction: str  # forward (AIS, under-estimates log Z in expectation) | reverse (over-estimates)
     seconds: float = 0.0
+    log_w_sd: float = 0.0  # standard deviation of the log-weights: far above 1 means a few chains carry the estimate
 
     @classmethod
     def from_log_w(cls, log_w: torch.Tensor, log_z0: float, direction: str, num_betas: int, seconds: float = 0.0):
@@ -114,12 +211,14 @@ class LogZ:
         else:  # 1 / Z_hat = mean(w) / Z_0
             log_z = log_z0 - lme
             band = (log_z - math.log1p(3 * rel_sd), log_z - math.log(1 - 3 * rel_sd) if rel_sd < 1 / 3 else None)
-        return cls(log_z, rel_sd, band, ess, n, num_betas, direction, seconds)
+        log_w_sd = log_w.std().item() if n > 1 else 0.0
+        return cls(log_z, rel_sd, band, ess, n, num_betas, direction, seconds, log_w_sd)
 
     def extras(self, prefix: str = "log_z") -> dict:
         r = lambda v: None if v is None else round(v, 4)  # noqa: E731
         return {prefix: r(self.log_z), f"{prefix}_stderr": r(self.stderr), f"{prefix}_3sd": [r(v) for v in self.log_z_3sd],
-                f"{prefix}_ess": round(self.ess, 2), f"{prefix}_num_chains": self.num_chains}
+                f"{prefix}_ess": round(self.ess, 2), f"{prefix}_num_chains": self.num_chains,
+                f"{prefix}_log_w_sd": round(self.log_w_sd, 4), f"{prefix}_num_betas": self.num_betas}
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -245,51 +344,15 @@ def rbm_log_z(model: BoltzmannMachine, base: BaseRate, num_chains: int, betas: t
 
 def ais_settings(cfg) -> dict:
     """The validated AIS settings of an estimator config (or its ``log_z`` block)."""
-    kind = cfg.get("schedule", "paper")
+    kind = cfg.get("schedule", "adaptive")
     num_betas = positive_int(cfg.get("num_betas"), "num_betas")
-    schedule(kind, num_betas)
+    check_schedule(kind, num_betas)
     return {"num_chains": positive_int(cfg.get("num_chains"), "num_chains"), "schedule": kind, "num_betas": num_betas,
             "base_smoothing": positive_float(cfg.get("base_smoothing", 0.05), "base_smoothing")}
 
 
-class AIS:
-    """``estimator=ais``: log Z of an RBM or semi-RBM by AIS, and the per-example log p(v) = -F(v) - log Z."""
-
-    name = "ais"
-
-    def __init__(self, cfg) -> None:
-        self.cfg = cfg
-        self.settings = ais_settings(cfg)
-        self.batch_size = positive_int(cfg.get("batch_size", 1000), "estimator.batch_size")
-        self.accel = check_mode(cfg.get("accel", "none"), what="estimator.accel")
-
-    def check(self, model, inference) -> None:
-        check_boltzmann(model, self.name)
-
-    def dataset_inputs(self, model, data, split, rows, **_) -> dict:
-        return {"train": data.split("train")}
-
-    def log_z(self, model, train, generator, progress) -> LogZ:
-        s = self.settings
-        base = base_rate(model, train, s["base_smoothing"])
-        return rbm_log_z(model, base, s["num_chains"], schedule(s["schedule"], s["num_betas"]), generator, progress,
-                         self.accel)
-
-    @torch.no_grad()
-    def estimate(self, model, data, *, inference=None, generator, seed: int, progress=None, train=None) -> Result:
-        self.check(model, inference)
-        t0 = time.perf_counter()
-        est = self.log_z(model, train, generator, progress is not None and not progress.disable)
-        log_p = free_energy_log_p(model, data, est.log_z, self.batch_size, progress)
-        return Result(self.name, log_p, time.perf_counter() - t0, seed,
-                      {**est.extras(), "num_betas": est.num_betas, "schedule": self.settings["schedule"]},
-                      shared_stderr=est.stderr)
-
-
 def free_energy_log_p(model, data, log_z: float, batch_size: int, progress=None) -> torch.Tensor:
     """log p(x) = -F(x) - log Z for every row."""
-    from nvil.data import take_rows
-
     out = []
     for s0, s1 in chunks(data.shape[0], batch_size):
         out.append((-model.free_energy(take_rows(data, s0, s1)) - log_z).double().cpu())

@@ -1,4 +1,10 @@
-"""The estimator result every evaluator returns: per-example log p(v), its mean and standard error."""
+"""The estimator result every evaluator returns: per-example log p(v), its mean and standard error, and its
+certificate: the checks that ran (``checks``), what failed in words (``warnings``) and ``certified``.
+
+``certified`` is true when at least one check ran and none failed, false when one failed, and null (JSON) when
+the estimator has no check of its own (a stochastic bound such as IWAE says what it is in ``bound``). Numbers
+that are not finite are written as JSON null with a reason beside them (``<key>_null_reason``), never as the
+NaN / Infinity tokens that strict JSON parsers reject."""
 
 from __future__ import annotations
 
@@ -22,6 +28,21 @@ class Result:
     shared_stderr: float = 0.0
     # [runs, num_examples]: each independent run's own estimate, for the per-run spread.
     run_log_p: torch.Tensor | None = None
+    # The certificate: names of the checks that ran, and one sentence per failed check.
+    checks: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def certified(self) -> bool | None:
+        return (not self.warnings) if self.checks else None
+
+    def check(self, name: str, passed: bool, warning: str) -> bool:
+        """Record that check ``name`` ran; where it failed, ``warning`` (one sentence naming the reason)."""
+        if name not in self.checks:
+            self.checks.append(name)
+        if not passed and warning not in self.warnings:
+            self.warnings.append(warning)
+        return passed
 
     @property
     def mean(self) -> float:
@@ -53,10 +74,34 @@ class Result:
             out["run_spread"] = round(run_means.std().item(), 4) if run_means.numel() > 1 else 0.0
             out["mean_log_p_per_run"] = round(run_means.mean().item(), 4)
         out.update(self.extras)
-        return out
+        out["certified"] = self.certified
+        out["checks"] = list(self.checks)
+        out["warnings"] = list(self.warnings)
+        return finite_json(out)
 
     def to_json(self) -> str:
-        return json.dumps(self.summary())
+        return json.dumps(self.summary(), allow_nan=False)
+
+
+def _null_reason(v: float) -> str:
+    if math.isnan(v):
+        return "not a number (for example a standard error from one value, or a spread of infinite estimates)"
+    return "+infinity" if v > 0 else "-infinity (an estimate of probability 0, e.g. every run of an example rejected)"
+
+
+def finite_json(d: dict) -> dict:
+    """``d`` with every non-finite float (also inside lists) replaced by None and a ``<key>_null_reason`` beside it."""
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, float) and not math.isfinite(v):
+            out[k], out[f"{k}_null_reason"] = None, _null_reason(v)
+        elif isinstance(v, (list, tuple)) and any(isinstance(e, float) and not math.isfinite(e) for e in v):
+            out[k] = [None if isinstance(e, float) and not math.isfinite(e) else e for e in v]
+            out[f"{k}_null_reason"] = "; ".join(sorted({_null_reason(e) for e in v
+                                                       if isinstance(e, float) and not math.isfinite(e)}))
+        else:
+            out[k] = v
+    return out
 
 
 def chunks(n: int, size: int):

@@ -16,6 +16,8 @@ import time
 import torch
 
 from estimators.base import Result, batch_generator, chunks
+from estimators.certify import stored_particles
+from estimators.log_z import apply_log_z, top_log_z
 from nvil.data import take_rows
 from models.dbn import DBN
 from nvil.errors import ConfigError
@@ -82,27 +84,33 @@ class SampledBound:
             raise ConfigError(f"estimator={self.name} needs a model with an inference network (sbn, fdarn), a DBN "
                               "or a Gaussian net (gbn, dbn_dynamic: the prior is the proposal)")
 
-    def dataset_inputs(self, model, data, split, rows, checkpoint=None, **_) -> dict:
-        return {"train": data.split("train"), "checkpoint": checkpoint} if isinstance(model, DBN) else {}
+    def dataset_inputs(self, model, data, split, rows, checkpoint=None, payload=None, **_) -> dict:
+        if not isinstance(model, DBN):
+            return {}
+        return {"train": data.split("train"), "checkpoint": checkpoint,
+                "log_z_particles": stored_particles(payload, model.top.n_visible)}
 
     def estimate(self, model, data, *, inference=None, generator, seed: int, progress=None, train=None,
-                 checkpoint=None, row_offset: int = 0) -> Result:
+                 checkpoint=None, row_offset: int = 0, log_z_particles=None) -> Result:
         """For a DBN, q is the greedy up-pass and log P = log P* - log Z with the shared, cached top-RBM log Z."""
         self.check(model, inference)
         t0 = time.perf_counter()
-        log_z, log_z_se, extras = 0.0, 0.0, {}
+        log_z, log_z_se, extras, certificate = 0.0, 0.0, {}, None
         if getattr(model, "is_continuous_latent", False):  # the weak baseline: the prior as the proposal
             inference, extras = model.prior_proposal(), {"proposal": "prior"}
         if isinstance(model, DBN):
-            from estimators.log_z import top_log_z
-
             inference = model.recognition()
-            est, cached = top_log_z(model, train, self.cfg.log_z, checkpoint, progress is not None and not progress.disable)
-            log_z, log_z_se, extras = est.log_z, est.stderr, {**est.extras(), "log_z_cached": cached}
+            certificate = top_log_z(model, train, self.cfg.log_z, checkpoint,
+                                    progress is not None and not progress.disable, log_z_particles)
+            log_z, log_z_se = certificate[0].log_z, certificate[0].stderr
         with torch.no_grad():
             log_p = self.BOUNDS[self.name](model, inference, data, self.num_samples, generator=generator,
                                            batch_size=int(self.cfg.batch_size),
                                            max_elements=int(self.cfg.max_elements), progress=progress,
                                            seed=seed, row_offset=row_offset)
-        return Result(self.name, log_p.cpu() - log_z, time.perf_counter() - t0, seed,
-                      {"num_samples": self.num_samples, **extras}, shared_stderr=log_z_se)
+        result = Result(self.name, log_p.cpu() - log_z, time.perf_counter() - t0, seed,
+                        {"num_samples": self.num_samples, **extras, "bound": "stochastic lower bound: E[estimate] <= "
+                         "log p(v), tight as num_samples grows"}, shared_stderr=log_z_se)
+        if certificate is not None:
+            apply_log_z(result, *certificate)
+        return result

@@ -132,8 +132,9 @@ def fit_logistic_regression(features: torch.Tensor, labels: torch.Tensor, num_cl
 
     The features are centred at their training mean first: with an unpenalised bias this is the same model
     and the same optimum, but far better conditioned (about 6x fewer iterations on RBM features)."""
-    center = features.detach().mean(0)
-    features = features.detach() - center
+    features = features.detach().double()  # float64: in float32 the strong-Wolfe line search can stall on rounding
+    center = features.mean(0)
+    features = features - center
     labels = labels.to(features.device).long()
     weight = torch.zeros(features.shape[1], num_classes, dtype=features.dtype, device=features.device,
                          requires_grad=True)

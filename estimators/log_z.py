@@ -3,7 +3,8 @@
 Murray & Salakhutdinov 2009 (Fig. 2): the bound, AIS over h_1, and the Chib-style estimator "shared the same
 AIS estimate of a single global normalization constant Z". It is computed once per checkpoint and AIS
 settings, and kept in ``<checkpoint>.log_z.json`` under a key that holds the settings, the seed and a
-fingerprint of the top RBM's parameters, so an overwritten checkpoint never reuses a stale value.
+fingerprint of the top RBM's parameters, so an overwritten checkpoint never reuses a stale value, together with
+its certificate (``estimators.certify``) and a digest of both, so a hand-edited or stale entry is recomputed.
 The base-rate model takes its marginals from the training data passed up through the RBMs below the top.
 """
 
@@ -17,8 +18,10 @@ from pathlib import Path
 
 import torch
 
-from estimators.ais import LogZ, ais_settings, base_rate, rbm_log_z, schedule
+from estimators.ais import ais_settings, base_rate
 from estimators.base import chunks
+from estimators.certify import CertifiedLogZ, certified_log_z, certify_settings, hard_lower_bound
+from estimators.partition import log_p_extras
 from nvil.accel import check_mode
 
 
@@ -47,25 +50,65 @@ def cache_path(checkpoint) -> Path | None:
     return None if checkpoint is None else Path(str(checkpoint) + ".log_z.json")
 
 
-def top_log_z(dbn, train: torch.Tensor, cfg, checkpoint=None, progress: bool = False) -> tuple[LogZ, bool]:
-    """(log Z of the top RBM, whether it came from the cache)."""
-    settings = ais_settings(cfg)
+def top_log_z(dbn, train: torch.Tensor, cfg, checkpoint=None, progress: bool = False,
+              particles: torch.Tensor | None = None) -> tuple[CertifiedLogZ, bool]:
+    """(certified log Z of the top RBM, whether it came from the cache). ``particles``: the top RBM's persistent
+    particles from the checkpoint, where the greedy run stored them (the reverse chains start there).
+
+    A cache entry is reused only when its digest matches its contents and its hard lower bound survives a fresh
+    probe of the top RBM (``verify``); otherwise a warning names the problem and log Z is computed again."""
+    settings, cert = ais_settings(cfg), certify_settings(cfg)
     seed = int(cfg.get("seed", 0))
-    key = {**settings, "seed": seed, "params": fingerprint(dbn.top)}
+    key = {**settings, **cert, "seed": seed, "params": fingerprint(dbn.top)}
     path = cache_path(checkpoint) if cfg.get("cache", True) else None
     entries = _read(path)
+    top_data = propagate_up(dbn, train)
     for entry in entries:
         if entry.get("key") == key:
-            return LogZ(**{**entry["estimate"], "log_z_3sd": tuple(entry["estimate"]["log_z_3sd"])}), True
+            try:
+                c = CertifiedLogZ.from_dict(entry["certificate"])
+                verify(c, dbn.top, top_data)
+                return c, True
+            except (KeyError, TypeError, ValueError) as e:
+                print(f"warning: the log Z cache {path} holds an entry for these settings that fails its certificate "
+                      f"({e}); computing log Z again", file=sys.stderr)
     device = dbn.top.W.device
-    base = base_rate(dbn.top, propagate_up(dbn, train), settings["base_smoothing"])
+    base = base_rate(dbn.top, top_data, settings["base_smoothing"])
     generator = torch.Generator(device=device).manual_seed(seed)
     # accel changes only the float rounding, so it is not part of the cache key
-    est = rbm_log_z(dbn.top, base, settings["num_chains"], schedule(settings["schedule"], settings["num_betas"]),
-                    generator, progress, check_mode(cfg.get("accel", "none"), device, "estimator.log_z.accel"))
+    c = certified_log_z(dbn.top, base, settings, cert, generator, data_rows=top_data, particles=particles,
+                        progress=progress, accel=check_mode(cfg.get("accel", "none"), device, "estimator.log_z.accel"))
     if path is not None:
-        _write(path, entries + [{"key": key, "estimate": est.to_dict()}])
-    return est, False
+        kept = [e for e in entries if e.get("key") != key]
+        _write(path, kept + [{"key": key, "certificate": c.to_dict()}])
+    return c, False
+
+
+def verify(c: CertifiedLogZ, top, top_data: torch.Tensor) -> None:
+    """Raise ``ValueError`` unless a cached certificate agrees with a fresh probe of the model: the hard lower bound
+    from the deterministic probes (training rows, corners, hill-climbing from a fixed seed) may not exceed the
+    stored bound, and a stored estimate that passed its hard-bound check must still pass it."""
+    if c.bound is None:
+        return
+    g = torch.Generator(device=top.W.device).manual_seed(0)
+    fresh = hard_lower_bound(top, {"training rows": top_data[:1000]}, g, num_climb=64)
+    tol = 1e-3 + 1e-5 * abs(fresh.value)
+    if fresh.value > c.bound.value + tol:
+        raise ValueError(f"a fresh probe gives a hard lower bound {fresh.value:.3f} above the stored "
+                         f"{c.bound.value:.3f}")
+    passed = "hard_lower_bound" in c.checks and not any("hard lower bound" in w and w.startswith("log Z")
+                                                         for w in c.warnings)
+    if passed and c.forward.log_z + 3 * c.forward.stderr < fresh.value - tol:
+        raise ValueError(f"the stored log Z {c.forward.log_z:.3f} is below a fresh hard lower bound {fresh.value:.3f}, "
+                         "yet its certificate says it passed")
+
+
+def apply_log_z(result, c: CertifiedLogZ, cached: bool) -> None:
+    """Put the top RBM's log Z and its certificate into a DBN estimate's ``Result``: the extras (log Z, its SE, the
+    hard bound, the reverse side, the band) and ``mean_log_p_band``, the test mean over the log Z band, beside the
+    statistical SE; the log Z checks and warnings join the result's own."""
+    result.extras.update({**c.extras(), "log_z_cached": cached, **log_p_extras(result.mean, c, c.log_z)})
+    c.apply(result)
 
 
 def _read(path: Path | None) -> list:

@@ -13,13 +13,16 @@ example's estimate, and reports the per-run spread.
 
 from __future__ import annotations
 
+import math
 import time
 
 import torch
 
-from estimators.ais import PosteriorPath, ais, schedule
+from estimators.ais import PosteriorPath, ais, check_schedule, make_ladder
 from estimators.base import Result, batch_generator, chunks, combine_runs
+from estimators.certify import stored_particles
 from estimators.exact import split_layers
+from estimators.log_z import apply_log_z, top_log_z
 from models.binary_density import require_bernoulli_visibles
 from models.dbn import DBN
 from models.rbm import BoltzmannMachine
@@ -70,6 +73,7 @@ class PerExample:
     name = "per_example"
     row_offset_aware = True  # evaluate_checkpoint passes the first row's index in the whole split
     uses_log_z = True  # False where the estimate needs no normalised prior (the harmonic mean)
+    importance_runs = False  # True where each run's exp(estimate) is an importance weight (AIS): per-example ESS
 
     def __init__(self, cfg) -> None:
         self.cfg = cfg
@@ -83,30 +87,30 @@ class PerExample:
     def check(self, model, inference) -> None:
         self.latent_model(model, inference)
 
-    def dataset_inputs(self, model, data, split, rows, checkpoint=None, **_) -> dict:
-        wanted = isinstance(model, DBN) and self.uses_log_z
-        return {"train": data.split("train"), "checkpoint": checkpoint} if wanted else {}
+    def dataset_inputs(self, model, data, split, rows, checkpoint=None, payload=None, **_) -> dict:
+        if not (isinstance(model, DBN) and self.uses_log_z):
+            return {}
+        return {"train": data.split("train"), "checkpoint": checkpoint,
+                "log_z_particles": stored_particles(payload, model.top.n_visible)}
 
-    def log_z(self, lm: LatentModel, train, checkpoint, progress) -> tuple[float, float, dict]:
-        """(log Z, its standard error, JSON extras); 0 for normalised models."""
+    def log_z(self, lm: LatentModel, train, checkpoint, progress, particles=None):
+        """(the top RBM's ``CertifiedLogZ``, whether it was cached), or None for normalised models."""
         if not (lm.needs_log_z and self.uses_log_z):
-            return 0.0, 0.0, {}
-        from estimators.log_z import top_log_z
-
+            return None
         if self.cfg.get("log_z") is None:
             raise ConfigError(f"estimator={self.name} on a DBN needs an estimator.log_z block (configs/log_z/ais.yaml)")
         if train is None:
             raise ConfigError(f"estimator={self.name} on a DBN needs the training data for the base-rate model")
-        est, cached = top_log_z(lm.model, train, self.cfg.log_z, checkpoint, progress)
-        return est.log_z, est.stderr, {**est.extras(), "log_z_cached": cached, "log_z_seconds": round(est.seconds, 3)}
+        return top_log_z(lm.model, train, self.cfg.log_z, checkpoint, progress, particles)
 
     @torch.no_grad()
     def estimate(self, model, data, *, inference=None, generator=None, seed: int, progress=None, train=None,
-                 checkpoint=None, row_offset: int = 0) -> Result:
+                 checkpoint=None, row_offset: int = 0, log_z_particles=None) -> Result:
         lm = self.latent_model(model, inference)
         t0 = time.perf_counter()
         show = progress is not None and not progress.disable
-        log_z, log_z_se, extras = self.log_z(lm, train, checkpoint, show)
+        certificate = self.log_z(lm, train, checkpoint, show, log_z_particles)
+        log_z, log_z_se = (0.0, 0.0) if certificate is None else (certificate[0].log_z, certificate[0].stderr)
         runs = []
         for s0, s1 in chunks(data.shape[0], self.batch_size):
             x = take_rows(data, s0, s1)
@@ -116,8 +120,45 @@ class PerExample:
             if progress is not None:
                 progress.update(s1 - s0)
         per_run = torch.cat(runs) - log_z  # [examples, runs]
-        return Result(self.name, self.combine(per_run), time.perf_counter() - t0, seed,
-                      {**self.settings(), **extras}, shared_stderr=log_z_se, run_log_p=per_run.T.contiguous())
+        result = Result(self.name, self.combine(per_run), time.perf_counter() - t0, seed, dict(self.settings()),
+                        shared_stderr=log_z_se, run_log_p=per_run.T.contiguous())
+        if certificate is not None:
+            apply_log_z(result, *certificate)
+        self.certify(result, per_run)
+        return result
+
+    def certify(self, result: Result, per_run: torch.Tensor) -> None:
+        """The per-example checks: no example estimated at p(v) = 0; with importance-weight runs (AIS), each
+        example's ESS over its runs, (sum w)^2 / sum w^2, at least ``min_example_ess``; and the spread of the
+        test-set mean over runs no larger than the reported SE suggests (the Monte Carlo error of the mean of R
+        runs is about run_spread / sqrt(R), which the standard error over examples already contains)."""
+        n, runs = per_run.shape
+        zero = torch.isneginf(result.log_p)
+        result.check("nonzero_estimates", not bool(zero.any()),
+                     f"{int(zero.sum())} of {n} examples were estimated at p(v) = 0 (every run of each, e.g. rejected "
+                     f"back onto h*; first: example {int(zero.nonzero()[0]) if zero.any() else -1}): their log p is "
+                     "-infinity, so the mean is not a number; use more runs, steps or an adapted step size")
+        if runs < 2:
+            return
+        if self.importance_runs:
+            w = torch.exp(per_run - per_run.max(1, keepdim=True).values).nan_to_num(0.0)
+            ess = w.sum(1) ** 2 / (w**2).sum(1).clamp(min=1e-300)
+            threshold = float(self.cfg.get("min_example_ess", max(1.5, 0.2 * runs)))
+            low = ess < threshold
+            q = torch.quantile(ess, torch.tensor([0.1, 0.5], dtype=ess.dtype)).tolist()
+            result.extras.update({"example_ess_min_q10_q50": [round(ess.min().item(), 2)] + [round(v, 2) for v in q],
+                                  "low_ess_examples": int(low.sum())})
+            result.check("example_ess", not bool(low.any()),
+                         f"{int(low.sum())} of {n} examples have an ESS over their {runs} runs below {threshold:g} "
+                         f"(lowest {ess.min().item():.2f}, example {int(ess.argmin())}): their estimates rest on one "
+                         "run; use more betas or runs")
+        finite = torch.isfinite(per_run).all(0)
+        if finite.sum() >= 2 and math.isfinite(result.stderr_examples):
+            spread = per_run[:, finite].double().mean(0).std().item()
+            result.check("run_spread", spread / math.sqrt(runs) <= max(result.stderr_examples, 1e-12),
+                         f"the spread of the test-set mean over {runs} runs ({spread:.3f}) is larger than the "
+                         f"reported standard error ({result.stderr_examples:.3f}) x sqrt({runs}) suggests: the Monte "
+                         "Carlo error dominates and may be heavy-tailed; use more runs or steps")
 
     def combine(self, per_run: torch.Tensor) -> torch.Tensor:
         return combine_runs(per_run)
@@ -134,16 +175,29 @@ class AISPosterior(PerExample):
     Sec. 2.3) with sequential Gibbs at each beta. Each run's exp(log w) is unbiased for sum_h P*(v, h)."""
 
     name = "ais_posterior"
+    importance_runs = True
 
     def __init__(self, cfg) -> None:
         super().__init__(cfg)
         self.num_betas = positive_int(cfg.get("num_betas"), "estimator.num_betas")
-        self.betas = schedule(cfg.get("schedule", "linear"), self.num_betas)
+        self.schedule = cfg.get("schedule", "adaptive")
+        self.pilot_fraction = float(cfg.get("pilot_fraction", 0.05))
+        check_schedule(self.schedule, self.num_betas)
+        self.pilot_steps = 0
 
     def settings(self) -> dict:
-        return {"num_betas": self.num_betas, "schedule": self.cfg.get("schedule", "linear")}
+        out = {"num_betas": self.num_betas, "schedule": self.schedule}
+        if self.schedule == "adaptive":
+            out["pilot_steps_per_batch"] = self.pilot_steps
+        return out
 
     def run_batch(self, lm: LatentModel, x: torch.Tensor, generator) -> torch.Tensor:
+        """One ladder per batch: with ``adaptive``, from a pilot over this batch's chains (each example's runs a
+        group, their increment spreads averaged), so every example's weights stay unbiased given the ladder."""
         path = PosteriorPath(lm.joint(x), lm.q_density(x))
-        log_w, _ = ais(path, path.state(lm.sample_q(x, generator)), self.betas, generator)
+        groups = x.shape[0] // self.num_runs
+        ladder = make_ladder(self.schedule, self.num_betas, pilot=lambda: (path, path.state(lm.sample_q(x, generator))),
+                             generator=generator, groups=groups, pilot_fraction=self.pilot_fraction)
+        self.pilot_steps = ladder.pilot_steps
+        log_w, _ = ais(path, path.state(lm.sample_q(x, generator)), ladder.betas(self.num_betas), generator)
         return log_w

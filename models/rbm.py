@@ -166,6 +166,41 @@ class BoltzmannMachine(nn.Module):
             return f
         return f + (1 - beta_per_chain) * (self.base_energy(x, base) if base_energy is None else base_energy)
 
+    @property
+    def hidden_marginal_tractable(self) -> bool:
+        """Whether log p*(h) has a closed form: the pixels are independent given h (no lateral weights)."""
+        return self.L is None
+
+    def log_unnormalised_hidden(self, h: torch.Tensor) -> torch.Tensor:
+        """log p*(h) = log sum_x exp(-E(x, h)), x summed out analytically (needs ``hidden_marginal_tractable``):
+
+            c'h + sum_i softplus(b_i + W_i h) [+ logsumexp_y (d + U h)_y]                      (binary v)
+            c'h + 1/2 |b + W h|^2 - 1/2 |b|^2 + V/2 log 2 pi [+ logsumexp_y (d + U h)_y]     (Gaussian v)
+
+        Since Z = sum_h p*(h), every h gives a hard lower bound log Z >= log p*(h)."""
+        if not self.hidden_marginal_tractable:
+            raise ConfigError("log p*(h) of a semi-RBM has no closed form (its pixels are coupled)")
+        top = self.b + h @ self.W.T
+        if self.visible == "binary":
+            log_sum_v = F.softplus(top).sum(-1)
+        else:
+            # int exp(-1/2 |v - b|^2 + v'W h) dv = (2 pi)^{V/2} exp(1/2 |b + W h|^2 - 1/2 |b|^2)
+            log_sum_v = 0.5 * (top**2).sum(-1) - 0.5 * (self.b**2).sum() + 0.5 * self.n_pixels * math.log(2 * math.pi)
+        out = h @ self.c + log_sum_v
+        if self.n_labels:
+            out = out + torch.logsumexp(self.d + h @ self.U.T, -1)
+        return out
+
+    def x_mode_given_h(self, h: torch.Tensor) -> torch.Tensor:
+        """The most probable x given h when the pixels are independent given h (lateral weights ignored, so for a
+        semi-RBM only an approximation: used to find probe states, never for sampling)."""
+        field = self.b + h @ self.W.T
+        v = field if self.visible == "gaussian" else (field > 0).to(h.dtype)
+        if not self.n_labels:
+            return v
+        y = F.one_hot((self.d + h @ self.U.T).argmax(-1), self.n_labels).to(v.dtype)
+        return torch.cat([v, y], -1)
+
     # ---- conditionals at inverse temperature beta ---------------------------------------------------
     def h_given_x(self, x: torch.Tensor, beta=1.0, hidden_input: torch.Tensor | None = None) -> torch.Tensor:
         """p_beta(h = 1 | x) = sigmoid(beta a(x)); ``hidden_input`` passes a(x) when the caller has it."""
@@ -259,15 +294,7 @@ class BoltzmannMachine(nn.Module):
         terms = []  # enumerate the hidden units, x summed out analytically
         for s0, s1 in chunks(2**self.n_hidden, max(1, chunk_elements // self.n_pixels)):
             h = enumerate_states(self.n_hidden, s0, s1, device=dev, dtype=dt)
-            top = self.b + h @ self.W.T
-            if self.visible == "binary":
-                log_sum_v = F.softplus(top).sum(-1)
-            else:  # int exp(-1/2 |v - b|^2 + v'W h) dv = (2 pi)^{V/2} exp(1/2 |b + W h|^2 - 1/2 |b|^2)
-                log_sum_v = 0.5 * (top**2).sum(-1) - 0.5 * (self.b**2).sum() + 0.5 * self.n_pixels * math.log(2 * math.pi)
-            log_sum = h @ self.c + log_sum_v
-            if self.n_labels:
-                log_sum = log_sum + torch.logsumexp(self.d + h @ self.U.T, -1)
-            terms.append(torch.logsumexp(log_sum, 0))
+            terms.append(torch.logsumexp(self.log_unnormalised_hidden(h), 0))
         return torch.logsumexp(torch.stack(terms), 0)
 
     def exact_log_prob(self, x: torch.Tensor, log_z: torch.Tensor | None = None) -> torch.Tensor:

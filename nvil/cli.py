@@ -47,7 +47,7 @@ def torchrun_overrides(argv: list[str], run_dir_root: str | None) -> list[str]:
 
 def fail(e: Exception) -> None:
     print(f"error: {e}", file=sys.stderr)
-    sys.exit(2)
+    sys.exit(getattr(e, "exit_code", 2))
 
 
 def guarded(task: Callable, *args, **kwargs):

@@ -8,6 +8,8 @@ non-zero exit code instead of a traceback from deep inside torch.
 class UserError(Exception):
     """Bad input from the user: a config value, a file, a dataset. Printed as one line."""
 
+    exit_code = 2
+
 
 class ConfigError(UserError):
     pass
@@ -23,3 +25,9 @@ class DataError(UserError):
 
 class TrainingDiverged(UserError):
     pass
+
+
+class CertificateFailed(UserError):
+    """An estimate failed its certificate under ``estimator.strict=true``: exit code 3, after the JSON line."""
+
+    exit_code = 3

@@ -7,6 +7,7 @@ for separate jobs); rank 0 gathers the per-example estimates and reports the res
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 
 import torch
@@ -20,7 +21,7 @@ from nvil import distributed
 from nvil.checkpoint import load_checkpoint, load_module_state
 from nvil.config import positive_int, resolve_device
 from nvil.data import build_model_data, take_rows
-from nvil.errors import CheckpointError, ConfigError, DataError
+from nvil.errors import CertificateFailed, CheckpointError, ConfigError, DataError
 from nvil.ops import mean_and_stderr
 
 
@@ -67,7 +68,7 @@ def evaluate_checkpoint(path, estimator_cfg, *, split: str = "test", num_example
                         seed: int = 0, device: str = "auto", progress: bool = True,
                         data_overrides: dict | None = None, output: str | None = None,
                         shard: int | None = None, num_shards: int | None = None,
-                        per_class: int | None = None) -> Result:
+                        per_class: int | None = None, strict: bool = False) -> Result:
     path = Path(path)
     d = distributed.setup()
     dev = distributed.rank_device(resolve_device(device), d)
@@ -90,7 +91,7 @@ def evaluate_checkpoint(path, estimator_cfg, *, split: str = "test", num_example
                              int(estimator_cfg.get("batch_size", 100) or 100))
     x = take_rows(x, start, stop, dense=False)
     # What estimators need beyond the rows (classify: labels; AIS: training marginals; DBNs: the log Z cache).
-    inputs = (estimator.dataset_inputs(model, data, split, (start, stop), checkpoint=path)
+    inputs = (estimator.dataset_inputs(model, data, split, (start, stop), checkpoint=path, payload=payload)
               if hasattr(estimator, "dataset_inputs") else {})
     if getattr(estimator, "row_offset_aware", False):
         inputs["row_offset"] = start
@@ -115,6 +116,10 @@ def evaluate_checkpoint(path, estimator_cfg, *, split: str = "test", num_example
         out = Path(output) if output else path.with_name(path.name + ".eval.jsonl")
         with open(out, "a") as f:
             f.write(line + "\n")
+        for warning in result.warnings:  # loud: one line each on stderr; the JSON keeps every number either way
+            print(f"warning: {estimator.name}: {warning}", file=sys.stderr, flush=True)
+    if strict and result.certified is False:
+        raise CertificateFailed(f"estimator={estimator.name} is not certified: {result.warnings[0]}")
     return result
 
 

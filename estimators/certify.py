@@ -1,0 +1,364 @@
+"""A certificate for an AIS estimate of a Boltzmann machine's log Z: the evidence that the number can be trusted,
+or the sentence that says why it cannot.
+
+Three independent pieces of evidence, each cheap next to the forward run:
+
+- **A hard lower bound.** Z = sum_x p*(x) = sum_h p*(h), so every state gives log Z >= log p*(state), and a set
+  of distinct states gives log Z >= logsumexp of their log p*. Probes on the hidden side use
+  log p*(h) = c'h + sum_i softplus(b_i + W_i h) (``BoltzmannMachine.log_unnormalised_hidden``), on the binary
+  visible side -F(x): all-off, all-on and one-hot states, training rows, the persistent particles a checkpoint
+  stores, every AIS end state, and joint modes found by iterated conditional modes (alternating
+  x = argmax p(x | h), h = argmax p(h | x), which never lowers p*(x, h) <= min(p*(x), p*(h))) from many starts.
+  An estimate below this bound is wrong, whatever its ESS says.
+- **Reverse AIS** (Grosse, Ghahramani & Adams 2015; Burda, Grosse & Salakhutdinov 2015): the same path run from
+  beta = 1 back to the base rate, from states drawn near the model (the persistent particles, or a block-Gibbs run
+  from training rows). From exact model samples it over-estimates log Z in expectation, so [forward, reverse] is
+  a stochastic sandwich; from approximate samples it is a stochastic upper *estimate*, and an inverted sandwich
+  says that one of the two sides is wrong.
+- **The forward weights' ESS**, (sum w)^2 / sum w^2: an estimate carried by a few chains is flagged.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from estimators.ais import LogZ, RBMPath, ais, make_ladder
+from estimators.base import chunks
+from models.rbm import BoltzmannMachine
+from nvil.config import positive_float, positive_int
+from nvil.errors import ConfigError
+
+DEFAULTS = {"certify": True, "pilot_fraction": 0.05, "reverse_fraction": 0.5, "reverse_burn_in": None,
+            "max_gap": 1.0, "min_ess_fraction": 0.1, "num_climb": 256, "num_data_probes": 1000}
+
+
+def certify_settings(cfg) -> dict:
+    """The validated certificate settings of an AIS config (``estimator.*`` or ``estimator.log_z.*``)."""
+    get = lambda k: cfg.get(k, DEFAULTS[k]) if cfg.get(k) is not None else DEFAULTS[k]  # noqa: E731
+    out = {"certify": bool(get("certify")), "max_gap": positive_float(get("max_gap"), "estimator.max_gap"),
+           "pilot_fraction": positive_float(get("pilot_fraction"), "estimator.pilot_fraction"),
+           "reverse_fraction": positive_float(get("reverse_fraction"), "estimator.reverse_fraction"),
+           "min_ess_fraction": float(get("min_ess_fraction")),
+           "num_climb": positive_int(get("num_climb"), "estimator.num_climb"),
+           "num_data_probes": positive_int(get("num_data_probes"), "estimator.num_data_probes"),
+           "reverse_burn_in": cfg.get("reverse_burn_in")}
+    if out["pilot_fraction"] > 0.1:
+        raise ConfigError(f"estimator.pilot_fraction must be at most 0.1 (the pilot costs that share of the main "
+                          f"run), got {out['pilot_fraction']}")
+    if out["reverse_fraction"] > 1:
+        raise ConfigError(f"estimator.reverse_fraction must be in (0, 1], got {out['reverse_fraction']}")
+    if not 0 <= out["min_ess_fraction"] <= 1:
+        raise ConfigError(f"estimator.min_ess_fraction must be in [0, 1], got {out['min_ess_fraction']}")
+    if out["reverse_burn_in"] is not None:
+        out["reverse_burn_in"] = positive_int(out["reverse_burn_in"], "estimator.reverse_burn_in")
+    return out
+
+
+# ---- the hard lower bound -----------------------------------------------------------------------------------
+
+
+@dataclass
+class HardBound:
+    """log Z >= ``value``: the larger of the log-sum-exps of log p* over the distinct hidden and visible probes."""
+
+    value: float
+    best_single: float
+    source: str       # the probe set holding the single best state
+    num_probes: int   # distinct states evaluated
+
+
+def _binary_states(model: BoltzmannMachine, x: torch.Tensor, generator=None) -> torch.Tensor:
+    """x made a valid state: binary pixels thresholded at 0.5 (probabilities from data or a DBN's up-pass),
+    labels one-hot at their largest entry."""
+    v, y = model.split(x)
+    v = (v > 0.5).to(x.dtype) if model.visible == "binary" else v
+    if y is None:
+        return v
+    return torch.cat([v, torch.nn.functional.one_hot(y.argmax(-1), model.n_labels).to(x.dtype)], -1)
+
+
+@torch.no_grad()
+def climb(model: BoltzmannMachine, h: torch.Tensor, max_iters: int = 100) -> tuple[torch.Tensor, torch.Tensor]:
+    """Iterated conditional modes on -E(x, h) from every row of h at once: x = argmax p(x | h), then
+    h = argmax p(h | x), until no chain changes. Each half-step never lowers p*(x, h)."""
+    for _ in range(max_iters):
+        x = model.x_mode_given_h(h)
+        new = (model.hidden_input(x) > 0).to(h.dtype)
+        if torch.equal(new, h):
+            break
+        h = new
+    return model.x_mode_given_h(h), h
+
+
+@torch.no_grad()
+def hard_lower_bound(model: BoltzmannMachine, visible_probes: dict[str, torch.Tensor], generator=None,
+                     num_climb: int = 256) -> HardBound:
+    """The hard lower bound on log Z from the probe states (see the module docstring). ``visible_probes`` maps a
+    name (``training rows``, ``persistent particles``, ``AIS end states``) to rows of x; probes are scored in
+    float64 on a copy of the model, so rounding cannot lift the bound above the truth."""
+    m = copy.deepcopy(model).double()
+    dev, H = m.W.device, m.n_hidden
+    xs = {k: _binary_states(m, v.to(dev, torch.float64)) for k, v in visible_probes.items() if v is not None and len(v)}
+    hs: dict[str, torch.Tensor] = {}
+    if m.hidden_marginal_tractable:
+        eye = torch.eye(H, device=dev, dtype=torch.float64) if H <= 4096 else torch.zeros(0, H, device=dev, dtype=torch.float64)
+        hs["all-off, all-on and one-hot hidden states"] = torch.cat([torch.zeros(1, H, device=dev, dtype=torch.float64),
+                                                                      torch.ones(1, H, device=dev, dtype=torch.float64), eye])
+        for k, x in xs.items():  # each probe's most probable h, and a draw of h
+            a = m.hidden_input(x)
+            p = torch.sigmoid(a)
+            hs[f"hidden states of {k}"] = torch.cat([(a > 0).double(), (torch.rand(p.shape, generator=generator,
+                                                     device=dev, dtype=torch.float64) < p).double()])
+    starts = torch.cat([(torch.rand(num_climb, H, generator=generator, device=dev, dtype=torch.float64) < 0.5).double(),
+                        torch.zeros(1, H, device=dev, dtype=torch.float64)]
+                       + [(m.hidden_input(x[:num_climb]) > 0).double() for x in xs.values()])
+    x_mode, h_mode = climb(m, starts)
+    if m.hidden_marginal_tractable:
+        hs["hill-climbed states"] = h_mode
+    if m.visible == "binary":
+        V = m.n_pixels
+        corners = torch.cat([torch.zeros(1, V, device=dev, dtype=torch.float64), torch.ones(1, V, device=dev, dtype=torch.float64)])
+        if m.n_labels:
+            corners = torch.cat([corners, torch.nn.functional.one_hot(torch.zeros(2, dtype=torch.long, device=dev),
+                                                                       m.n_labels).double()], -1)
+        xs["all-off and all-on visible states"] = corners
+        xs["hill-climbed states"] = x_mode
+    else:  # log p*(x) of real-valued pixels is a density, not a lower bound on Z
+        xs = {}
+    best, source, sides, count = -math.inf, "", [], 0
+    for side, states, score in (("hidden", hs, m.log_unnormalised_hidden), ("visible", xs, lambda x: -m.free_energy(x))):
+        if not states:
+            continue
+        names = list(states)
+        allx = torch.cat([states[k] for k in names])
+        owner = torch.cat([torch.full((len(states[k]),), i, device=dev) for i, k in enumerate(names)])
+        uniq, inverse = torch.unique(allx, dim=0, return_inverse=True)
+        first = torch.full((len(uniq),), len(allx), device=dev, dtype=torch.long).scatter_reduce(
+            0, inverse, torch.arange(len(allx), device=dev), "amin")
+        scores = torch.cat([score(uniq[s0:s1]) for s0, s1 in chunks(len(uniq), 4096)])
+        count += len(uniq)
+        sides.append(torch.logsumexp(scores, 0).item())
+        top = scores.argmax()
+        if scores[top].item() > best:
+            best, source = scores[top].item(), f"{names[int(owner[first[top]])]} ({side} side)"
+    return HardBound(max(sides), best, source, count)
+
+
+# ---- reverse AIS from states near the model --------------------------------------------------------------------
+
+
+@torch.no_grad()
+def gibbs_run(model: BoltzmannMachine, x: torch.Tensor, sweeps: int, generator=None) -> torch.Tensor:
+    """``sweeps`` block-Gibbs sweeps at beta = 1 from every row of x at once."""
+    for _ in range(sweeps):
+        x = model.sample_x_given_h(model.sample_h(x, 1.0, generator), 1.0, generator, x=x)
+    return x
+
+
+def reverse_start(model: BoltzmannMachine, num_chains: int, particles: torch.Tensor | None,
+                  rows: torch.Tensor | None, burn_in: int, generator=None) -> tuple[torch.Tensor, str]:
+    """(x at beta = 1 for the reverse chains, how they were drawn): the checkpoint's persistent particles when it
+    stores them (the learner's own samples of the model), else ``burn_in`` block-Gibbs sweeps from training rows."""
+    dev = model.W.device
+    if particles is not None and len(particles) and particles.shape[1] == model.n_visible:
+        idx = torch.randperm(len(particles), generator=torch.Generator().manual_seed(0))[:num_chains]
+        x = particles[idx.to(particles.device)].to(dev, model.W.dtype)
+        return x, f"{len(x)} persistent particles stored in the checkpoint"
+    if rows is None or not len(rows):
+        raise ConfigError("reverse AIS needs persistent particles or training rows to start from")
+    idx = torch.randint(0, len(rows), (num_chains,), generator=torch.Generator().manual_seed(0))
+    x = rows[idx.to(rows.device)].to(dev, model.W.dtype)
+    x = x.to_dense() if x.is_sparse else x
+    x = _binary_states(model, x) if model.visible == "binary" else x
+    return gibbs_run(model, x, burn_in, generator), f"{burn_in} block-Gibbs sweeps from {num_chains} training rows"
+
+
+# ---- the whole certified estimate -----------------------------------------------------------------------------
+
+
+@dataclass
+class CertifiedLogZ:
+    """A forward AIS estimate of log Z with its certificate (``certify=false``: the forward estimate alone)."""
+
+    forward: LogZ
+    ladder: dict
+    bound: HardBound | None = None
+    reverse: LogZ | None = None
+    reverse_init: str | None = None
+    checks: list = field(default_factory=list)
+    warnings: list = field(default_factory=list)
+    seconds: dict = field(default_factory=dict)
+
+    @property
+    def log_z(self) -> float:
+        return self.forward.log_z
+
+    @property
+    def stderr(self) -> float:
+        return self.forward.stderr
+
+    @property
+    def certified(self) -> bool | None:
+        return (not self.warnings) if self.checks else None
+
+    def band(self) -> tuple[float, float | None]:
+        """[low, high]: the stochastic sandwich [forward, reverse] (ordered), its low end floored by the hard bound;
+        high is None without a reverse run."""
+        lo = self.forward.log_z if self.reverse is None else min(self.forward.log_z, self.reverse.log_z)
+        if self.bound is not None:
+            lo = max(lo, self.bound.value)
+        hi = None if self.reverse is None else max(self.forward.log_z, self.reverse.log_z, lo)
+        return lo, hi
+
+    def extras(self, prefix: str = "log_z") -> dict:
+        r = lambda v: None if v is None else round(v, 4)  # noqa: E731
+        out = {**self.forward.extras(prefix), f"{prefix}_schedule": self.ladder}
+        if self.bound is not None:
+            out.update({f"{prefix}_lower_bound": r(self.bound.value), f"{prefix}_lower_bound_probe": self.bound.source,
+                        f"{prefix}_num_probes": self.bound.num_probes})
+        if self.reverse is not None:
+            out.update({f"{prefix}_reverse": r(self.reverse.log_z), f"{prefix}_reverse_stderr": r(self.reverse.stderr),
+                        f"{prefix}_reverse_ess": round(self.reverse.ess, 2),
+                        f"{prefix}_reverse_num_betas": self.reverse.num_betas,
+                        f"{prefix}_reverse_init": self.reverse_init,
+                        f"{prefix}_reverse_is": "a stochastic upper estimate (an upper bound in expectation only "
+                                                "from exact model samples)"})
+        if self.checks:
+            out[f"{prefix}_band"] = [r(v) for v in self.band()]
+            out[f"{prefix}_certified"] = self.certified
+        out[f"{prefix}_seconds"] = {k: round(v, 3) for k, v in self.seconds.items()}
+        return out
+
+    def apply(self, result) -> None:
+        """Carry the checks and warnings into an estimator ``Result``."""
+        for name in self.checks:
+            if name not in result.checks:
+                result.checks.append(name)
+        for w in self.warnings:
+            if w not in result.warnings:
+                result.warnings.append(w)
+
+    # ---- the log Z cache (estimators/log_z.py) ---------------------------------------------------------------
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["digest"] = digest(d)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "CertifiedLogZ":
+        """Rebuild a cached certificate; ``ValueError`` when its digest does not match its contents."""
+        d = dict(d)
+        if d.pop("digest", None) != digest(d):
+            raise ValueError("its digest does not match its contents")
+
+        def logz(e):
+            return None if e is None else LogZ(**{**e, "log_z_3sd": tuple(e["log_z_3sd"])})
+
+        bound = None if d.get("bound") is None else HardBound(**d["bound"])
+        return cls(logz(d["forward"]), d["ladder"], bound, logz(d.get("reverse")), d.get("reverse_init"),
+                   list(d.get("checks", [])), list(d.get("warnings", [])), dict(d.get("seconds", {})))
+
+
+def digest(d: dict) -> str:
+    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def _tolerance(log_z: float) -> float:
+    """Rounding allowance for comparing a float32 AIS estimate with a float64 bound."""
+    return 1e-3 + 1e-5 * abs(log_z)
+
+
+def run_checks(c: CertifiedLogZ, settings: dict) -> None:
+    """The checks, each with the sentence a user sees when it fails."""
+    fwd = c.forward
+
+    def check(name, passed, warning):
+        c.checks.append(name)
+        if not passed:
+            c.warnings.append(warning)
+
+    min_ess = settings["min_ess_fraction"] * fwd.num_chains
+    check("ess", fwd.ess >= min_ess,
+          f"forward AIS ESS is {fwd.ess:.1f} of {fwd.num_chains} chains (below {min_ess:.0f}): log Z rests on a few "
+          "chains; use estimator.schedule=adaptive, more betas or more chains")
+    if c.bound is not None:
+        # A hard bound beats any estimate, but the estimate is random: fail where it is below by more than 3 SE.
+        check("hard_lower_bound", fwd.log_z + 3 * fwd.stderr >= c.bound.value - _tolerance(c.bound.value),
+              f"log Z {fwd.log_z:.2f} is below the hard lower bound {c.bound.value:.2f} (log p* of "
+              f"{c.bound.source}): the AIS ladder is too coarse or the chains miss a mode; try "
+              "estimator.schedule=adaptive, more betas or more chains")
+    if c.reverse is not None:
+        rev = c.reverse
+        se = math.sqrt(fwd.stderr**2 + rev.stderr**2)
+        check("sandwich_order", rev.log_z >= fwd.log_z - 3 * se - _tolerance(fwd.log_z),
+              f"reverse AIS log Z {rev.log_z:.2f} is below forward AIS log Z {fwd.log_z:.2f} by more than 3 SE: the "
+              f"sandwich is inverted, so one side is wrong (reverse chains from {c.reverse_init} may not represent "
+              "the model; try more reverse burn-in, more betas or more chains)")
+        gap = rev.log_z - fwd.log_z
+        check("sandwich_gap", gap <= settings["max_gap"],
+              f"forward and reverse AIS disagree by {gap:.2f} nats (more than estimator.max_gap="
+              f"{settings['max_gap']}): log Z lies somewhere in [{fwd.log_z:.2f}, {rev.log_z:.2f}]; use more betas "
+              "or chains")
+        if c.bound is not None:
+            check("reverse_hard_lower_bound", rev.log_z + 3 * rev.stderr >= c.bound.value - _tolerance(c.bound.value),
+                  f"reverse AIS log Z {rev.log_z:.2f} is below the hard lower bound {c.bound.value:.2f}: its chains "
+                  f"({c.reverse_init}) miss the mode at {c.bound.source}")
+
+
+@torch.no_grad()
+def certified_log_z(model: BoltzmannMachine, base, settings: dict, cert: dict, generator=None, *,
+                    data_rows: torch.Tensor | None = None, particles: torch.Tensor | None = None,
+                    progress: bool = False, accel: str = "none") -> CertifiedLogZ:
+    """Forward AIS for log Z on the ladder ``settings['schedule']`` (adaptive: from a pilot run), and, with
+    ``cert['certify']``, its certificate: the hard lower bound from probes, reverse AIS on ``reverse_fraction`` of
+    the betas from ``particles`` or a Gibbs run from ``data_rows``, and the checks (``run_checks``)."""
+    seconds = {}
+    t0 = time.perf_counter()
+    path = RBMPath(model, base, accel)
+    n, K = settings["num_chains"], settings["num_betas"]
+    ladder = make_ladder(settings["schedule"], K, pilot=lambda: (path, path.sample_base(n, generator)), generator=generator,
+                         pilot_fraction=cert["pilot_fraction"])
+    seconds["pilot"] = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    log_w, end = ais(path, path.sample_base(n, generator), ladder.betas(K), generator, progress, "AIS log Z")
+    seconds["forward"] = time.perf_counter() - t1
+    forward = LogZ.from_log_w(log_w, path.log_z0(), "forward", K, seconds["forward"])
+    c = CertifiedLogZ(forward, ladder.extras(), seconds=seconds)
+    if not cert["certify"]:
+        return c
+    t2 = time.perf_counter()
+    rows = None
+    if data_rows is not None and len(data_rows):
+        idx = torch.randperm(len(data_rows), generator=torch.Generator().manual_seed(1))[: cert["num_data_probes"]]
+        rows = data_rows[idx.to(data_rows.device)]
+        rows = rows.to_dense() if rows.is_sparse else rows
+    c.bound = hard_lower_bound(model, {"training rows": rows, "persistent particles": particles,
+                                       "AIS end states": end.x}, generator, cert["num_climb"])
+    seconds["probes"] = time.perf_counter() - t2
+    t3 = time.perf_counter()
+    k_rev = max(1, round(cert["reverse_fraction"] * K))
+    burn_in = cert["reverse_burn_in"] if cert["reverse_burn_in"] is not None else max(1, K // 4)
+    x0, c.reverse_init = reverse_start(model, n, particles, rows, burn_in, generator)
+    log_w_r, _ = ais(path, path.state(x0), ladder.betas(k_rev).flip(0), generator, progress, "reverse AIS log Z")
+    seconds["reverse"] = time.perf_counter() - t3
+    c.reverse = LogZ.from_log_w(log_w_r, path.log_z0(), "reverse", k_rev, seconds["reverse"])
+    run_checks(c, cert)
+    return c
+
+
+def stored_particles(payload: dict | None, n_visible: int) -> torch.Tensor | None:
+    """The persistent particles a checkpoint's learner stored (SAP and its kin; a greedy DBN run's current layer),
+    when they fit a model with ``n_visible`` units."""
+    learner = (payload or {}).get("learner") or {}
+    for state in (learner, learner.get("inner") or {}):
+        x = state.get("particles_x") if isinstance(state, dict) else None
+        if torch.is_tensor(x) and x.dim() == 2 and x.shape[1] == n_visible and len(x):
+            return x
+    return None

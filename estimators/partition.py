@@ -1,0 +1,124 @@
+"""``estimator=ais`` and ``estimator=raise``: a Boltzmann machine's log Z with its certificate, and the per-example
+log p(v) = -F(v) - log Z (Salakhutdinov & Murray 2008, Sec. 4.2).
+
+Both run forward AIS from the base-rate model on the ladder ``schedule`` (``adaptive`` by default: spaced from a
+pilot run so each step adds about the same log-weight variance; ``paper`` is the paper's fixed ladder) and,
+unless ``certify=false``, the certificate of ``estimators.certify``: a hard lower bound from probe states,
+reverse AIS from the checkpoint's persistent particles (or a Gibbs run), the ESS, and ``certified`` with the
+reasons when it fails. ``raise`` runs its reverse side on the whole ladder and reports the conservative side
+(the reverse log Z, hence the lower log p) as ``mean_log_p``.
+
+Beside ``mean_log_p`` the line carries ``mean_log_p_band``, the per-example mean over the log Z band, and
+``mean_log_p_hard_upper_bound`` = mean -F(v) - (hard lower bound on log Z), which no estimate can honestly exceed.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from estimators.ais import base_rate, ais_settings, check_boltzmann, free_energy_log_p
+from estimators.base import Result
+from estimators.certify import CertifiedLogZ, certified_log_z, certify_settings, stored_particles
+from nvil.accel import check_mode
+from nvil.config import positive_int
+from nvil.errors import ConfigError
+
+
+def log_p_extras(mean_log_p: float, c: CertifiedLogZ, used_log_z: float) -> dict:
+    """The test mean over the log Z band, and the hard upper bound on it, for a mean computed with ``used_log_z``."""
+    out = {}
+    lo, hi = c.band()
+    if c.checks:
+        out["mean_log_p_band"] = [None if hi is None else round(mean_log_p + used_log_z - hi, 4),
+                                  round(mean_log_p + used_log_z - lo, 4)]
+    if c.bound is not None:
+        out["mean_log_p_hard_upper_bound"] = round(mean_log_p + used_log_z - c.bound.value, 4)
+    return out
+
+
+class AIS:
+    """``estimator=ais``: log Z of an RBM or semi-RBM by certified AIS, and log p(v) = -F(v) - log Z."""
+
+    name = "ais"
+    reverse_fraction = None  # None: the config's ``reverse_fraction``
+
+    def __init__(self, cfg) -> None:
+        self.cfg = cfg
+        self.settings = ais_settings(cfg)
+        self.cert = certify_settings(cfg)
+        if self.reverse_fraction is not None:
+            self.cert["reverse_fraction"] = self.reverse_fraction
+        self.batch_size = positive_int(cfg.get("batch_size", 1000), "estimator.batch_size")
+        self.accel = check_mode(cfg.get("accel", "none"), what="estimator.accel")
+
+    def check(self, model, inference) -> None:
+        check_boltzmann(model, self.name)
+
+    def dataset_inputs(self, model, data, split, rows, payload=None, **_) -> dict:
+        return {"train": data.split("train"), "particles": stored_particles(payload, model.n_visible)}
+
+    def certified_log_z(self, model, train, generator, progress, particles=None) -> CertifiedLogZ:
+        base = base_rate(model, train, self.settings["base_smoothing"])
+        return certified_log_z(model, base, self.settings, self.cert, generator, data_rows=train, particles=particles,
+                               progress=progress, accel=self.accel)
+
+    def used_log_z(self, c: CertifiedLogZ) -> float:
+        return c.forward.log_z
+
+    @torch.no_grad()
+    def estimate(self, model, data, *, inference=None, generator, seed: int, progress=None, train=None,
+                 particles=None) -> Result:
+        self.check(model, inference)
+        t0 = time.perf_counter()
+        c = self.certified_log_z(model, train, generator, progress is not None and not progress.disable, particles)
+        log_z = self.used_log_z(c)
+        se = c.forward.stderr if log_z == c.forward.log_z else c.reverse.stderr
+        log_p = free_energy_log_p(model, data, log_z, self.batch_size, progress)
+        result = Result(self.name, log_p, time.perf_counter() - t0, seed,
+                        {**c.extras(), "num_betas": c.forward.num_betas, "schedule": self.settings["schedule"]},
+                        shared_stderr=se)
+        result.extras.update(log_p_extras(result.mean, c, log_z))
+        c.apply(result)
+        return result
+
+
+class RAISE(AIS):
+    """``estimator=raise``: forward and reverse AIS for log Z on the whole ladder, both sides per example.
+    ``mean_log_p`` is the conservative side (from the reverse log Z); ``mean_log_p_ais`` the forward one. The
+    reverse chains start from the checkpoint's persistent particles, else from ``reverse_burn_in`` block-Gibbs
+    sweeps from rows of ``init_split``: states near the model, not data rows themselves."""
+
+    name = "raise"
+    reverse_fraction = 1.0
+
+    def __init__(self, cfg) -> None:
+        super().__init__(cfg)
+        if not self.cert["certify"]:
+            raise ConfigError("estimator=raise is forward and reverse AIS; it needs estimator.certify=true")
+        self.init_split = cfg.get("init_split", "train")
+        if self.init_split not in ("train", "valid", "test"):
+            raise ConfigError(f"estimator.init_split must be train, valid or test, got {self.init_split!r}")
+
+    def dataset_inputs(self, model, data, split, rows, payload=None, **_) -> dict:
+        return {"train": data.split("train"), "init": data.split(self.init_split),
+                "particles": stored_particles(payload, model.n_visible)}
+
+    def used_log_z(self, c: CertifiedLogZ) -> float:
+        return c.reverse.log_z
+
+    @torch.no_grad()
+    def estimate(self, model, data, *, init=None, **kwargs) -> Result:
+        self._init = init
+        result = super().estimate(model, data, **kwargs)
+        gap = result.extras["log_z_reverse"] - result.extras["log_z"]
+        result.extras.update({"mean_log_p_ais": round(result.mean + gap, 4), "log_z_gap": round(gap, 4),
+                              "init_split": self.init_split})
+        return result
+
+    def certified_log_z(self, model, train, generator, progress, particles=None) -> CertifiedLogZ:
+        base = base_rate(model, train, self.settings["base_smoothing"])
+        rows = self._init if self._init is not None else train
+        return certified_log_z(model, base, self.settings, self.cert, generator, data_rows=rows, particles=particles,
+                               progress=progress, accel=self.accel)
