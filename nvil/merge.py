@@ -58,6 +58,11 @@ def merge(lines: list[dict]) -> dict:
     skip = set(out) | {"shard", "rows", "sum_log_p", "sum_sq_log_p", "run_sums", "shared_stderr", "num_shards",
                        "stderr_examples", "num_runs", "run_spread", "mean_log_p_per_run"}
     out.update({k: v for k, v in d0.items() if k not in skip})
+    # The certificate of the whole: every shard's checks and warnings (a failure on any shard fails the merge).
+    out["checks"] = sorted({c for p in parts for c in p.get("checks", [])})
+    out["warnings"] = [w for i, p in enumerate(parts) for w in p.get("warnings", [])
+                       if w not in [v for q in parts[:i] for v in q.get("warnings", [])]]
+    out["certified"] = (not out["warnings"]) if out["checks"] else None
     out["merged_shards"] = n_shards
     return out
 
