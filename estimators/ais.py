@@ -154,7 +154,7 @@ def adaptive_ladder(path, state, num_betas: int, generator=None, groups: int = 1
     which equal steps add equal variance: the main ladder spaces its betas uniformly in Lambda(beta) = int rate,
     with ``floor`` of the mass spread uniformly so that no stretch is left without betas where the pilot saw none
     of the variance. The pilot's chains are thrown away, so the main run's weights stay unbiased."""
-    steps = max(10, round(pilot_fraction * num_betas))
+    steps = max(4, round(pilot_fraction * num_betas))
     grid = pilot_grid(steps)
     sds = []
 

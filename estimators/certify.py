@@ -278,6 +278,8 @@ def _tolerance(log_z: float) -> float:
 def run_checks(c: CertifiedLogZ, settings: dict) -> None:
     """The checks, each with the sentence a user sees when it fails."""
     fwd = c.forward
+    fix = ("more betas or more chains" if c.ladder.get("schedule") == "adaptive"
+           else "estimator.schedule=adaptive, more betas or more chains")
 
     def check(name, passed, warning):
         c.checks.append(name)
@@ -287,13 +289,12 @@ def run_checks(c: CertifiedLogZ, settings: dict) -> None:
     min_ess = settings["min_ess_fraction"] * fwd.num_chains
     check("ess", fwd.ess >= min_ess,
           f"forward AIS ESS is {fwd.ess:.1f} of {fwd.num_chains} chains (below {min_ess:.0f}): log Z rests on a few "
-          "chains; use estimator.schedule=adaptive, more betas or more chains")
+          f"chains; use {fix}")
     if c.bound is not None:
         # A hard bound beats any estimate, but the estimate is random: fail where it is below by more than 3 SE.
         check("hard_lower_bound", fwd.log_z + 3 * fwd.stderr >= c.bound.value - _tolerance(c.bound.value),
               f"log Z {fwd.log_z:.2f} is below the hard lower bound {c.bound.value:.2f} (log p* of "
-              f"{c.bound.source}): the AIS ladder is too coarse or the chains miss a mode; try "
-              "estimator.schedule=adaptive, more betas or more chains")
+              f"{c.bound.source}): the AIS ladder is too coarse or the chains miss a mode; try {fix}")
     if c.reverse is not None:
         rev = c.reverse
         se = math.sqrt(fwd.stderr**2 + rev.stderr**2)
