@@ -131,6 +131,7 @@ class BDMC:
     """
 
     name = "bdmc"
+    simulates_own_data = True  # evaluate_checkpoint refuses to shard it: every shard would simulate the same rows
 
     def __init__(self, cfg) -> None:
         self.cfg = cfg

@@ -77,6 +77,9 @@ def evaluate_checkpoint(path, estimator_cfg, *, split: str = "test", num_example
         raise ConfigError("eval.shard / eval.num_shards split the work between separate jobs; under torchrun the "
                           "ranks already share the examples, so leave them unset")
     estimator = build_estimator(estimator_cfg)
+    if getattr(estimator, "simulates_own_data", False) and (d.enabled or shard is not None or num_shards is not None):
+        raise ConfigError(f"estimator={estimator.name} simulates its own examples, so sharding it (torchrun, eval.shard) "
+                          "would repeat them on every shard; run it in one process")
     model, inference, payload = load_model(path, dev)
     estimator.check(model, inference)  # refuse before any work starts
     data_cfg = OmegaConf.merge(OmegaConf.create(payload["config"]["data"]), OmegaConf.create(data_overrides or {}))

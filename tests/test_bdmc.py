@@ -198,6 +198,9 @@ def test_cli_reports_the_certificate_and_refuses_boltzmann_machines(tmp_path):
     assert line["estimator"] == "bdmc" and line["num_examples"] == line["num_simulated"] == 20
     assert isinstance(line["certified"], bool) and math.isfinite(line["bdmc_gap"])
     assert line["checks"] == ["bdmc_gap", "bdmc_order"] and line["num_betas"] == 50
+    sharded = run("evaluate.py", f"checkpoint={sbn['checkpoint']}", "estimator=bdmc", "eval.shard=0",
+                  "eval.num_shards=2", "eval.progress=false", cwd=tmp_path)
+    assert sharded.returncode == 2 and sharded.stderr.strip().startswith("error:") and "simulates" in sharded.stderr
 
     rbm = train(make_cfg("train", [o for o in SYNTHETIC if not o.startswith("model.layers")] +
                          ["model=rbm", "model.n_hidden=4", "learner=cd", "trainer.max_steps=5"]), tmp_path / "rbm")
