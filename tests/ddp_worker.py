@@ -107,6 +107,7 @@ def main() -> None:
     check_mcem(d)
     if d.is_main:
         Path(sys.argv[1]).write_text("ok")
+    torch.distributed.barrier()  # both ranks done before the group goes: rank 0 tearing it down early aborted gloo once
     distributed.cleanup()
 
 
