@@ -17,8 +17,34 @@ import torch
 from nvil.ops import log_mean_exp, mean_and_stderr
 
 
+class Certificate:
+    """The certificate protocol shared by ``Result`` and ``estimators.certify.CertifiedLogZ``: a dataclass with
+    ``checks`` (names of the checks that ran), ``failed`` (names of those that failed) and ``warnings`` (one
+    sentence per failure) lists."""
+
+    @property
+    def certified(self) -> bool | None:
+        return (not self.failed) if self.checks else None
+
+    def check(self, name: str, passed: bool, warning: str) -> bool:
+        """Record that check ``name`` ran; where it failed, ``warning`` (one sentence naming the reason)."""
+        if name not in self.checks:
+            self.checks.append(name)
+        if not passed:
+            if name not in self.failed:
+                self.failed.append(name)
+            if warning not in self.warnings:
+                self.warnings.append(warning)
+        return passed
+
+    def carry(self, other: "Certificate") -> None:
+        """Add ``other``'s checks, failures and warnings to this certificate (a DBN estimate carries its log Z's)."""
+        for mine, theirs in ((self.checks, other.checks), (self.failed, other.failed), (self.warnings, other.warnings)):
+            mine += [x for x in theirs if x not in mine]
+
+
 @dataclass
-class Result:
+class Result(Certificate):
     estimator: str
     log_p: torch.Tensor  # [num_examples], one estimate per example
     seconds: float
@@ -28,21 +54,10 @@ class Result:
     shared_stderr: float = 0.0
     # [runs, num_examples]: each independent run's own estimate, for the per-run spread.
     run_log_p: torch.Tensor | None = None
-    # The certificate: names of the checks that ran, and one sentence per failed check.
+    # The certificate (``Certificate``): the checks that ran, those that failed, one sentence per failure.
     checks: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
-
-    @property
-    def certified(self) -> bool | None:
-        return (not self.warnings) if self.checks else None
-
-    def check(self, name: str, passed: bool, warning: str) -> bool:
-        """Record that check ``name`` ran; where it failed, ``warning`` (one sentence naming the reason)."""
-        if name not in self.checks:
-            self.checks.append(name)
-        if not passed and warning not in self.warnings:
-            self.warnings.append(warning)
-        return passed
 
     @property
     def mean(self) -> float:
@@ -76,6 +91,7 @@ class Result:
         out.update(self.extras)
         out["certified"] = self.certified
         out["checks"] = list(self.checks)
+        out["failed_checks"] = list(self.failed)
         out["warnings"] = list(self.warnings)
         return finite_json(out)
 

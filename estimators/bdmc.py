@@ -1,51 +1,31 @@
 """Bidirectional Monte Carlo: AIS run both ways along one path (Grosse, Ghahramani & Adams 2015, BDMC; Burda,
 Grosse & Salakhutdinov 2015, RAISE).
 
-- ``rbm_log_z_reverse``: reverse AIS for an RBM's log Z. The chains start at beta = 1 and anneal back to the
-  base-rate model through the same path and operators as forward AIS (``estimators.ais.RBMPath``), with the betas
-  in decreasing order. From exact samples of the RBM, exp(log w) is unbiased for Z_0 / Z, so log Z_hat over-estimates
-  log Z in expectation while forward AIS under-estimates it. ``estimators.certify`` runs it from the checkpoint's
-  persistent particles or a Gibbs run, as a stochastic upper estimate (``estimator=ais`` and ``raise``).
+- for an RBM's log Z, ``estimators.ais.rbm_log_z_reverse``, which ``estimators.certify`` runs from the
+  checkpoint's persistent particles or a Gibbs run, as a stochastic upper estimate (``estimator=ais`` and ``raise``);
 - ``BDMC`` (``estimator=bdmc``): for directed models, where simulation gives exact posterior samples, both
   sides are stochastic bounds on each simulated example's log p(v); their gap certifies the AIS schedule.
 """
 
 from __future__ import annotations
 
+import math
 import time
+from dataclasses import dataclass
 
 import torch
 
-from estimators.ais import LogZ, RBMPath, ais
-
-
-def rbm_log_z_reverse(model, base, x_init: torch.Tensor, betas: torch.Tensor, generator=None,
-                      progress: bool = False, accel: str = "none") -> LogZ:
-    """Reverse AIS from chains at ``x_init`` (beta = 1) to the base-rate model: log Z_hat over-estimates log Z."""
-    t0 = time.perf_counter()
-    path = RBMPath(model, base, accel)
-    log_w, _ = ais(path, path.state(x_init), betas.flip(0), generator, progress, "reverse AIS log Z")
-    return LogZ.from_log_w(log_w, path.log_z0(), "reverse", len(betas) - 1, time.perf_counter() - t0)
-
-
-# ---- bidirectional Monte Carlo for directed models: estimator=bdmc ------------------------------------------
-#
-# Appended below the reverse-AIS code; its imports live here so that the code above stays exactly as it is.
-
-import math  # noqa: E402
-from dataclasses import dataclass  # noqa: E402
-
-from estimators.ais import PosteriorPath, check_schedule, make_ladder, schedule  # noqa: E402
-from estimators.ais_hmc import ContinuousLatent, PriorPosteriorPath  # noqa: E402
-from estimators.base import Result, batch_generator, chunks, combine_runs  # noqa: E402
-from estimators.posterior import LatentModel  # noqa: E402
-from models.dbn import DBN  # noqa: E402
-from models.gaussian import FORMS  # noqa: E402
-from models.rbm import BoltzmannMachine  # noqa: E402
-from nvil.accel import check_mode  # noqa: E402
-from nvil.config import positive_float, positive_int  # noqa: E402
-from nvil.errors import ConfigError  # noqa: E402
-from nvil.ops import log_mean_exp, mean_and_stderr  # noqa: E402
+from estimators.ais import PosteriorPath, ais, check_schedule, schedule
+from estimators.ais_hmc import ContinuousLatent, PriorPosteriorPath
+from estimators.base import Result, batch_generator, chunks, combine_runs
+from estimators.posterior import LatentModel, posterior_ladder
+from models.dbn import DBN
+from models.gaussian import FORMS
+from models.rbm import BoltzmannMachine
+from nvil.accel import check_mode
+from nvil.config import positive_float, positive_int
+from nvil.errors import ConfigError
+from nvil.ops import log_mean_exp, mean_and_stderr
 
 
 class StepSizeTape:
@@ -199,8 +179,8 @@ class BDMC:
             path = PosteriorPath(lm.joint(v), lm.q_density(v))
             betas = self.betas
             if betas is None:
-                betas = make_ladder("adaptive", self.num_betas, generator=generator, groups=v.shape[0] // self.num_runs,
-                                    pilot=lambda: (path, path.state(lm.sample_q(v, generator)))).betas(self.num_betas)
+                betas = posterior_ladder(path, lm, v, self.schedule, self.num_betas, self.num_runs, generator).betas(
+                    self.num_betas)
             log_w, _ = ais(path, path.state(lm.sample_q(v, generator)), betas, generator)
             log_w_rev, _ = ais(path, path.state(h), betas.flip(0), generator)
             return log_w, log_w_rev, {}

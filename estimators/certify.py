@@ -29,8 +29,8 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from estimators.ais import LogZ, RBMPath, ais, make_ladder
-from estimators.base import chunks
+from estimators.ais import LogZ, RBMPath, ais, make_ladder, rbm_log_z_reverse
+from estimators.base import Certificate, chunks
 from models.rbm import BoltzmannMachine
 from nvil.config import positive_float, positive_int
 from nvil.errors import ConfigError
@@ -184,7 +184,7 @@ def reverse_start(model: BoltzmannMachine, num_chains: int, particles: torch.Ten
 
 
 @dataclass
-class CertifiedLogZ:
+class CertifiedLogZ(Certificate):
     """A forward AIS estimate of log Z with its certificate (``certify=false``: the forward estimate alone)."""
 
     forward: LogZ
@@ -195,6 +195,7 @@ class CertifiedLogZ:
     checks: list = field(default_factory=list)
     warnings: list = field(default_factory=list)
     seconds: dict = field(default_factory=dict)
+    failed: list = field(default_factory=list)
 
     @property
     def log_z(self) -> float:
@@ -203,10 +204,6 @@ class CertifiedLogZ:
     @property
     def stderr(self) -> float:
         return self.forward.stderr
-
-    @property
-    def certified(self) -> bool | None:
-        return (not self.warnings) if self.checks else None
 
     def band(self) -> tuple[float, float | None]:
         """[low, high]: the stochastic sandwich [forward, reverse] (ordered), its low end floored by the hard bound;
@@ -236,15 +233,6 @@ class CertifiedLogZ:
         out[f"{prefix}_seconds"] = {k: round(v, 3) for k, v in self.seconds.items()}
         return out
 
-    def apply(self, result) -> None:
-        """Carry the checks and warnings into an estimator ``Result``."""
-        for name in self.checks:
-            if name not in result.checks:
-                result.checks.append(name)
-        for w in self.warnings:
-            if w not in result.warnings:
-                result.warnings.append(w)
-
     # ---- the log Z cache (estimators/log_z.py) ---------------------------------------------------------------
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -263,7 +251,8 @@ class CertifiedLogZ:
 
         bound = None if d.get("bound") is None else HardBound(**d["bound"])
         return cls(logz(d["forward"]), d["ladder"], bound, logz(d.get("reverse")), d.get("reverse_init"),
-                   list(d.get("checks", [])), list(d.get("warnings", [])), dict(d.get("seconds", {})))
+                   list(d.get("checks", [])), list(d.get("warnings", [])), dict(d.get("seconds", {})),
+                   list(d.get("failed", [])))
 
 
 def digest(d: dict) -> str:
@@ -281,34 +270,29 @@ def run_checks(c: CertifiedLogZ, settings: dict) -> None:
     fix = ("more betas or more chains" if c.ladder.get("schedule") == "adaptive"
            else "estimator.schedule=adaptive, more betas or more chains")
 
-    def check(name, passed, warning):
-        c.checks.append(name)
-        if not passed:
-            c.warnings.append(warning)
-
     min_ess = settings["min_ess_fraction"] * fwd.num_chains
-    check("ess", fwd.ess >= min_ess,
+    c.check("ess", fwd.ess >= min_ess,
           f"forward AIS ESS is {fwd.ess:.1f} of {fwd.num_chains} chains (below {min_ess:.0f}): log Z rests on a few "
           f"chains; use {fix}")
     if c.bound is not None:
         # A hard bound beats any estimate, but the estimate is random: fail where it is below by more than 3 SE.
-        check("hard_lower_bound", fwd.log_z + 3 * fwd.stderr >= c.bound.value - _tolerance(c.bound.value),
+        c.check("hard_lower_bound", fwd.log_z + 3 * fwd.stderr >= c.bound.value - _tolerance(c.bound.value),
               f"log Z {fwd.log_z:.2f} is below the hard lower bound {c.bound.value:.2f} (log p* of "
               f"{c.bound.source}): the AIS ladder is too coarse or the chains miss a mode; try {fix}")
     if c.reverse is not None:
         rev = c.reverse
         se = math.sqrt(fwd.stderr**2 + rev.stderr**2)
-        check("sandwich_order", rev.log_z >= fwd.log_z - 3 * se - _tolerance(fwd.log_z),
+        c.check("sandwich_order", rev.log_z >= fwd.log_z - 3 * se - _tolerance(fwd.log_z),
               f"reverse AIS log Z {rev.log_z:.2f} is below forward AIS log Z {fwd.log_z:.2f} by more than 3 SE: the "
               f"sandwich is inverted, so one side is wrong (reverse chains from {c.reverse_init} may not represent "
               "the model; try more reverse burn-in, more betas or more chains)")
         gap = rev.log_z - fwd.log_z
-        check("sandwich_gap", gap <= settings["max_gap"],
+        c.check("sandwich_gap", gap <= settings["max_gap"],
               f"forward and reverse AIS disagree by {gap:.2f} nats (more than estimator.max_gap="
               f"{settings['max_gap']}): log Z lies somewhere in [{fwd.log_z:.2f}, {rev.log_z:.2f}]; use more betas "
               "or chains")
         if c.bound is not None:
-            check("reverse_hard_lower_bound", rev.log_z + 3 * rev.stderr >= c.bound.value - _tolerance(c.bound.value),
+            c.check("reverse_hard_lower_bound", rev.log_z + 3 * rev.stderr >= c.bound.value - _tolerance(c.bound.value),
                   f"reverse AIS log Z {rev.log_z:.2f} is below the hard lower bound {c.bound.value:.2f}: its chains "
                   f"({c.reverse_init}) miss the mode at {c.bound.source}")
 
@@ -347,9 +331,8 @@ def certified_log_z(model: BoltzmannMachine, base, settings: dict, cert: dict, g
     k_rev = max(1, round(cert["reverse_fraction"] * K))
     burn_in = cert["reverse_burn_in"] if cert["reverse_burn_in"] is not None else max(1, K // 4)
     x0, c.reverse_init = reverse_start(model, n, particles, rows, burn_in, generator)
-    log_w_r, _ = ais(path, path.state(x0), ladder.betas(k_rev).flip(0), generator, progress, "reverse AIS log Z")
+    c.reverse = rbm_log_z_reverse(model, base, x0, ladder.betas(k_rev), generator, progress, accel)
     seconds["reverse"] = time.perf_counter() - t3
-    c.reverse = LogZ.from_log_w(log_w_r, path.log_z0(), "reverse", k_rev, seconds["reverse"])
     run_checks(c, cert)
     return c
 

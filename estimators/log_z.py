@@ -96,8 +96,7 @@ def verify(c: CertifiedLogZ, top, top_data: torch.Tensor) -> None:
     if fresh.value > c.bound.value + tol:
         raise ValueError(f"a fresh probe gives a hard lower bound {fresh.value:.3f} above the stored "
                          f"{c.bound.value:.3f}")
-    passed = "hard_lower_bound" in c.checks and not any("hard lower bound" in w and w.startswith("log Z")
-                                                         for w in c.warnings)
+    passed = "hard_lower_bound" in c.checks and "hard_lower_bound" not in c.failed
     if passed and c.forward.log_z + 3 * c.forward.stderr < fresh.value - tol:
         raise ValueError(f"the stored log Z {c.forward.log_z:.3f} is below a fresh hard lower bound {fresh.value:.3f}, "
                          "yet its certificate says it passed")
@@ -108,7 +107,7 @@ def apply_log_z(result, c: CertifiedLogZ, cached: bool) -> None:
     hard bound, the reverse side, the band) and ``mean_log_p_band``, the test mean over the log Z band, beside the
     statistical SE; the log Z checks and warnings join the result's own."""
     result.extras.update({**c.extras(), "log_z_cached": cached, **log_p_extras(result.mean, c, c.log_z)})
-    c.apply(result)
+    result.carry(c)
 
 
 def _read(path: Path | None) -> list:

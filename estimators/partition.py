@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from estimators.ais import base_rate, ais_settings, check_boltzmann, free_energy_log_p
+from estimators.ais import LogZ, ais_settings, base_rate, check_boltzmann, free_energy_log_p
 from estimators.base import Result
 from estimators.certify import CertifiedLogZ, certified_log_z, certify_settings, stored_particles
 from nvil.accel import check_mode
@@ -59,28 +59,30 @@ class AIS:
     def dataset_inputs(self, model, data, split, rows, payload=None, **_) -> dict:
         return {"train": data.split("train"), "particles": stored_particles(payload, model.n_visible)}
 
-    def certified_log_z(self, model, train, generator, progress, particles=None) -> CertifiedLogZ:
+    def certified_log_z(self, model, train, rows, generator, progress, particles=None) -> CertifiedLogZ:
+        """Base rate from ``train``; probes and (without particles) reverse-chain starts from ``rows``."""
         base = base_rate(model, train, self.settings["base_smoothing"])
-        return certified_log_z(model, base, self.settings, self.cert, generator, data_rows=train, particles=particles,
+        return certified_log_z(model, base, self.settings, self.cert, generator, data_rows=rows, particles=particles,
                                progress=progress, accel=self.accel)
 
-    def used_log_z(self, c: CertifiedLogZ) -> float:
-        return c.forward.log_z
+    def side(self, c: CertifiedLogZ) -> LogZ:
+        """The log Z that ``mean_log_p`` uses: the forward estimate."""
+        return c.forward
 
     @torch.no_grad()
     def estimate(self, model, data, *, inference=None, generator, seed: int, progress=None, train=None,
-                 particles=None) -> Result:
+                 particles=None, init=None) -> Result:
         self.check(model, inference)
         t0 = time.perf_counter()
-        c = self.certified_log_z(model, train, generator, progress is not None and not progress.disable, particles)
-        log_z = self.used_log_z(c)
-        se = c.forward.stderr if log_z == c.forward.log_z else c.reverse.stderr
-        log_p = free_energy_log_p(model, data, log_z, self.batch_size, progress)
+        c = self.certified_log_z(model, train, train if init is None else init, generator,
+                                 progress is not None and not progress.disable, particles)
+        side = self.side(c)
+        log_p = free_energy_log_p(model, data, side.log_z, self.batch_size, progress)
         result = Result(self.name, log_p, time.perf_counter() - t0, seed,
                         {**c.extras(), "num_betas": c.forward.num_betas, "schedule": self.settings["schedule"]},
-                        shared_stderr=se)
-        result.extras.update(log_p_extras(result.mean, c, log_z))
-        c.apply(result)
+                        shared_stderr=side.stderr)
+        result.extras.update(log_p_extras(result.mean, c, side.log_z))
+        result.carry(c)
         return result
 
 
@@ -105,20 +107,14 @@ class RAISE(AIS):
         return {"train": data.split("train"), "init": data.split(self.init_split),
                 "particles": stored_particles(payload, model.n_visible)}
 
-    def used_log_z(self, c: CertifiedLogZ) -> float:
-        return c.reverse.log_z
+    def side(self, c: CertifiedLogZ) -> LogZ:
+        """The conservative side: the reverse (over-estimated) log Z."""
+        return c.reverse
 
     @torch.no_grad()
-    def estimate(self, model, data, *, init=None, **kwargs) -> Result:
-        self._init = init
+    def estimate(self, model, data, **kwargs) -> Result:
         result = super().estimate(model, data, **kwargs)
         gap = result.extras["log_z_reverse"] - result.extras["log_z"]
         result.extras.update({"mean_log_p_ais": round(result.mean + gap, 4), "log_z_gap": round(gap, 4),
                               "init_split": self.init_split})
         return result
-
-    def certified_log_z(self, model, train, generator, progress, particles=None) -> CertifiedLogZ:
-        base = base_rate(model, train, self.settings["base_smoothing"])
-        rows = self._init if self._init is not None else train
-        return certified_log_z(model, base, self.settings, self.cert, generator, data_rows=rows, particles=particles,
-                               progress=progress, accel=self.accel)

@@ -170,6 +170,15 @@ class PerExample:
         raise NotImplementedError
 
 
+def posterior_ladder(path: PosteriorPath, lm: LatentModel, x: torch.Tensor, kind: str, num_betas: int, num_runs: int,
+                     generator, pilot_fraction: float = 0.05):
+    """The ladder of one batch of per-example AIS (chains = examples x ``num_runs``, example-major): with
+    ``adaptive``, from a pilot over this batch's own chains started from Q (each example's runs a group, their
+    increment spreads averaged), fixed before the main run, so every example's weights stay unbiased given it."""
+    return make_ladder(kind, num_betas, pilot=lambda: (path, path.state(lm.sample_q(x, generator))),
+                       generator=generator, groups=x.shape[0] // num_runs, pilot_fraction=pilot_fraction)
+
+
 class AISPosterior(PerExample):
     """``estimator=ais_posterior``: per test case, AIS from Q(h | v) to P(h | v) (Murray & Salakhutdinov 2009,
     Sec. 2.3) with sequential Gibbs at each beta. Each run's exp(log w) is unbiased for sum_h P*(v, h)."""
@@ -192,12 +201,9 @@ class AISPosterior(PerExample):
         return out
 
     def run_batch(self, lm: LatentModel, x: torch.Tensor, generator) -> torch.Tensor:
-        """One ladder per batch: with ``adaptive``, from a pilot over this batch's chains (each example's runs a
-        group, their increment spreads averaged), so every example's weights stay unbiased given the ladder."""
         path = PosteriorPath(lm.joint(x), lm.q_density(x))
-        groups = x.shape[0] // self.num_runs
-        ladder = make_ladder(self.schedule, self.num_betas, pilot=lambda: (path, path.state(lm.sample_q(x, generator))),
-                             generator=generator, groups=groups, pilot_fraction=self.pilot_fraction)
+        ladder = posterior_ladder(path, lm, x, self.schedule, self.num_betas, self.num_runs, generator,
+                                  self.pilot_fraction)
         self.pilot_steps = ladder.pilot_steps
         log_w, _ = ais(path, path.state(lm.sample_q(x, generator)), ladder.betas(self.num_betas), generator)
         return log_w

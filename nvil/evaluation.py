@@ -133,16 +133,16 @@ def gather_result(result: Result, lengths: torch.Tensor | None) -> tuple[Result,
     the time is the slowest rank's."""
     parts = distributed.gather_objects({"log_p": result.log_p, "run_log_p": result.run_log_p,
                                         "seconds": result.seconds, "lengths": lengths,
-                                        "checks": result.checks, "warnings": result.warnings})
+                                        "certificate": (result.checks, result.failed, result.warnings)})
     whole = Result(result.estimator, torch.cat([p["log_p"] for p in parts]), max(p["seconds"] for p in parts),
                    result.seed, extras=dict(result.extras), shared_stderr=result.shared_stderr)
     if result.run_log_p is not None:
         whole.run_log_p = torch.cat([p["run_log_p"] for p in parts], dim=1)
     whole.extras["num_processes"] = len(parts)
     for rank, p in enumerate(parts):  # every rank's checks; a failure on any rank's shard fails the whole
-        whole.checks += [c for c in p["checks"] if c not in whole.checks]
-        whole.warnings += [w if rank == 0 else f"(rank {rank}) {w}" for w in p["warnings"]
-                           if w not in whole.warnings]
+        checks, failed, warnings = p["certificate"]
+        whole.carry(Result(result.estimator, torch.empty(0), 0.0, result.seed, checks=checks, failed=failed,
+                           warnings=[w if rank == 0 else f"(rank {rank}) {w}" for w in warnings]))
     return whole, None if lengths is None else torch.cat([p["lengths"] for p in parts])
 
 

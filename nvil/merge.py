@@ -62,7 +62,8 @@ def merge(lines: list[dict]) -> dict:
     out["checks"] = sorted({c for p in parts for c in p.get("checks", [])})
     out["warnings"] = [w for i, p in enumerate(parts) for w in p.get("warnings", [])
                        if w not in [v for q in parts[:i] for v in q.get("warnings", [])]]
-    out["certified"] = (not out["warnings"]) if out["checks"] else None
+    out["failed_checks"] = sorted({c for p in parts for c in p.get("failed_checks", [])})
+    out["certified"] = (not out["failed_checks"]) if out["checks"] else None
     out["merged_shards"] = n_shards
     return out
 

@@ -29,8 +29,7 @@ import torch.nn.functional as F
 from omegaconf import OmegaConf
 
 from conftest import CHI2_999, ROOT, SYNTHETIC, chi_square
-from estimators.ais import base_rate, rbm_log_z, schedule
-from estimators.bdmc import rbm_log_z_reverse
+from estimators.ais import base_rate, rbm_log_z, rbm_log_z_reverse, schedule
 from estimators.bounds import importance_sampled_bound
 from estimators.chib import Chib
 from estimators.exact import enumerate_states, exact_log_marginal, split_layers
