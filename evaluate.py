@@ -34,4 +34,4 @@ def _hydra_main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    run_task(evaluate, _hydra_main)
+    run_task(evaluate, _hydra_main, config_name="evaluate")

@@ -1,49 +1,90 @@
-"""Train a latent-variable model.
+"""Train a latent-variable model, then evaluate it with its family's final evaluation.
 
     python train.py                                   # the default job: SBN-200, NVIL, binarised MNIST, then evaluate
     python train.py model=sbn model.layers=[200,200,200] learner=nvil data=mnist trainer.max_steps=100000 seed=1
     python train.py experiment=nvil_sbn200            # the NVIL paper's settings
-    python train.py hydra.run.dir=outputs/run1 trainer.resume=true   # continue an interrupted run
+    python train.py hydra.run.dir=outputs/run1 trainer.resume=true   # continue a run with its own config
     torchrun --nproc_per_node=2 train.py trainer.batch_size=100      # data-parallel: 50 examples per rank
     tensorboard --logdir outputs
+
+stdout carries only JSON lines: ``{"train": ...}`` and one line per final estimator. The resolved config is
+saved as ``config.yaml`` in the run directory (and printed on stderr with ``print_config=true``).
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import sys
 from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from estimators import build_estimator
 from nvil import distributed
 from nvil.cli import guarded, run_task
 from nvil.config import estimator_config
 from nvil.evaluation import evaluate_checkpoint
 from nvil.loop import fit
+from nvil.resume import record_config, run_config
+
+log = logging.getLogger("nvil")
+
+
+def final_plan(cfg: DictConfig) -> list[tuple[DictConfig, int | None]]:
+    """(estimator config, number of examples) for each estimator of ``final_eval``: the model family's plan
+    (configs/final_eval/, chosen by configs/model/*.yaml) or the user's ``final_eval=...`` / ``final_eval.*``."""
+    fe = cfg.final_eval
+    if not fe.enabled:
+        return []
+    plan = [(estimator_config(fe.estimator), fe.get("num_examples"))]
+    if fe.get("then"):
+        plan.append((estimator_config(fe.then), fe.get("then_num_examples")))
+    return plan
 
 
 def train(cfg: DictConfig, run_dir: str | Path) -> dict:
-    """Train, then (if ``final_eval.enabled``) evaluate the best checkpoint. Returns the metrics."""
-    metrics = fit(cfg, Path(run_dir))
+    """Train, then (if ``final_eval.enabled``) evaluate the best checkpoint with each estimator of the final
+    evaluation plan. Returns the metrics, with ``final_eval`` (and ``final_eval_then``) holding their lines."""
+    plan = final_plan(cfg)
+    estimators = [build_estimator(est) for est, _ in plan]
+
+    def check(model, inference):  # refused before the first step, not after the last
+        for estimator in estimators:
+            estimator.check(model, inference)
+
+    metrics = fit(cfg, Path(run_dir), check=check)
     if distributed.current().is_main:
         print(json.dumps({"train": metrics}), flush=True)
-    fe = cfg.final_eval
-    if fe.enabled:
+    for i, (est, num_examples) in enumerate(plan):
         result = evaluate_checkpoint(
-            metrics["checkpoint"], estimator_config(fe.estimator), split=fe.split, num_examples=fe.num_examples,
-            seed=cfg.seed, device=cfg.trainer.device, progress=cfg.trainer.progress)
-        metrics["final_eval"] = result.summary()
+            metrics["checkpoint"], est, split=cfg.final_eval.split, num_examples=num_examples, seed=cfg.seed,
+            device=cfg.trainer.device, progress=cfg.trainer.progress)
+        metrics["final_eval" if i == 0 else "final_eval_then"] = result.summary()
+        log.info("final evaluation: %s", result.to_json())
     return metrics
+
+
+def job(cfg: DictConfig) -> dict:
+    """One ``python train.py`` job: settle the run's config (a resume restores the checkpoint's), record it in
+    ``.hydra/`` only once accepted, then train."""
+    hc = HydraConfig.get()
+    run_dir = Path(hc.runtime.output_dir)
+    overrides = list(hc.overrides.task)
+    cfg, resumed = run_config(cfg, run_dir, overrides)
+    if distributed.current().is_main:
+        record_config(run_dir, cfg, OmegaConf.to_container(hc, resolve=False), overrides, resumed)
+        if cfg.get("print_config", False):
+            print(OmegaConf.to_yaml(cfg, resolve=True), file=sys.stderr)
+    return train(cfg, run_dir)
 
 
 @hydra.main(config_path="configs", config_name="train", version_base="1.3")
 def _hydra_main(cfg: DictConfig) -> None:
-    if cfg.get("print_config", True) and distributed.current().is_main:
-        print(OmegaConf.to_yaml(cfg, resolve=True))
-    guarded(train, cfg, HydraConfig.get().runtime.output_dir)
+    guarded(job, cfg)
 
 
 if __name__ == "__main__":
-    run_task(train, _hydra_main, run_dir_root="outputs")
+    run_task(train, _hydra_main, config_name="train", run_dir_root="outputs")

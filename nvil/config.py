@@ -10,7 +10,7 @@ import torch
 from nvil.errors import ConfigError
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
-GROUPS = ("model", "learner", "data", "estimator", "experiment", "trainer")
+GROUPS = ("model", "learner", "data", "estimator", "experiment", "trainer", "final_eval")
 
 
 def resolve_device(name: str) -> torch.device:
@@ -47,7 +47,7 @@ def check_group_choices(argv: list[str], config_dir: Path = CONFIG_DIR) -> None:
         key = key.lstrip("+~")
         if key not in GROUPS or value in ("", "null"):
             continue
-        known = sorted(p.stem for p in (config_dir / key).glob("*.yaml"))
+        known = sorted(p.stem for p in (config_dir / key).glob("*.yaml") if not p.stem.startswith("_"))
         for choice in value.split(","):
             if choice not in known:
                 raise ConfigError(f"unknown {key} {choice!r}; known: {', '.join(known)}")

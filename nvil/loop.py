@@ -10,7 +10,10 @@ validates (and tells the others the outcome), logs, and writes checkpoints, whic
 
 from __future__ import annotations
 
+import logging
 import math
+import signal
+import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -23,17 +26,20 @@ from models import build_model
 from nvil import distributed
 from nvil.accel import accelerate_learner
 from nvil.checkpoint import load_checkpoint, load_module_state, save_checkpoint
-from nvil.config import positive_int, resolve_device
+from nvil.config import positive_float, positive_int, resolve_device
 from nvil.data import MinibatchStream, build_model_data, check_model_fits_data, take_rows
-from nvil.errors import CheckpointError, ConfigError, TrainingDiverged
+from nvil.divergence import DivergenceMonitor
+from nvil.errors import CheckpointError, ConfigError, Interrupted, TrainingDiverged
 from nvil.learners import build_learner
 from nvil.logging import NullLogger, RunLogger, to_floats
+from nvil.resume import resume_requested
 from nvil.validation import score_tag, validate
 
 # What the progress bar shows, the first that the learner reports.
 PROGRESS_KEYS = ("train/elbo", "train/log_p_exact_batch", "train/free_energy_gap", "train/log_joint")
 # Sections of the config a resumed run must share with the run that wrote the checkpoint.
 RESUME_MUST_MATCH = ("model", "learner", "data", "seed")
+log = logging.getLogger("nvil")
 
 
 @dataclass
@@ -51,10 +57,14 @@ def check_trainer_config(t) -> None:
         positive_int(t.get(key), f"trainer.{key}")
     positive_int(t.get("val_ais_betas", 100), "trainer.val_ais_betas")
     positive_int(t.get("patience"), "trainer.patience", allow_none=True)
+    if t.get("divergence") is not None:
+        positive_float(t.get("divergence"), "trainer.divergence")
 
 
-def fit(cfg, run_dir: Path) -> dict:
-    """Train the configured model and learner in ``run_dir``; return the final metrics."""
+def fit(cfg, run_dir: Path, check=None) -> dict:
+    """Train the configured model and learner in ``run_dir``; return the final metrics. ``check(model,
+    inference)``, if given, runs once the model is built and before any step (train.py: the final evaluation
+    accepts this model)."""
     t = cfg.trainer
     check_trainer_config(t)
     d = distributed.setup()
@@ -63,10 +73,7 @@ def fit(cfg, run_dir: Path) -> dict:
     run_dir = Path(run_dir)
     ckpt_dir = run_dir / "checkpoints"
     last_path, best_path = ckpt_dir / "last.pt", ckpt_dir / "best.pt"
-    if t.resume not in (True, False, "auto"):
-        raise ConfigError(f"trainer.resume must be true, false or auto (continue when a checkpoint is there), "
-                          f"got {t.resume!r}")
-    resume = last_path.exists() if t.resume == "auto" else t.resume
+    resume = resume_requested(cfg, last_path)
     if last_path.exists() and not resume:
         raise ConfigError(f"{run_dir} already holds a run; pass trainer.resume=true to continue it, "
                           "or choose another hydra.run.dir")
@@ -78,6 +85,8 @@ def fit(cfg, run_dir: Path) -> dict:
     data = build_model_data(cfg.data, cfg.model, device)
     model, inference = build_model(cfg.model, data.dim)
     check_model_fits_data(model, data)
+    if check is not None:
+        check(model, inference)
     model.to(device)
     model.init_visible_bias(data.train_mean())
     if inference is not None:
@@ -93,9 +102,14 @@ def fit(cfg, run_dir: Path) -> dict:
                               "(python train.py, not torchrun)")
         learner.distribute(d, device)
     state = LoopState()
+    monitor = DivergenceMonitor(t.get("divergence", 20.0))
     resolved = OmegaConf.to_container(cfg, resolve=True)
     if resume:
-        state = _restore(last_path, resolved, model, inference, learner, device, d)
+        state = _restore(last_path, resolved, model, inference, learner, monitor, device, d)
+        log.info("resumed %s from step %d", run_dir, state.step)
+    else:
+        log.info("new run in %s: model=%s learner=%s data=%s, %d steps", run_dir, cfg.model.name,
+                 cfg.learner.name, cfg.data.name, t.max_steps)
     if d.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
@@ -112,7 +126,7 @@ def fit(cfg, run_dir: Path) -> dict:
 
     def checkpoint(path: Path) -> None:
         _check_finite(model, inference, state.step, last_path)
-        payload = {
+        payload = {"divergence": monitor.state_dict(),
             "config": resolved, "model_name": cfg.model.name, "n_visible": data.dim,
             "model": model.state_dict(), "inference": None if inference is None else inference.state_dict(),
             "learner": learner.learner_state(), "step": state.step, "best_score": state.best_score,
@@ -124,16 +138,22 @@ def fit(cfg, run_dir: Path) -> dict:
                 {"learner": learner.rank_state(), "torch_rng": torch.get_rng_state()})
         if d.is_main:
             save_checkpoint(path, payload)
+            log.info("step %d: saved %s", state.step, path)
 
     # ---- the loop ---------------------------------------------------------------------------------
     bar = tqdm(total=t.max_steps, initial=state.step, disable=not (t.progress and d.is_main), dynamic_ncols=True,
                desc=f"{cfg.learner.name} {cfg.model.name}", unit="step")
     started, first_step = time.perf_counter(), state.step
     latest: dict[str, float] = {}
+    interrupt = InterruptFlag(enabled=not d.enabled)
     try:
         while state.step < t.max_steps and not state.stopped_early:
+            if interrupt.requested:
+                checkpoint(last_path)
+                raise Interrupted(f"interrupted at step {state.step}; saved {last_path}; continue with: python "
+                                  f"train.py hydra.run.dir={run_dir} trainer.resume=true")
             x = stream.batch(state.step)[rows]
-            log_now = (state.step + 1) % t.log_every == 0
+            log_now = (state.step + 1) % t.log_every == 0 or state.step == 0  # step 1: the reference for divergence
             per_example = getattr(learner, "per_example_state", False)
             extra = {"indices": stream.indices(state.step)[rows]} if per_example else {}
             metrics = learner.step(x, diagnostics=log_now, **extra)
@@ -147,9 +167,12 @@ def fit(cfg, run_dir: Path) -> dict:
                     latest = distributed.average_metrics(latest)
                 if not all(map(math.isfinite, latest.values())):
                     bad = sorted(k for k, v in latest.items() if not math.isfinite(v))
-                    raise TrainingDiverged(
-                        f"training diverged at step {state.step}: {', '.join(bad[:3])} not finite; "
-                        f"the last good checkpoint is kept at {last_path} (try a smaller learner.lr)")
+                    raise TrainingDiverged(f"training diverged at step {state.step}: {', '.join(bad[:3])} not "
+                                           f"finite; {_kept(last_path)} (try a smaller learner.lr)")
+                diverged = monitor.check(latest)
+                if diverged:
+                    raise TrainingDiverged(f"training diverged at step {state.step}: {diverged}; {_kept(last_path)} "
+                                           "(try a smaller learner.lr; trainer.divergence=null turns this check off)")
                 latest["train/steps_per_second"] = (state.step - first_step) / (time.perf_counter() - started)
                 logger.scalars(state.step, latest)
                 shown = next((k for k in PROGRESS_KEYS if k in latest), None)
@@ -164,6 +187,11 @@ def fit(cfg, run_dir: Path) -> dict:
                 if d.enabled:  # rank 0's scores decide early stopping and best checkpoints on every rank
                     val_metrics = distributed.broadcast(val_metrics)
                 score = val_metrics[tag]
+                diverged = monitor.check(val_metrics)
+                if diverged:
+                    raise TrainingDiverged(f"training diverged by step {state.step}: {diverged}; "
+                                           f"{_kept(last_path)} (try a smaller learner.lr)")
+                log.info("step %d: %s = %.4f%s", state.step, tag, score, " (best)" if score > state.best_score else "")
                 improved = score > state.best_score
                 if improved:
                     state.best_score, state.best_step, state.evals_without_improvement = score, state.step, 0
@@ -176,23 +204,58 @@ def fit(cfg, run_dir: Path) -> dict:
                 if improved:
                     checkpoint(best_path)
 
-            if state.step % t.sample_every == 0 and data.image_shape is not None and d.is_main:
+            last_step = done or state.stopped_early or interrupt.requested
+            if (state.step % t.sample_every == 0 or last_step) and data.image_shape is not None and d.is_main:
                 for image_tag, images in _image_grids(model, learner, cfg.seed, device).items():
                     logger.image_grid(image_tag, images, state.step, data.image_shape)
 
             if state.step % t.ckpt_every == 0 or done or state.stopped_early:
                 checkpoint(last_path)
+        if interrupt.requested:  # Ctrl-C during the last step: the checkpoint above is the run's end
+            raise Interrupted(f"interrupted at step {state.step}, the run's last; saved {last_path}")
     finally:
+        interrupt.restore()
         bar.close()
         logger.close()
     if d.enabled:
         distributed.barrier()  # rank 0's last checkpoint is on disk before any rank reads it
+    log.info("finished at step %d%s", state.step, " (stopped early)" if state.stopped_early else "")
     return {
         "step": state.step, "best_step": state.best_step, "val/tag": tag, "val/best": state.best_score,
-        "stopped_early": state.stopped_early, "train/elbo": latest.get("train/elbo"),
+        "stopped_early": state.stopped_early,
+        # the last logged training scores, whatever the learner reports (train/elbo, train/log_joint, ...)
+        **{k: v for k, v in latest.items() if k.startswith("train/") and k != "train/steps_per_second"},
         "steps_per_second": (state.step - first_step) / max(time.perf_counter() - started, 1e-9),
         "checkpoint": str(best_path if best_path.exists() else last_path),
     }
+
+
+class InterruptFlag:
+    """Ctrl-C (SIGINT) during training sets a flag that the loop reads between steps, so the checkpoint it then
+    writes is of a whole step; a second Ctrl-C interrupts at once. Off under torchrun, where the ranks could read
+    the flag at different steps, and off the main thread, where Python allows no signal handlers."""
+
+    def __init__(self, enabled: bool = True) -> None:
+        self.requested = False
+        self.previous = None
+        if enabled and threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGINT, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def restore(self) -> None:
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
+            self.previous = None
+
+
+def _kept(last_path: Path) -> str:
+    if last_path.exists():
+        return f"the last good checkpoint is kept at {last_path}"
+    return "no checkpoint was written before that (none is kept)"
 
 
 @torch.no_grad()
@@ -220,11 +283,11 @@ def config_conflicts(saved, new, key: str) -> list[str]:
 def _check_finite(model, inference, step: int, last_path: Path) -> None:
     params = list(model.parameters()) + (list(inference.parameters()) if inference is not None else [])
     if not bool(torch.stack([torch.isfinite(p).all() for p in params]).all()):
-        raise TrainingDiverged(f"parameters became NaN or infinite by step {step}; the last good checkpoint "
-                               f"is kept at {last_path} (try a smaller learner.lr)")
+        raise TrainingDiverged(f"parameters became NaN or infinite by step {step}; {_kept(last_path)} "
+                               "(try a smaller learner.lr)")
 
 
-def _restore(path: Path, resolved: dict, model, inference, learner, device, d: distributed.Dist) -> LoopState:
+def _restore(path: Path, resolved: dict, model, inference, learner, monitor, device, d: distributed.Dist) -> LoopState:
     payload = load_checkpoint(path, map_location=device)
     written = int(payload.get("world_size", 1))
     if written != d.world_size:
@@ -245,4 +308,5 @@ def _restore(path: Path, resolved: dict, model, inference, learner, device, d: d
     except (KeyError, IndexError, RuntimeError, ValueError) as e:
         raise CheckpointError(f"cannot restore the learner state from {path}: {str(e).splitlines()[0][:200]}") from None
     torch.set_rng_state((payload["ranks"][d.rank]["torch_rng"] if d.enabled else payload["rng"]["torch"]).cpu())
+    monitor.load_state_dict(payload.get("divergence", {}))
     return LoopState(**payload["loop"])
