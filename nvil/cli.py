@@ -61,6 +61,9 @@ def check_launcher(argv: list[str]) -> None:
             if importlib.util.find_spec("hydra_plugins.hydra_submitit_launcher") is None:
                 raise ConfigError(f"{arg} needs Hydra's submitit launcher, which is not installed; "
                                   "install it with: pip install -e '.[cluster]'")
+            # the jobs it starts import train.py's modules (models, estimators) from this checkout
+            paths = [str(CONFIG_DIR.parent), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+            os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
 
 
 def check_composes(config_name: str, argv: list[str]) -> None:
