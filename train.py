@@ -26,6 +26,7 @@ from estimators import build_estimator
 from nvil import distributed
 from nvil.cli import guarded, run_task
 from nvil.config import estimator_config
+from nvil.errors import ConfigError
 from nvil.evaluation import evaluate_checkpoint
 from nvil.loop import fit
 from nvil.resume import record_config, run_config
@@ -51,9 +52,13 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict:
     plan = final_plan(cfg)
     estimators = [build_estimator(est) for est, _ in plan]
 
-    def check(model, inference):  # refused before the first step, not after the last
-        for estimator in estimators:
+    def check(model, inference, data):  # refused before the first step, not after the last
+        for estimator, (_, num_examples), key in zip(estimators, plan, ("num_examples", "then_num_examples")):
             estimator.check(model, inference)
+            available = data.split(cfg.final_eval.split).shape[0]
+            if num_examples is not None and num_examples > available:
+                raise ConfigError(f"final_eval.{key}={num_examples} but the {cfg.final_eval.split} split has "
+                                  f"{available} examples; set final_eval.{key}=null for all of them")
 
     metrics = fit(cfg, Path(run_dir), check=check)
     if distributed.current().is_main:

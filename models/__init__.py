@@ -2,33 +2,62 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Callable
 
 from torch import nn
 
 from models.dbn import DBN
-from models.gaussian import DynamicBayesNet, GaussianBeliefNet
+from models.gaussian import NONLINEARITIES, DynamicBayesNet, GaussianBeliefNet
 from models.inference import LayeredInference
 from models.rbm import BoltzmannMachine
 from models.sbn import PRIORS, SBN, VISIBLES
-from nvil.config import positive_int
+from nvil.config import positive_float, positive_int
 from nvil.errors import ConfigError
 
 
 def _layers(cfg) -> list[int]:
-    layers = list(cfg.get("layers") or [])
+    """``model.layers``: a non-empty list of positive sizes. A bare number (``model.layers=200``) is refused
+    with the list it probably meant, never iterated or wrapped silently."""
+    layers = cfg.get("layers")
+    if isinstance(layers, int) and not isinstance(layers, bool):
+        example = layers if layers >= 1 else 200
+        raise ConfigError(f"model.layers must be a list of layer sizes such as [{example}], got the number {layers} "
+                          f"(write model.layers=[{example}])")
+    if isinstance(layers, str) or not isinstance(layers, Sequence):
+        raise ConfigError(f"model.layers must be a list of layer sizes such as [200], got {_show(layers)}")
+    layers = list(layers)
     if not layers or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in layers):
-        raise ConfigError(f"model.layers must be a non-empty list of positive integers, got {layers}")
+        raise ConfigError(f"model.layers must be a non-empty list of positive integers such as [200], got {layers}")
     return layers
+
+
+def _flag(cfg, key: str, default: bool, prefix: str = "model") -> bool:
+    """A true/false option; ``1``, ``"yes"`` and the like are refused rather than read by truthiness."""
+    value = cfg.get(key, default)
+    if value is None:
+        value = default
+    if not isinstance(value, bool):
+        raise ConfigError(f"{prefix}.{key} must be true or false, got {_show(value)}")
+    return value
+
+
+def _show(value) -> str:
+    return f"{value!r} (type {type(value).__name__})" if value is not None else "nothing (null or missing)"
 
 
 def _options(cfg) -> dict:
     visible = cfg.get("visible", "bernoulli")
     if visible not in VISIBLES:
         raise ConfigError(f"model.visible must be one of {list(VISIBLES)}, got {visible!r}")
-    inference = cfg.get("inference") or {}
-    return {"visible": visible, "doc_length": int(cfg.get("doc_length", 100)),
-            "autoregressive_q": bool(inference.get("autoregressive", False))}
+    inference = cfg.get("inference")
+    if inference is None:
+        inference = {}
+    if not isinstance(inference, Mapping):
+        raise ConfigError(f"model.inference must be a group of options such as {{autoregressive: false}}, "
+                          f"got {_show(inference)} (set model.inference.autoregressive=true or false)")
+    return {"visible": visible, "doc_length": positive_int(cfg.get("doc_length", 100), "model.doc_length"),
+            "autoregressive_q": _flag(inference, "autoregressive", False, prefix="model.inference")}
 
 
 def _build(n_visible: int, layers: list[int], prior: str, opts: dict) -> tuple[nn.Module, nn.Module]:
@@ -53,7 +82,7 @@ def _build_boltzmann(cfg, n_visible: int, lateral: bool):
     n_hidden = cfg.get("n_hidden")
     if isinstance(n_hidden, bool) or not isinstance(n_hidden, int) or n_hidden < 1:
         raise ConfigError(f"model.n_hidden must be a positive integer, got {n_hidden!r}")
-    n_labels = N_LABELS if cfg.get("labels", False) else 0
+    n_labels = N_LABELS if _flag(cfg, "labels", False) else 0
     model = BoltzmannMachine(n_visible - n_labels, n_hidden, visible=cfg.get("visible", "binary"), lateral=lateral,
                              n_labels=n_labels, visible_update=cfg.get("visible_update", "sequential"))
     return model, None
@@ -78,10 +107,14 @@ def _build_dbn(cfg, n_visible: int):
 
 
 def _gaussian_options(cfg, visible_default: str) -> dict:
+    """``GaussianNet`` checks form and visible against its tables; the rest is checked here."""
+    nonlinearity = cfg.get("nonlinearity", "tanh")
+    if not isinstance(nonlinearity, str) or nonlinearity not in NONLINEARITIES:
+        raise ConfigError(f"model.nonlinearity must be one of {list(NONLINEARITIES)}, got {_show(nonlinearity)}")
+    scales = {key: positive_float(cfg.get(key, default), f"model.{key}")
+              for key, default in (("sigma", 0.1), ("visible_sigma", 1.0), ("init_scale", 0.1))}
     return {"form": cfg.get("form", "auxiliary"), "visible": cfg.get("visible", visible_default),
-            "nonlinearity": cfg.get("nonlinearity", "tanh"), "sigma": cfg.get("sigma", 0.1),
-            "visible_sigma": cfg.get("visible_sigma", 1.0), "learn_sigma": bool(cfg.get("learn_sigma", True)),
-            "init_scale": cfg.get("init_scale", 0.1)}
+            "nonlinearity": nonlinearity, "learn_sigma": _flag(cfg, "learn_sigma", True), **scales}
 
 
 def _build_gbn(cfg, n_visible: int):
@@ -107,6 +140,6 @@ MODELS: dict[str, Callable] = {"sbn": _build_sbn, "fdarn": _build_fdarn, "rbm": 
 def build_model(cfg, n_visible: int) -> tuple[nn.Module, nn.Module | None]:
     """(model, inference network or None) for the ``model`` config group entry ``cfg``."""
     name = cfg.get("name")
-    if name not in MODELS:
+    if not isinstance(name, str) or name not in MODELS:
         raise ConfigError(f"unknown model {name!r}; known models: {', '.join(sorted(MODELS))}")
     return MODELS[name](cfg, n_visible)

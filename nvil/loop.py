@@ -63,7 +63,7 @@ def check_trainer_config(t) -> None:
 
 def fit(cfg, run_dir: Path, check=None) -> dict:
     """Train the configured model and learner in ``run_dir``; return the final metrics. ``check(model,
-    inference)``, if given, runs once the model is built and before any step (train.py: the final evaluation
+    inference, data)``, if given, runs once the model is built and before any step (train.py: the final evaluation
     accepts this model)."""
     t = cfg.trainer
     check_trainer_config(t)
@@ -86,7 +86,7 @@ def fit(cfg, run_dir: Path, check=None) -> dict:
     model, inference = build_model(cfg.model, data.dim)
     check_model_fits_data(model, data)
     if check is not None:
-        check(model, inference)
+        check(model, inference, data)
     model.to(device)
     model.init_visible_bias(data.train_mean())
     if inference is not None:
