@@ -200,3 +200,53 @@ def test_every_run_ends_with_an_image_grid(tmp_path):
     events.Reload()
     assert "samples/model" in events.Tags()["images"]
     assert [e.step for e in events.Images("samples/model")] == [15]
+
+
+# ---- the bad-input table, through the command line ------------------------------------------------
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    root = tmp_path_factory.mktemp("table")
+    train(make_cfg("train", FAST + ["trainer.max_steps=20"]), root / "run")
+    return root / "run" / "checkpoints" / "last.pt"
+
+
+def _files(root, checkpoint):
+    rng = torch.Generator().manual_seed(0)
+    made = {"text.pt": b"hello, this is not a checkpoint\n", "config.yaml": b"model:\n  name: sbn\n",
+            "best.pt.eval.jsonl": b'{"estimator": "iwae", "mean_log_p": -100.0}\n',
+            "random.pt": bytes(torch.randint(0, 256, (4096,), generator=rng, dtype=torch.uint8).tolist()),
+            "truncated.pt": checkpoint.read_bytes()[:1500]}
+    for name, data in made.items():
+        (root / name).write_bytes(data)
+    return root
+
+
+BAD_INPUT = [  # (script, arguments, fragments of the one-line error); CKPT and DIR are filled in
+    ("train.py", ["model.layers=200"], ["model.layers must be a list"]),
+    ("train.py", ["model=dbn", "model.layers=200", "learner=greedy"], ["model.layers must be a list"]),
+    ("train.py", ["model=gbn", "model.layers=200", "learner=mcem_hmc"], ["model.layers must be a list"]),
+    ("train.py", ["data.num_train=-1"], ["data.num_train"]),
+    ("train.py", ["trainer.max_step=5"], ["unknown config key trainer.max_step"]),
+    ("train.py", ["trainer.resume=sometimes"], ["trainer.resume must be true, false or auto"]),
+    ("evaluate.py", ["checkpoint=DIR/text.pt"], ["text"]),
+    ("evaluate.py", ["checkpoint=DIR/config.yaml"], ["config"]),
+    ("evaluate.py", ["checkpoint=DIR/best.pt.eval.jsonl"], ["eval"]),
+    ("evaluate.py", ["checkpoint=DIR/random.pt"], ["checkpoint"]),
+    ("evaluate.py", ["checkpoint=DIR/truncated.pt"], ["truncated or corrupt"]),
+    ("evaluate.py", ["checkpoint=DIR/missing.pt"], ["not found"]),
+    ("evaluate.py", ["checkpoint=CKPT", "eval.num_examples=501"], ["eval.num_examples=501", "500 examples"]),
+    ("evaluate.py", ["checkpoint=CKPT", "estimator.num_sample=5"], ["did you mean estimator.num_samples"]),
+    ("evaluate.py", ["checkpoint=CKPT", "estimator=ais"], ["ais"]),
+]
+
+
+@pytest.mark.parametrize("script, args, fragments", BAD_INPUT, ids=[" ".join(a) for _, a, _ in BAD_INPUT])
+def test_bad_input_table(tmp_path, checkpoint, script, args, fragments):
+    root = _files(tmp_path, checkpoint)
+    args = [a.replace("CKPT", str(checkpoint)).replace("DIR", str(root)) for a in args]
+    extra = ["data=synthetic", "trainer.progress=false"] if script == "train.py" and not any(
+        a.startswith("data.") for a in args) else []
+    proc = run(script, *extra, *args, *(["eval.progress=false"] if script == "evaluate.py" else []), cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert_one_line_error(proc, *fragments)
