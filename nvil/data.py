@@ -421,8 +421,8 @@ def load_count_matrix(path) -> torch.Tensor:
             arrays = {k: f[k] for k in f.files}
     except (OSError, ValueError) as e:
         raise DataError(f"{path} is not a readable .npz count matrix ({str(e).splitlines()[0][:120]})") from None
-    fmt = str(arrays.get("format", b"csr").item() if "format" in arrays else "csr")
-    fmt = fmt.decode() if isinstance(fmt, bytes) else fmt
+    fmt = arrays["format"].item() if "format" in arrays else "csr"  # scipy stores it as bytes, b"csr"
+    fmt = fmt.decode(errors="replace") if isinstance(fmt, bytes) else str(fmt)
     if fmt not in BOW_FORMATS or "shape" not in arrays or "data" not in arrays:
         raise DataError(f"{path} must be a scipy.sparse .npz matrix in {BOW_FORMATS} format "
                         f"(keys data, shape and indices/indptr or row/col); it has format {fmt!r}, keys {sorted(arrays)}")

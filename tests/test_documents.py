@@ -51,7 +51,7 @@ def write_csr(path, dense: np.ndarray) -> None:
         data.extend(row[nz])
         indptr.append(len(indices))
     np.savez(path, data=np.array(data, dtype=np.int64), indices=np.array(indices, dtype=np.int32),
-             indptr=np.array(indptr, dtype=np.int32), shape=np.array(dense.shape), format=np.array("csr"))
+             indptr=np.array(indptr, dtype=np.int32), shape=np.array(dense.shape), format=np.array(b"csr"))  # bytes, as scipy writes it
 
 
 def test_bow_loader_reads_scipy_csr_and_splits(tmp_path):
