@@ -125,8 +125,11 @@ def report(results: dict, args, out: Path) -> None:
     print(markdown_table(["model", "target: share of the way to the slower form's end (log p)", "s aux / centred",
                           "grads aux / centred", "speed-up in time", "speed-up in grads"], speed_rows))
 
-    import matplotlib
-
+    try:
+        import matplotlib
+    except ImportError:
+        print("figures skipped: matplotlib is not installed (pip install -e '.[bench]')")
+        return
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
