@@ -30,7 +30,7 @@ from typing import NamedTuple
 import torch
 from tqdm import tqdm
 
-from estimators.base import Result, batch_generator, chunks, combine_runs
+from estimators.base import Result, batch_generator, chunks, combine_runs, progress_interval
 from models.rbm import BaseRate, BoltzmannMachine, as_beta
 from nvil.accel import accelerate, check_mode
 from nvil.config import positive_float, positive_int
@@ -78,11 +78,13 @@ def schedule(kind: str, num_betas: int) -> torch.Tensor:
 @torch.no_grad()
 def ais(path, state, betas: torch.Tensor, generator=None, progress: bool = False, desc: str = "AIS", on_step=None):
     """Run AIS along ``path`` from ``state`` through ``betas``; returns (log w [chains] float64, final state).
-    ``on_step(k, increment)`` sees each step's weight increments (the pilot run of ``adaptive_ladder``)."""
+    ``on_step(k, increment)`` sees each step's weight increments (the pilot run of ``adaptive_ladder``; the
+    per-example estimators' progress). ``progress``: an inner bar named ``desc``."""
     b = betas.tolist()
     log_w = None
     fused = getattr(path, "fused_step", None)  # weight increment and move in one call (RBMPath with accel)
-    for k in tqdm(range(1, len(b)), disable=not progress, desc=desc, leave=False, unit="beta", mininterval=1.0):
+    for k in tqdm(range(1, len(b)), disable=not progress, desc=desc, leave=False, unit="beta",
+                  mininterval=max(1.0, progress_interval())):
         if fused is not None and k < len(b) - 1:
             step, state = fused(state, b[k - 1], b[k], generator)
         else:
@@ -96,6 +98,11 @@ def ais(path, state, betas: torch.Tensor, generator=None, progress: bool = False
 
 
 # ---- the adaptive ladder ----------------------------------------------------------------------------------
+
+
+def pilot_betas(num_betas: int, pilot_fraction: float = 0.05) -> torch.Tensor:
+    """The betas of the pilot run of ``adaptive_ladder`` for a main run of ``num_betas`` steps."""
+    return pilot_grid(max(4, round(pilot_fraction * num_betas)))
 
 
 def pilot_grid(num_steps: int) -> torch.Tensor:
@@ -143,7 +150,7 @@ class Ladder:
 
 @torch.no_grad()
 def adaptive_ladder(path, state, num_betas: int, generator=None, groups: int = 1, pilot_fraction: float = 0.05,
-                    floor: float = 0.05) -> Ladder:
+                    floor: float = 0.05, on_step=None) -> Ladder:
     """An AIS ladder whose every step adds about the same log-weight variance (the rule Murray & Salakhutdinov
     2009, Sec. 4, applied by hand; the "thermodynamic length" schedule of Gelman & Meng 1998 / Grosse et al. 2013).
 
@@ -153,13 +160,15 @@ def adaptive_ladder(path, state, num_betas: int, generator=None, groups: int = 1
     sd_k ~ (beta_k - beta_{k-1}) sigma(beta), so the rate sigma_k = sd_k / (beta_k - beta_{k-1}) is the density in
     which equal steps add equal variance: the main ladder spaces its betas uniformly in Lambda(beta) = int rate,
     with ``floor`` of the mass spread uniformly so that no stretch is left without betas where the pilot saw none
-    of the variance. The pilot's chains are thrown away, so the main run's weights stay unbiased."""
-    steps = max(4, round(pilot_fraction * num_betas))
-    grid = pilot_grid(steps)
+    of the variance. The pilot's chains are thrown away, so the main run's weights stay unbiased.
+    ``on_step(k, increment)``: as in ``ais``, for each pilot step (progress)."""
+    grid = pilot_betas(num_betas, pilot_fraction)
     sds = []
 
     def record(k, inc):
         sds.append(inc.view(groups, -1).std(1, unbiased=True).nan_to_num(0.0).mean())
+        if on_step is not None:
+            on_step(k, inc)
 
     log_w, _ = ais(path, state, grid, generator, on_step=record)
     rate = (torch.stack(sds).cpu().double() / grid.diff()).clamp(min=0.0)

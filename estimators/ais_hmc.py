@@ -20,6 +20,7 @@ from typing import NamedTuple
 import torch
 
 from estimators.ais import ais, schedule
+from estimators.base import NO_PROGRESS, BatchProgress
 from estimators.posterior import PerExample
 from models.gaussian import FORMS
 from nvil.config import positive_float, positive_int
@@ -101,13 +102,14 @@ class PriorPosteriorPath:
 
 def ais_hmc_log_w(lm: ContinuousLatent, x: torch.Tensor, betas: torch.Tensor, *, num_leapfrog: int = 10,
                   step_size: float = 0.05, target_accept: float = 0.65, adapt: bool = True, generator=None,
-                  accel: str = "none", max_step_size: float | None = MAX_STEP_SIZE):
-    """One AIS run per row of x: (log w [rows] float64, final PathState)."""
+                  accel: str = "none", max_step_size: float | None = MAX_STEP_SIZE, on_step=None):
+    """One AIS run per row of x: (log w [rows] float64, final PathState). ``on_step(k, increment)``: as in
+    ``estimators.ais.ais`` (progress)."""
     path = PriorPosteriorPath(lm, x, num_leapfrog, target_accept, adapt, accel, max_step_size)
     n = x.shape[0]
     start = path.state(lm.sample_prior(n, generator, x.device), torch.full((n,), float(step_size), device=x.device),
                        torch.zeros(n, device=x.device))
-    return ais(path, start, betas, generator)
+    return ais(path, start, betas, generator, on_step=on_step)
 
 
 class AISHMC(PerExample):
@@ -135,10 +137,14 @@ class AISHMC(PerExample):
     def latent_model(self, model, inference):
         return ContinuousLatent(model, self.name, self.form)
 
-    def run_batch(self, lm: ContinuousLatent, x: torch.Tensor, generator) -> torch.Tensor:
+    def run_batch(self, lm: ContinuousLatent, x: torch.Tensor, generator,
+                  progress: BatchProgress = NO_PROGRESS) -> torch.Tensor:
+        """Progress: one unit per AIS step (one HMC transition)."""
+        progress.plan(len(self.betas) - 1)
         log_w, final = ais_hmc_log_w(lm, x, self.betas, num_leapfrog=self.num_leapfrog, step_size=self.step_size,
                                      target_accept=self.target_accept, adapt=self.adapt, generator=generator,
-                                     accel=self.accel, max_step_size=self.max_step_size)
+                                     accel=self.accel, max_step_size=self.max_step_size,
+                                     on_step=lambda k, increment: progress.advance())
         self.accept.append((final.accept_sum / max(1, len(self.betas) - 2)).cpu())
         self.final_steps.append(final.step_size.cpu())
         return log_w

@@ -17,8 +17,8 @@ import torch
 
 from estimators.ais import PosteriorPath, ais, check_schedule, schedule
 from estimators.ais_hmc import ContinuousLatent, PriorPosteriorPath
-from estimators.base import Result, batch_generator, chunks, combine_runs
-from estimators.posterior import LatentModel, posterior_ladder
+from estimators.base import NO_PROGRESS, BatchProgress, Result, batch_generator, chunks, combine_runs
+from estimators.posterior import LatentModel, pilot_steps, posterior_ladder
 from models.dbn import DBN
 from models.gaussian import FORMS
 from models.rbm import BoltzmannMachine
@@ -112,6 +112,9 @@ class BDMC:
 
     name = "bdmc"
     simulates_own_data = True  # evaluate_checkpoint refuses to shard it: every shard would simulate the same rows
+    # The running batch's share of the progress bar, one unit per AIS step in either direction; set by ``estimate``
+    # around each ``run_batch`` rather than passed, so that run_batch keeps the signature subclasses override.
+    batch_progress: BatchProgress = NO_PROGRESS
 
     def __init__(self, cfg) -> None:
         self.cfg = cfg
@@ -175,14 +178,17 @@ class BDMC:
         """Forward and reverse AIS for chains (v, h) (v repeated per run, h the exact posterior sample of its v):
         (log w forward [chains], log w reverse [chains], diagnostics). exp of the first is unbiased for p(v), of
         the second for 1 / p(v)."""
+        progress = self.batch_progress
+        step = lambda k, increment: progress.advance()  # noqa: E731
         if not self.continuous(lm):
+            progress.plan(pilot_steps(self.schedule, self.num_betas) + 2 * self.num_betas)
             path = PosteriorPath(lm.joint(v), lm.q_density(v))
             betas = self.betas
             if betas is None:
-                betas = posterior_ladder(path, lm, v, self.schedule, self.num_betas, self.num_runs, generator).betas(
-                    self.num_betas)
-            log_w, _ = ais(path, path.state(lm.sample_q(v, generator)), betas, generator)
-            log_w_rev, _ = ais(path, path.state(h), betas.flip(0), generator)
+                betas = posterior_ladder(path, lm, v, self.schedule, self.num_betas, self.num_runs, generator,
+                                         on_step=step).betas(self.num_betas)
+            log_w, _ = ais(path, path.state(lm.sample_q(v, generator)), betas, generator, on_step=step)
+            log_w_rev, _ = ais(path, path.state(h), betas.flip(0), generator, on_step=step)
             return log_w, log_w_rev, {}
         if self.betas is None:
             raise ConfigError("estimator.schedule=adaptive covers binary latents in bdmc; for continuous latents use "
@@ -192,12 +198,13 @@ class BDMC:
         forward = StepSizeTape(PriorPosteriorPath(lm, v, self.num_leapfrog, self.target_accept, self.adapt, self.accel))
         start = forward.path.state(lm.sample_prior(n, generator, dev), torch.full((n,), float(self.step_size), device=dev),
                                    torch.zeros(n, device=dev))
-        log_w, final = ais(forward, start, self.betas, generator)
+        progress.plan(2 * (len(self.betas) - 1))
+        log_w, final = ais(forward, start, self.betas, generator, on_step=step)
         # Reverse: from the exact posterior sample, each move at beta_k with the step size its forward chain used at
         # beta_k, not adapted again.
         reverse = forward.replay(PriorPosteriorPath(lm, v, self.num_leapfrog, self.target_accept, False, self.accel))
         start = reverse.path.state(h, final.step_size, torch.zeros_like(final.accept_sum))
-        log_w_rev, final_rev = ais(reverse, start, self.betas.flip(0), generator)
+        log_w_rev, final_rev = ais(reverse, start, self.betas.flip(0), generator, on_step=step)
         moves = max(1, len(self.betas) - 2)
         return log_w, log_w_rev, {"accept_forward": (final.accept_sum / moves).cpu(),
                                   "accept_reverse": (final_rev.accept_sum / moves).cpu()}
@@ -219,14 +226,17 @@ class BDMC:
         fwd, rev, accept = [], [], {"accept_forward": [], "accept_reverse": []}
         for s0, s1 in chunks(n, self.batch_size):
             g = batch_generator(seed, s0, device)
-            log_w, log_w_rev, info = self.run_batch(lm, v_all[s0:s1].repeat_interleave(runs, 0),
-                                                    h_all[s0:s1].repeat_interleave(runs, 0), g)
+            self.batch_progress = BatchProgress(progress, s1 - s0)
+            try:
+                log_w, log_w_rev, info = self.run_batch(lm, v_all[s0:s1].repeat_interleave(runs, 0),
+                                                        h_all[s0:s1].repeat_interleave(runs, 0), g)
+                self.batch_progress.finish()
+            finally:
+                self.batch_progress = NO_PROGRESS
             fwd.append(log_w.double().view(-1, runs).cpu())
             rev.append(log_w_rev.double().view(-1, runs).cpu())
             for k, t in info.items():
                 accept[k].append(t)
-            if progress is not None:
-                progress.update(s1 - s0)
         lower_runs = torch.cat(fwd)    # [examples, runs]: log w, each exp() unbiased for p(v)
         log_w_rev = torch.cat(rev)     # [examples, runs]: log w_rev, each exp() unbiased for 1 / p(v)
         lower = combine_runs(lower_runs)

@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from estimators.base import Result, batch_generator, chunks
+from estimators.base import BatchProgress, Result, batch_generator, chunks, phase_namer, shows_progress
 from estimators.certify import stored_particles
 from estimators.log_z import apply_log_z, top_log_z
 from nvil.data import take_rows
@@ -35,7 +35,8 @@ def log_weights(model, inference, x: torch.Tensor, k: int, generator: torch.Gene
 def _reduce_log_weights(model, inference, data, num_samples, accumulator, *, batch_size, generator,
                         max_elements, progress, seed: int | None = None, row_offset: int = 0) -> torch.Tensor:
     """With ``seed``, each batch draws from its own generator seeded by (seed, first row in the whole split),
-    so an example's estimate does not depend on how the split is sharded; otherwise ``generator`` serves all."""
+    so an example's estimate does not depend on how the split is sharded; otherwise ``generator`` serves all.
+    ``progress`` advances by the batch's share after each chunk of samples."""
     width = model.n_visible + model.n_latent
     out = []
     for start, stop in chunks(data.shape[0], batch_size):
@@ -43,11 +44,12 @@ def _reduce_log_weights(model, inference, data, num_samples, accumulator, *, bat
         g = generator if seed is None else batch_generator(seed, row_offset + start, x.device)
         acc = accumulator()
         k_chunk = max(1, max_elements // (x.shape[0] * width))
+        share = BatchProgress(progress, stop - start, num_samples)
         for k0, k1 in chunks(num_samples, k_chunk):
             acc.update(log_weights(model, inference, x, k1 - k0, g), dim=0)
+            share.advance(k1 - k0)
         out.append(acc.result())
-        if progress is not None:
-            progress.update(stop - start)
+        share.finish()
     return torch.cat(out)
 
 
@@ -100,9 +102,11 @@ class SampledBound:
             inference, extras = model.prior_proposal(), {"proposal": "prior"}
         if isinstance(model, DBN):
             inference = model.recognition()
-            certificate = top_log_z(model, train, self.cfg.log_z, checkpoint,
-                                    progress is not None and not progress.disable, log_z_particles)
+            certificate = top_log_z(model, train, self.cfg.log_z, checkpoint, shows_progress(progress),
+                                    log_z_particles, phase=phase_namer(progress, self.name))
             log_z, log_z_se = certificate[0].log_z, certificate[0].stderr
+            if shows_progress(progress) and hasattr(progress, "reset"):
+                progress.reset()  # the rate and ETA from here on are the examples' own
         with torch.no_grad():
             log_p = self.BOUNDS[self.name](model, inference, data, self.num_samples, generator=generator,
                                            batch_size=int(self.cfg.batch_size),

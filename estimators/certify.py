@@ -300,18 +300,30 @@ def run_checks(c: CertifiedLogZ, settings: dict) -> None:
 @torch.no_grad()
 def certified_log_z(model: BoltzmannMachine, base, settings: dict, cert: dict, generator=None, *,
                     data_rows: torch.Tensor | None = None, particles: torch.Tensor | None = None,
-                    progress: bool = False, accel: str = "none") -> CertifiedLogZ:
+                    progress: bool = False, accel: str = "none", phase=None) -> CertifiedLogZ:
     """Forward AIS for log Z on the ladder ``settings['schedule']`` (adaptive: from a pilot run), and, with
     ``cert['certify']``, its certificate: the hard lower bound from probes, reverse AIS on ``reverse_fraction`` of
-    the betas from ``particles`` or a Gibbs run from ``data_rows``, and the checks (``run_checks``)."""
+    the betas from ``particles`` or a Gibbs run from ``data_rows``, and the checks (``run_checks``).
+    ``progress``: inner bars for the forward and reverse runs; ``phase(text)`` is told each phase as it starts
+    (``log Z (forward AIS, 2/4)``), for the evaluation bar's description."""
+    steps = ((["pilot AIS"] if settings["schedule"] == "adaptive" else []) + ["forward AIS"]
+             + (["hard-bound probes", "reverse AIS"] if cert["certify"] else []))
+
+    def announce(step: str) -> None:
+        if phase is not None:
+            phase(f"log Z ({step}, {steps.index(step) + 1}/{len(steps)})")
+
     seconds = {}
     t0 = time.perf_counter()
     path = RBMPath(model, base, accel)
     n, K = settings["num_chains"], settings["num_betas"]
+    if settings["schedule"] == "adaptive":
+        announce("pilot AIS")
     ladder = make_ladder(settings["schedule"], K, pilot=lambda: (path, path.sample_base(n, generator)), generator=generator,
                          pilot_fraction=cert["pilot_fraction"])
     seconds["pilot"] = time.perf_counter() - t0
     t1 = time.perf_counter()
+    announce("forward AIS")
     log_w, end = ais(path, path.sample_base(n, generator), ladder.betas(K), generator, progress, "AIS log Z")
     seconds["forward"] = time.perf_counter() - t1
     forward = LogZ.from_log_w(log_w, path.log_z0(), "forward", K, seconds["forward"])
@@ -319,6 +331,7 @@ def certified_log_z(model: BoltzmannMachine, base, settings: dict, cert: dict, g
     if not cert["certify"]:
         return c
     t2 = time.perf_counter()
+    announce("hard-bound probes")
     rows = None
     if data_rows is not None and len(data_rows):
         idx = torch.randperm(len(data_rows), generator=torch.Generator().manual_seed(1))[: cert["num_data_probes"]]
@@ -328,6 +341,7 @@ def certified_log_z(model: BoltzmannMachine, base, settings: dict, cert: dict, g
                                        "AIS end states": end.x}, generator, cert["num_climb"])
     seconds["probes"] = time.perf_counter() - t2
     t3 = time.perf_counter()
+    announce("reverse AIS")
     k_rev = max(1, round(cert["reverse_fraction"] * K))
     burn_in = cert["reverse_burn_in"] if cert["reverse_burn_in"] is not None else max(1, K // 4)
     x0, c.reverse_init = reverse_start(model, n, particles, rows, burn_in, generator)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 
 from estimators.ais_hmc import ContinuousLatent
+from estimators.base import NO_PROGRESS, BatchProgress
 from estimators.posterior import LatentModel, PerExample
 from nvil.config import positive_float, positive_int
 from nvil.errors import ConfigError
@@ -30,17 +31,20 @@ from nvil.ops import log_mean_exp
 
 
 @torch.no_grad()
-def chib_log_p(op, h_star: torch.Tensor, num_steps: int, generator=None) -> torch.Tensor:
+def chib_log_p(op, h_star: torch.Tensor, num_steps: int, generator=None, on_step=None) -> torch.Tensor:
     """log of the Fig. 1 estimate of sum_h f(h) (or its integral), f the target of the transition operator
     ``op``, for each chain: log f(h*) - log p_hat. ``op`` gives ``step(h, reverse, generator)`` (reverse: the
     reverse operator T~, a bool or a per-chain bool tensor), ``log_transition(to, frm)`` = log T(to <- frm) and
-    ``log_prob(h)`` = log f(h): sequential Gibbs for binary latents, Metropolis-Hastings for continuous ones."""
+    ``log_prob(h)`` = log f(h): sequential Gibbs for binary latents, Metropolis-Hastings for continuous ones.
+    ``on_step()`` is called after each of the S steps (progress)."""
     chains = h_star.shape[0]
     S = num_steps
     s = torch.randint(0, S, (chains,), generator=generator, device=h_star.device)  # 0-based position of h^(s)
     forward_steps = S - 1 - s  # states after h^(s); the other s states come before it
+    on_step = on_step or (lambda: None)
     h_s = op.step(h_star, reverse=True, generator=generator)  # step 2
     log_t = [op.log_transition(h_star, h_s)]
+    on_step()
     h = h_s
     for t in range(1, S):
         backward = t > forward_steps
@@ -48,6 +52,7 @@ def chib_log_p(op, h_star: torch.Tensor, num_steps: int, generator=None) -> torc
         h = torch.where(restart, h_s, h)  # the backward run starts again from h^(s)
         h = op.step(h, reverse=backward, generator=generator)
         log_t.append(op.log_transition(h_star, h))
+        on_step()
     log_p_hat = log_mean_exp(torch.stack(log_t).double(), 0)  # log (1/S) sum T(h* <- h^(s'))
     return op.log_prob(h_star).double() - log_p_hat
 
@@ -63,21 +68,51 @@ class Chib(PerExample):
         self.num_steps = positive_int(cfg.get("num_steps"), "estimator.num_steps")
         self.max_climb = positive_int(cfg.get("max_hill_climb_sweeps", 100), "estimator.max_hill_climb_sweeps")
         self.hill_climb = bool(cfg.get("hill_climb", True))
+        self.climb_sweeps = 10  # the last batch's hill-climb sweeps (progress only); about 6 on an MNIST SBN-200
 
     def settings(self) -> dict:
         return {"num_steps": self.num_steps, "hill_climb": self.hill_climb}
 
-    def run_batch(self, lm: LatentModel, x: torch.Tensor, generator) -> torch.Tensor:
+    def run_batch(self, lm: LatentModel, x: torch.Tensor, generator,
+                  progress: BatchProgress = NO_PROGRESS) -> torch.Tensor:
+        """Progress in sweeps: each of the S steps is two (the move and the forced sweep of T(h* <- h)). The
+        hill-climb's length is known only when it stops: it is planned at the previous batch's (``climb_sweeps``),
+        and a longer one moves the bar on by less with each sweep rather than stalling it."""
         gibbs = SequentialGibbs([(1.0, lm.joint(x))])
         h_star = lm.sample_q(x, generator)
+        later = 2 * self.num_steps
         if self.hill_climb:
-            h_star, _ = gibbs.hill_climb(h_star, self.max_climb)
-        return chib_log_p(gibbs, h_star, self.num_steps, generator)
+            expected = min(self.max_climb, self.climb_sweeps)
+            progress.plan(expected + later)
+
+            def climbed(sweep: int) -> None:
+                progress.plan(max(expected, sweep + 1) + later)
+                progress.advance()
+
+            h_star, self.climb_sweeps = hill_climb(gibbs, h_star, self.max_climb, on_sweep=climbed)
+            progress.plan(self.climb_sweeps + later)
+        else:
+            progress.plan(later)
+        return chib_log_p(gibbs, h_star, self.num_steps, generator, on_step=lambda: progress.advance(2))
 
 
-def climb_to_mode(log_f, h: torch.Tensor, steps: int, lr: float) -> torch.Tensor:
+def hill_climb(gibbs: SequentialGibbs, h: torch.Tensor, max_sweeps: int, on_sweep=None) -> tuple[torch.Tensor, int]:
+    """``SequentialGibbs.hill_climb`` (argmax sweeps to a local mode; returns (mode, sweeps used)) with
+    ``on_sweep(sweeps so far)`` after each sweep, for progress: a climb can take as long as the S steps after it."""
+    for sweep in range(1, max_sweeps + 1):
+        new, _ = gibbs.sweep(h, argmax=True)
+        if on_sweep is not None:
+            on_sweep(sweep)
+        if torch.equal(new, h):
+            return new, sweep
+        h = new
+    return h, max_sweeps
+
+
+def climb_to_mode(log_f, h: torch.Tensor, steps: int, lr: float, on_step=None) -> torch.Tensor:
     """Deterministic hill-climbing in log f from h for every chain at once: ``steps`` Adam steps on
-    -sum_chains log f (each chain's gradient is its own), the continuous counterpart of the argmax sweeps."""
+    -sum_chains log f (each chain's gradient is its own), the continuous counterpart of the argmax sweeps.
+    ``on_step()`` after each (progress)."""
     h = h.detach().clone().requires_grad_(True)
     opt = torch.optim.Adam([h], lr=lr)
     with torch.enable_grad():
@@ -85,6 +120,8 @@ def climb_to_mode(log_f, h: torch.Tensor, steps: int, lr: float) -> torch.Tensor
             opt.zero_grad(set_to_none=True)
             (-log_f(h).sum()).backward()
             opt.step()
+            if on_step is not None:
+                on_step()
     return h.detach()
 
 
@@ -183,16 +220,21 @@ class ChibMH(PerExample):
                 out["adapt_accept_rate"] = round(torch.cat(self.adapt_accept).double().mean().item(), 4)
         return out
 
-    def run_batch(self, lm, x: torch.Tensor, generator) -> torch.Tensor:
+    def run_batch(self, lm, x: torch.Tensor, generator, progress: BatchProgress = NO_PROGRESS) -> torch.Tensor:
+        """Progress: one unit per gradient evaluation, about what each climb step, warm-up transition and Fig. 1
+        step costs (a Fig. 1 step is a transition and its T(h* <- h), counted as two)."""
+        progress.plan(self.climb_steps + (self.adapt_steps if self.adapt else 0) + 2 * self.num_steps)
         log_f = lambda s: lm.log_joint(x, s)  # noqa: E731
-        h_star = climb_to_mode(log_f, lm.sample_prior(x.shape[0], generator, x.device), self.climb_steps, self.climb_lr)
+        h_star = climb_to_mode(log_f, lm.sample_prior(x.shape[0], generator, x.device), self.climb_steps, self.climb_lr,
+                               on_step=progress.advance)
         step = torch.full((x.shape[0],), self.step_size, dtype=h_star.dtype, device=h_star.device)
         if self.adapt:  # a separate warm-up run from h*; its states are discarded, only the step sizes are kept
             step, warm_accept = adapt_step_size(log_f, h_star, step, self.target_accept, self.proposal,
                                                 self.adapt_steps, generator)
             self.adapt_accept.append(warm_accept.cpu())
+            progress.advance(self.adapt_steps)
         op = _CountingMH(MetropolisHastings(log_f, step, self.proposal))  # a fixed kernel from here on
-        log_p = chib_log_p(op, h_star, self.num_steps, generator)
+        log_p = chib_log_p(op, h_star, self.num_steps, generator, on_step=lambda: progress.advance(2))
         zero = torch.isneginf(log_p)
         self.zero_runs += int(zero.sum())
         self.zero_example_mask.append(zero.view(-1, self.num_runs).all(1).cpu())

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from estimators.base import NO_PROGRESS, BatchProgress
 from estimators.posterior import LatentModel, PerExample
 from models.dbn import DBN
 from nvil.config import positive_int
@@ -33,11 +34,17 @@ class DBNBound(PerExample):
     def settings(self) -> dict:
         return {"num_samples": self.num_samples}
 
-    def run_batch(self, lm: LatentModel, x: torch.Tensor, generator) -> torch.Tensor:
+    def run_batch(self, lm: LatentModel, x: torch.Tensor, generator,
+                  progress: BatchProgress = NO_PROGRESS) -> torch.Tensor:
+        """One vectorised draw of all the samples (chunking them would change the random stream of a deeper Q),
+        so progress is coarse: the draw, then log P*; the long phase is log Z, which names itself."""
+        progress.plan(2)
         q = lm.q
         xs = x.unsqueeze(0).expand(self.num_samples, *x.shape)
         hs, log_qs = q.sample(xs, generator=generator)
+        progress.advance()
         expected_log_joint = lm.model.log_joint(xs, hs).double().mean(0)
+        progress.advance()
         if len(hs) == 1:  # H(Q) of a factorial Bernoulli: sum_j softplus(a_j) - p_j a_j
             a = q.logits(1, x)
             entropy = (F.softplus(a) - torch.sigmoid(a) * a).sum(-1).double()

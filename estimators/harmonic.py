@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from estimators.base import NO_PROGRESS, BatchProgress
 from estimators.posterior import LatentModel, PerExample
 from nvil.config import positive_int
 from nvil.errors import ConfigError
@@ -36,13 +37,18 @@ class Harmonic(PerExample):
         """Runs pool their samples: 1 / P_hat is the mean of the runs' 1 / P_hat."""
         return -log_mean_exp(-per_run, 1)
 
-    def run_batch(self, lm: LatentModel, x: torch.Tensor, generator) -> torch.Tensor:
+    def run_batch(self, lm: LatentModel, x: torch.Tensor, generator,
+                  progress: BatchProgress = NO_PROGRESS) -> torch.Tensor:
+        """Progress: one unit per sweep, burn-in included."""
+        progress.plan(self.burn_in + self.num_samples)
         gibbs = SequentialGibbs([(1.0, lm.joint(x))])
         h = lm.sample_q(x, generator)
         for _ in range(self.burn_in):
             h, _ = gibbs.sweep(h, generator=generator)
+            progress.advance()
         neg_log_lik = []
         for _ in range(self.num_samples):
             h, _ = gibbs.sweep(h, generator=generator)
             neg_log_lik.append(-lm.log_likelihood(x, h).double())
+            progress.advance()
         return -log_mean_exp(torch.stack(neg_log_lik), 0)

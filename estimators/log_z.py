@@ -51,20 +51,32 @@ def cache_path(checkpoint) -> Path | None:
 
 
 def top_log_z(dbn, train: torch.Tensor, cfg, checkpoint=None, progress: bool = False,
-              particles: torch.Tensor | None = None) -> tuple[CertifiedLogZ, bool]:
+              particles: torch.Tensor | None = None, phase=None) -> tuple[CertifiedLogZ, bool]:
     """(certified log Z of the top RBM, whether it came from the cache). ``particles``: the top RBM's persistent
     particles from the checkpoint, where the greedy run stored them (the reverse chains start there).
+    ``progress``: inner bars for the AIS runs; ``phase(text)`` names each phase on the evaluation bar (the caller's
+    ``estimators.base.phase_namer``), and ``phase(None)`` once log Z is known.
 
     A cache entry is reused only when its digest matches its contents and its hard lower bound survives a fresh
     probe of the top RBM (``verify``); otherwise a warning names the problem and log Z is computed again."""
+    phase = phase or (lambda text: None)
+    try:
+        return _top_log_z(dbn, train, cfg, checkpoint, progress, particles, phase)
+    finally:
+        phase(None)
+
+
+def _top_log_z(dbn, train, cfg, checkpoint, progress, particles, phase) -> tuple[CertifiedLogZ, bool]:
     settings, cert = ais_settings(cfg), certify_settings(cfg)
     seed = int(cfg.get("seed", 0))
     key = {**settings, **cert, "seed": seed, "params": fingerprint(dbn.top)}
     path = cache_path(checkpoint) if cfg.get("cache", True) else None
     entries = _read(path)
+    phase("log Z (training data up to the top RBM)")
     top_data = propagate_up(dbn, train)
     for entry in entries:
         if entry.get("key") == key:
+            phase("log Z (checking the cached value)")
             try:
                 c = CertifiedLogZ.from_dict(entry["certificate"])
                 verify(c, dbn.top, top_data)
@@ -77,7 +89,8 @@ def top_log_z(dbn, train: torch.Tensor, cfg, checkpoint=None, progress: bool = F
     generator = torch.Generator(device=device).manual_seed(seed)
     # accel changes only the float rounding, so it is not part of the cache key
     c = certified_log_z(dbn.top, base, settings, cert, generator, data_rows=top_data, particles=particles,
-                        progress=progress, accel=check_mode(cfg.get("accel", "none"), device, "estimator.log_z.accel"))
+                        progress=progress, accel=check_mode(cfg.get("accel", "none"), device, "estimator.log_z.accel"),
+                        phase=phase)
     if path is not None:
         kept = [e for e in entries if e.get("key") != key]
         _write(path, kept + [{"key": key, "certificate": c.to_dict()}])

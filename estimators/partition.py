@@ -19,7 +19,7 @@ import time
 import torch
 
 from estimators.ais import LogZ, ais_settings, base_rate, check_boltzmann, free_energy_log_p
-from estimators.base import Result
+from estimators.base import Result, phase_namer, shows_progress
 from estimators.certify import CertifiedLogZ, certified_log_z, certify_settings, stored_particles
 from nvil.accel import check_mode
 from nvil.config import positive_int
@@ -59,11 +59,12 @@ class AIS:
     def dataset_inputs(self, model, data, split, rows, payload=None, **_) -> dict:
         return {"train": data.split("train"), "particles": stored_particles(payload, model.n_visible)}
 
-    def certified_log_z(self, model, train, rows, generator, progress, particles=None) -> CertifiedLogZ:
-        """Base rate from ``train``; probes and (without particles) reverse-chain starts from ``rows``."""
+    def certified_log_z(self, model, train, rows, generator, progress, particles=None, phase=None) -> CertifiedLogZ:
+        """Base rate from ``train``; probes and (without particles) reverse-chain starts from ``rows``. ``progress``:
+        inner bars for the AIS runs; ``phase(text)`` names each phase (``estimators.certify.certified_log_z``)."""
         base = base_rate(model, train, self.settings["base_smoothing"])
         return certified_log_z(model, base, self.settings, self.cert, generator, data_rows=rows, particles=particles,
-                               progress=progress, accel=self.accel)
+                               progress=progress, accel=self.accel, phase=phase)
 
     def side(self, c: CertifiedLogZ) -> LogZ:
         """The log Z that ``mean_log_p`` uses: the forward estimate."""
@@ -74,8 +75,12 @@ class AIS:
                  particles=None, init=None) -> Result:
         self.check(model, inference)
         t0 = time.perf_counter()
-        c = self.certified_log_z(model, train, train if init is None else init, generator,
-                                 progress is not None and not progress.disable, particles)
+        phase = phase_namer(progress, self.name)
+        c = self.certified_log_z(model, train, train if init is None else init, generator, shows_progress(progress),
+                                 particles, phase)
+        phase(None)
+        if shows_progress(progress) and hasattr(progress, "reset"):
+            progress.reset()  # the bar counts examples: -F(v) - log Z per batch, after the log Z phase
         side = self.side(c)
         log_p = free_energy_log_p(model, data, side.log_z, self.batch_size, progress)
         result = Result(self.name, log_p, time.perf_counter() - t0, seed,

@@ -8,7 +8,9 @@ shared by all DBN estimators and cached beside the checkpoint (``estimators.log_
 
 ``PerExample`` runs an estimator batched over examples x runs (chains = examples x runs, example-major),
 with a generator per batch seeded by (seed, first row) so sharding the test set does not change any
-example's estimate, and reports the per-run spread.
+example's estimate, and reports the per-run spread. Every example of a batch is worked on at once, so each
+``run_batch`` advances the progress bar in fractions of its batch (``BatchProgress``: after every sweep or AIS
+step), and the log Z phase names itself on the bar's description.
 """
 
 from __future__ import annotations
@@ -18,8 +20,9 @@ import time
 
 import torch
 
-from estimators.ais import PosteriorPath, ais, check_schedule, make_ladder
-from estimators.base import Result, batch_generator, chunks, combine_runs
+from estimators.ais import PosteriorPath, ais, check_schedule, make_ladder, pilot_betas
+from estimators.base import (NO_PROGRESS, BatchProgress, Result, batch_generator, chunks, combine_runs, phase_namer,
+                             shows_progress)
 from estimators.certify import stored_particles
 from estimators.exact import split_layers
 from estimators.log_z import apply_log_z, top_log_z
@@ -67,8 +70,8 @@ class LatentModel:
 
 
 class PerExample:
-    """Base class: subclasses set ``name`` and define ``run_batch(lm, x_runs, generator) -> [chains]``
-    (estimates of log P*(v), one per chain)."""
+    """Base class: subclasses set ``name`` and define ``run_batch(lm, x_runs, generator, progress) -> [chains]``
+    (estimates of log P*(v), one per chain), advancing ``progress`` (the batch's ``BatchProgress``) as it works."""
 
     name = "per_example"
     row_offset_aware = True  # evaluate_checkpoint passes the first row's index in the whole split
@@ -93,32 +96,35 @@ class PerExample:
         return {"train": data.split("train"), "checkpoint": checkpoint,
                 "log_z_particles": stored_particles(payload, model.top.n_visible)}
 
-    def log_z(self, lm: LatentModel, train, checkpoint, progress, particles=None):
-        """(the top RBM's ``CertifiedLogZ``, whether it was cached), or None for normalised models."""
+    def log_z(self, lm: LatentModel, train, checkpoint, progress, particles=None, phase=None):
+        """(the top RBM's ``CertifiedLogZ``, whether it was cached), or None for normalised models. ``progress``:
+        inner bars for its AIS runs; ``phase(text)`` names each phase of it on the evaluation bar."""
         if not (lm.needs_log_z and self.uses_log_z):
             return None
         if self.cfg.get("log_z") is None:
             raise ConfigError(f"estimator={self.name} on a DBN needs an estimator.log_z block (configs/log_z/ais.yaml)")
         if train is None:
             raise ConfigError(f"estimator={self.name} on a DBN needs the training data for the base-rate model")
-        return top_log_z(lm.model, train, self.cfg.log_z, checkpoint, progress, particles)
+        return top_log_z(lm.model, train, self.cfg.log_z, checkpoint, progress, particles, phase=phase)
 
     @torch.no_grad()
     def estimate(self, model, data, *, inference=None, generator=None, seed: int, progress=None, train=None,
                  checkpoint=None, row_offset: int = 0, log_z_particles=None) -> Result:
         lm = self.latent_model(model, inference)
         t0 = time.perf_counter()
-        show = progress is not None and not progress.disable
-        certificate = self.log_z(lm, train, checkpoint, show, log_z_particles)
+        certificate = self.log_z(lm, train, checkpoint, shows_progress(progress), log_z_particles,
+                                 phase_namer(progress, self.name))
+        if certificate is not None and shows_progress(progress) and hasattr(progress, "reset"):
+            progress.reset()  # the rate and ETA from here on are the examples' own, not diluted by the log Z phase
         log_z, log_z_se = (0.0, 0.0) if certificate is None else (certificate[0].log_z, certificate[0].stderr)
         runs = []
         for s0, s1 in chunks(data.shape[0], self.batch_size):
             x = take_rows(data, s0, s1)
             g = batch_generator(seed, row_offset + s0, x.device)
-            log_p = self.run_batch(lm, x.repeat_interleave(self.num_runs, 0), g)
+            share = BatchProgress(progress, s1 - s0)
+            log_p = self.run_batch(lm, x.repeat_interleave(self.num_runs, 0), g, share)
             runs.append(log_p.double().view(-1, self.num_runs).cpu())
-            if progress is not None:
-                progress.update(s1 - s0)
+            share.finish()
         per_run = torch.cat(runs) - log_z  # [examples, runs]
         result = Result(self.name, self.combine(per_run), time.perf_counter() - t0, seed, dict(self.settings()),
                         shared_stderr=log_z_se, run_log_p=per_run.T.contiguous())
@@ -166,17 +172,25 @@ class PerExample:
     def settings(self) -> dict:
         return {}
 
-    def run_batch(self, lm: LatentModel, x: torch.Tensor, generator) -> torch.Tensor:
+    def run_batch(self, lm: LatentModel, x: torch.Tensor, generator,
+                  progress: BatchProgress = NO_PROGRESS) -> torch.Tensor:
         raise NotImplementedError
 
 
+def pilot_steps(kind: str, num_betas: int, pilot_fraction: float = 0.05) -> int:
+    """The AIS steps of the pilot run that ``posterior_ladder`` makes for ladder ``kind`` (none for a fixed one)."""
+    return len(pilot_betas(num_betas, pilot_fraction)) - 1 if kind == "adaptive" else 0
+
+
 def posterior_ladder(path: PosteriorPath, lm: LatentModel, x: torch.Tensor, kind: str, num_betas: int, num_runs: int,
-                     generator, pilot_fraction: float = 0.05):
+                     generator, pilot_fraction: float = 0.05, on_step=None):
     """The ladder of one batch of per-example AIS (chains = examples x ``num_runs``, example-major): with
     ``adaptive``, from a pilot over this batch's own chains started from Q (each example's runs a group, their
-    increment spreads averaged), fixed before the main run, so every example's weights stay unbiased given it."""
+    increment spreads averaged), fixed before the main run, so every example's weights stay unbiased given it.
+    ``on_step(k, increment)`` sees each pilot step (progress)."""
     return make_ladder(kind, num_betas, pilot=lambda: (path, path.state(lm.sample_q(x, generator))),
-                       generator=generator, groups=x.shape[0] // num_runs, pilot_fraction=pilot_fraction)
+                       generator=generator, groups=x.shape[0] // num_runs, pilot_fraction=pilot_fraction,
+                       on_step=on_step)
 
 
 class AISPosterior(PerExample):
@@ -200,10 +214,15 @@ class AISPosterior(PerExample):
             out["pilot_steps_per_batch"] = self.pilot_steps
         return out
 
-    def run_batch(self, lm: LatentModel, x: torch.Tensor, generator) -> torch.Tensor:
+    def run_batch(self, lm: LatentModel, x: torch.Tensor, generator,
+                  progress: BatchProgress = NO_PROGRESS) -> torch.Tensor:
+        """Progress: one unit per AIS step, the pilot's and the main run's (each a sequential-Gibbs sweep)."""
+        progress.plan(pilot_steps(self.schedule, self.num_betas, self.pilot_fraction) + self.num_betas)
+        step = lambda k, increment: progress.advance()  # noqa: E731
         path = PosteriorPath(lm.joint(x), lm.q_density(x))
         ladder = posterior_ladder(path, lm, x, self.schedule, self.num_betas, self.num_runs, generator,
-                                  self.pilot_fraction)
+                                  self.pilot_fraction, on_step=step)
         self.pilot_steps = ladder.pilot_steps
-        log_w, _ = ais(path, path.state(lm.sample_q(x, generator)), ladder.betas(self.num_betas), generator)
+        log_w, _ = ais(path, path.state(lm.sample_q(x, generator)), ladder.betas(self.num_betas), generator,
+                       on_step=step)
         return log_w

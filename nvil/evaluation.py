@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 from tqdm import tqdm
 
 from estimators import build_estimator
-from estimators.base import Result
+from estimators.base import Result, progress_interval
 from models import MODELS, build_model
 from nvil import distributed
 from nvil.checkpoint import load_checkpoint, load_module_state
@@ -89,7 +89,7 @@ def evaluate_checkpoint(path, estimator_cfg, *, split: str = "test", num_example
         raise ConfigError(f"data has {x.shape[1]} visible units but the checkpoint's model has {model.n_visible}")
     if per_class is not None:
         x = first_per_class(x, data, split, positive_int(per_class, "eval.per_class"), estimator.name)
-    total = x.shape[0] if num_examples is None else min(num_examples, x.shape[0])
+    total = data.rows_to_evaluate(x, split, num_examples)
     start, stop = shard_rows(total, d.rank if d.enabled else shard, d.world_size if d.enabled else num_shards,
                              int(estimator_cfg.get("batch_size", 100) or 100))
     x = take_rows(x, start, stop, dense=False)
@@ -102,7 +102,12 @@ def evaluate_checkpoint(path, estimator_cfg, *, split: str = "test", num_example
     if x.shape[0] == 0:  # more ranks than estimator batches: this one has nothing to do
         result = Result(estimator.name, torch.empty(0), 0.0, seed)
     else:
-        with tqdm(total=x.shape[0], disable=not (progress and d.is_main), desc=estimator.name, unit="example") as bar:
+        # The estimators advance the bar in fractions of an example (every sweep or AIS step of a batch), so it
+        # moves and gives an ETA from the first seconds; miniters=0: each redraw waits only for mininterval, which
+        # is ten seconds where stderr is a file (a SLURM log) rather than a terminal.
+        with tqdm(total=x.shape[0], disable=not (progress and d.is_main), desc=estimator.name, unit="example",
+                  mininterval=progress_interval(), miniters=0,
+                  bar_format="{l_bar}{bar}| {n:.1f}/{total_fmt} [{elapsed}<{remaining}, {rate_fmt}{postfix}]") as bar:
             result = estimator.estimate(model, x, inference=inference, generator=generator, seed=seed, progress=bar,
                                         **inputs)
     lengths = doc_lengths(x) if getattr(model, "visible", None) == "multinomial" else None

@@ -345,3 +345,39 @@ def test_greedy_per_layer_settings_pick_each_rbms_learner():
     assert greedy.inner.optimizer.param_groups[0]["lr"] == 0.002 and greedy.inner.particles is not None
     with pytest.raises(ConfigError, match="one entry per RBM"):
         Greedy(dbn, None, make_cfg("train", ["model=dbn", "learner=greedy", "learner.per_layer=[{k: 2}]"]).learner, CPU, 0)
+
+
+def test_pt_sap_logs_the_swap_rate_of_every_adjacent_pair():
+    """Each PT step proposes only the even or the odd pairs; the logged rates cover all K - 1 pairs, each the mean
+    over the steps since the last log that proposed it."""
+    from nvil.mcmc.parallel_tempering import SwapRates
+
+    learner = learner_for(tiny_rbm(), "pt_sap", num_particles=20, k=1, **{"pt.num_temps": 10})
+    x = tiny_data()
+    per_step = []
+    original = learner.pt.step
+
+    def recording_step(*args, **kwargs):
+        state, info = original(*args, **kwargs)
+        per_step.append(info["swap_rate"].clone())
+        return state, info
+
+    learner.pt.step = recording_step
+    for _ in range(3):
+        assert not any(k.startswith("mcmc/pt_swap_rate") for k in learner.step(x))  # only at log steps
+    metrics = learner.step(x, diagnostics=True)
+    keys = sorted(k for k in metrics if k.startswith("mcmc/pt_swap_rate/"))
+    assert keys == sorted(f"mcmc/pt_swap_rate/{k}-{k + 1}" for k in range(9))
+    expected = torch.nanmean(torch.stack(per_step), 0)  # 4 steps: each pair proposed twice
+    for k in range(9):
+        assert metrics[f"mcmc/pt_swap_rate/{k}-{k + 1}"].item() == pytest.approx(expected[k].item(), abs=1e-6)
+    # one step between logs proposes half the pairs; the others keep their last rate
+    assert len([k for k in learner.step(x, diagnostics=True) if k.startswith("mcmc/pt_swap_rate/")]) == 9
+
+    rates = SwapRates(3)
+    nan = float("nan")
+    for step in ([0.5, nan, 1.0], [nan, 0.2, nan], [0.7, nan, 0.0]):
+        rates.add(torch.tensor(step))
+    assert {k: round(v.item(), 6) for k, v in rates.report().items()} == {"0-1": 0.6, "1-2": 0.2, "2-3": 0.5}
+    rates.add(torch.tensor([nan, 1.0, nan]))
+    assert {k: round(v.item(), 6) for k, v in rates.report().items()} == {"0-1": 0.6, "1-2": 1.0, "2-3": 0.5}

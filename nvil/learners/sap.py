@@ -26,6 +26,7 @@ from nvil.errors import ConfigError
 from nvil import distributed
 from nvil.learners.base import DataParallel, grad_norms
 from nvil.mcmc import BlockGibbs, ParallelTempering, TemperedTransitions, uniform_betas
+from nvil.mcmc.parallel_tempering import SwapRates
 
 
 def paper_schedule(lr: float, t0: int | None, a: float | None, b: float | None):
@@ -72,6 +73,7 @@ class SAP(DataParallel, nn.Module):
             self.tt_start = int(tt.get("start_step", 0))
         if self.mode == "pt_sap":
             self.pt = ParallelTempering(model, uniform_betas(cfg.pt.num_temps, cfg.pt.beta_min).float())
+            self.swap_rates = SwapRates(self.pt.num_temps - 1)  # every pair's rate over the steps between logs
         if self.mode == "exact_ml":
             model.log_z_exact()  # refuse models too large to enumerate now, not at the first step
         self.particles: State | None = None
@@ -96,7 +98,8 @@ class SAP(DataParallel, nn.Module):
 
     @torch.no_grad()
     def negatives(self, x: torch.Tensor, metrics: dict) -> torch.Tensor | None:
-        """Advance the chains and return the negative-phase x (None for exact ML)."""
+        """Advance the chains and return the negative-phase x (None for exact ML). PT's swap rates go to
+        ``self.swap_rates``, reported by ``step`` at log steps, so ``metrics`` is not written here."""
         if self.mode == "exact_ml":
             return None
         if self.mode == "cd":
@@ -117,9 +120,7 @@ class SAP(DataParallel, nn.Module):
         for _ in range(self.sweeps_now()):
             if self.pt is not None:
                 self.particles, info = self.pt.step(self.particles, generator=self.generator, parity=self.gibbs_sweeps)
-                for i, rate in enumerate(info["swap_rate"]):
-                    if not torch.isnan(rate):
-                        metrics[f"mcmc/pt_swap_rate/{i}-{i + 1}"] = rate
+                self.swap_rates.add(info["swap_rate"])
             else:
                 self.particles, _ = self.gibbs.step(self.particles, 1.0, self.generator)
             self.gibbs_sweeps += 1
@@ -169,6 +170,8 @@ class SAP(DataParallel, nn.Module):
             metrics["mcmc/k"] = torch.tensor(float(self.sweeps_now()))
             if self.last_tt_accept is not None:
                 metrics["mcmc/tt_accept_rate"] = self.last_tt_accept
+            if self.pt is not None:  # each pair's rate since the last log: both parities, not the last step's half
+                metrics.update({f"mcmc/pt_swap_rate/{pair}": rate for pair, rate in self.swap_rates.report().items()})
         self.optimizer.step()
         self.scheduler.step()
         self.updates += 1

@@ -4,7 +4,8 @@ K replicas per chain at beta_0 < ... < beta_{K-1} = 1, stored temperature-major 
 K x chains states, so one block-Gibbs sweep moves every replica at its own beta. Then neighbouring
 temperatures (k, k+1) propose to swap states, the even pairs on even steps and the odd pairs on odd
 steps, accepting with probability min(1, exp((beta_k - beta_{k+1}) (log p*(x_{k+1}) - log p*(x_k)))).
-The replicas at beta = 1 are samples from the model.
+The replicas at beta = 1 are samples from the model. ``SwapRates`` sums each pair's acceptances over the steps
+between two reports, so every pair has a rate although each step proposes only half of them.
 """
 
 from __future__ import annotations
@@ -44,8 +45,8 @@ class ParallelTempering:
         state, _ = self.gibbs.step(state, betas.repeat_interleave(n), generator)
         log_p = self.model.log_unnormalised(state).view(K, n)
         lo = torch.arange(parity % 2, K - 1, 2, device=state.x.device)  # the pairs (k, k+1) proposed now
-        if lo.numel() == 0:
-            return state, {"swap_rate": torch.zeros(K - 1, device=state.x.device)}
+        if lo.numel() == 0:  # two temperatures, an odd step: no pair proposed
+            return state, {"swap_rate": torch.full((K - 1,), float("nan"), device=state.x.device)}
         hi = lo + 1
         log_r = (betas[lo] - betas[hi]).unsqueeze(-1) * (log_p[hi] - log_p[lo])
         u = torch.rand(log_r.shape, generator=generator, device=log_r.device, dtype=log_r.dtype)
@@ -60,3 +61,35 @@ class ParallelTempering:
         rate = torch.full((K - 1,), float("nan"), device=state.x.device, dtype=torch.float32)
         rate[lo] = swap.float().mean(-1)
         return State(state.x[index], state.h[index]), {"swap_rate": rate}
+
+
+class SwapRates:
+    """Each adjacent pair's swap acceptance rate over the PT steps since the last ``report``.
+
+    A step proposes the even pairs or the odd ones (``ParallelTempering.step``'s ``swap_rate`` is NaN for the
+    others), so one step's rates cover about half of the K - 1 pairs; summed here, step by step, every pair has one
+    as soon as both parities have run. A pair not proposed since the last report (one step between reports) keeps
+    its last rate, so each report names every pair that has ever been proposed."""
+
+    def __init__(self, num_pairs: int) -> None:
+        self.accepted = torch.zeros(num_pairs, dtype=torch.float64)  # sum over proposing steps of the chains' mean
+        self.proposed = torch.zeros(num_pairs, dtype=torch.float64)  # steps that proposed the pair
+        self.last = torch.full((num_pairs,), float("nan"), dtype=torch.float64)
+
+    def add(self, swap_rate: torch.Tensor) -> None:
+        """One step's ``swap_rate`` [pairs] (NaN: the pair was not proposed)."""
+        rate = swap_rate.detach().double()
+        if self.accepted.device != rate.device:  # kept where the chains are: no host sync per step
+            self.accepted, self.proposed, self.last = (t.to(rate.device) for t in (self.accepted, self.proposed, self.last))
+        proposed = ~torch.isnan(rate)
+        self.accepted += torch.where(proposed, rate, 0.0)
+        self.proposed += proposed.double()
+
+    def report(self) -> dict[str, torch.Tensor]:
+        """{"k-(k+1)": rate} for every pair proposed so far, each over its proposals since the last report; resets."""
+        fresh = self.proposed > 0
+        self.last = torch.where(fresh, self.accepted / self.proposed.clamp(min=1), self.last)
+        self.accepted.zero_()
+        self.proposed.zero_()
+        known = (~torch.isnan(self.last)).tolist()
+        return {f"{k}-{k + 1}": self.last[k].float() for k in range(len(known)) if known[k]}
