@@ -194,7 +194,7 @@ def test_every_run_ends_with_an_image_grid(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     cfg = make_cfg("train", [a for a in FAST if not a.startswith(("data=", "trainer.tensorboard"))] +
                    ["data=mnist", "data.num_train=200", "trainer.max_steps=15", "model.layers=[5]",
-                    "trainer.val_num_examples=20"])
+                    "trainer.val_num_examples=20", "final_eval.enabled=false"])
     train(cfg, tmp_path)
     events = EventAccumulator(str(tmp_path / "tb"), size_guidance={"images": 0})
     events.Reload()
