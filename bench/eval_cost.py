@@ -2,6 +2,7 @@
 
     python bench/eval_cost.py                                  # trains the small checkpoints it lacks, in --out
     python bench/eval_cost.py --dbn /work/runs/dbn_b.pt --sbn SBN.pt --gbn GBN.pt --threads 2
+    python bench/eval_cost.py --rows elbo:sbn,chib_mh:gbn --sbn-steps 20 --gbn-steps 5 --examples-scale 0.1  # smoke
 
 Checkpoints: a DBN (``--dbn``, e.g. 784-500-2000; without one the DBN rows are skipped), an SBN-200 (``--sbn``,
 else ``python train.py trainer.max_steps=2000`` in-process), a Gaussian belief net (``--gbn``, else model=gbn
@@ -60,7 +61,8 @@ ROWS = [
     ("chib_mh", "gbn", {}, 20),
 ]
 SETTINGS = {  # the settings that set the cost, as a reader would pass them on the command line
-    "chib": ("num_steps", "num_runs", "batch_size"), "ais_posterior": ("num_betas", "schedule", "num_runs", "batch_size"),
+    "chib": ("num_steps", "num_runs", "batch_size"),
+    "ais_posterior": ("num_betas", "schedule", "num_runs", "batch_size"),
     "harmonic": ("num_samples", "burn_in", "num_runs", "batch_size"), "iwae": ("num_samples", "batch_size"),
     "elbo": ("num_samples", "batch_size"), "ais": ("num_betas", "num_chains", "schedule"),
     "ais_hmc": ("num_betas", "num_runs", "num_leapfrog", "batch_size"),
@@ -160,6 +162,8 @@ def main() -> None:
     p.add_argument("--gbn", default=None, help="a Gaussian belief net checkpoint (default: train one in --out)")
     p.add_argument("--rbm", default=None, help="an RBM checkpoint (default: the DBN's bottom RBM)")
     p.add_argument("--rows", default=None, help="comma list of estimator:model rows (default: all)")
+    p.add_argument("--sbn-steps", type=int, default=2000, help="training steps of the SBN-200 it trains (default 2000)")
+    p.add_argument("--gbn-steps", type=int, default=200, help="training steps of the GBN it trains (default 200)")
     p.add_argument("--examples-scale", type=float, default=1.0, help="multiply every row's examples by this")
     p.add_argument("--out", default=str(ROOT / "bench" / "out" / "eval_cost"))
     p.add_argument("--threads", type=int, default=2)
@@ -177,11 +181,12 @@ def main() -> None:
     kinds = {kind for _, kind, _, _ in rows}
     if "sbn" in kinds:
         ckpts["sbn"] = Checkpoint(Path(args.sbn) if args.sbn else train_checkpoint(
-            out / "sbn200", ["trainer.max_steps=2000"]))
+            out / "sbn200", [f"trainer.max_steps={args.sbn_steps}"]))
     if "gbn" in kinds:
         ckpts["gbn"] = Checkpoint(Path(args.gbn) if args.gbn else train_checkpoint(
             out / "gbn", ["model=gbn", "model.layers=[64,64]", "learner=mcem_hmc", "data.num_train=2000",
-                          "trainer.max_steps=200", "trainer.val_num_examples=20", "trainer.val_ais_betas=10"]))
+                          f"trainer.max_steps={args.gbn_steps}", "trainer.val_num_examples=20",
+                          "trainer.val_ais_betas=10"]))
     table, log_z_row = [], None
     if args.dbn and kinds & {"dbn", "rbm"}:
         copy = out / "dbn" / Path(args.dbn).name  # the log Z cache is written beside the copy, not the original
@@ -234,7 +239,8 @@ def main() -> None:
               f"before the examples: {r['before']:.1f} s {r['phases']}", flush=True)
     if log_z_row is not None:
         table.insert(0, log_z_row)
-    print(f"\n{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}\n")
+    machine = platform.processor() or platform.machine()
+    print(f"\n{machine}, {torch.get_num_threads()} threads, torch {torch.__version__}\n")
     print(markdown_table(["estimator", "model", "settings", "seconds per example", "CPU s per example",
                           "examples timed", "load average"], table))
 

@@ -80,7 +80,8 @@ class SwapRates:
         """One step's ``swap_rate`` [pairs] (NaN: the pair was not proposed)."""
         rate = swap_rate.detach().double()
         if self.accepted.device != rate.device:  # kept where the chains are: no host sync per step
-            self.accepted, self.proposed, self.last = (t.to(rate.device) for t in (self.accepted, self.proposed, self.last))
+            self.accepted, self.proposed, self.last = (t.to(rate.device)
+                                                       for t in (self.accepted, self.proposed, self.last))
         proposed = ~torch.isnan(rate)
         self.accepted += torch.where(proposed, rate, 0.0)
         self.proposed += proposed.double()
