@@ -89,24 +89,11 @@ class Chib(PerExample):
                 progress.plan(max(expected, sweep + 1) + later)
                 progress.advance()
 
-            h_star, self.climb_sweeps = hill_climb(gibbs, h_star, self.max_climb, on_sweep=climbed)
+            h_star, self.climb_sweeps = gibbs.hill_climb(h_star, self.max_climb, on_sweep=climbed)
             progress.plan(self.climb_sweeps + later)
         else:
             progress.plan(later)
         return chib_log_p(gibbs, h_star, self.num_steps, generator, on_step=lambda: progress.advance(2))
-
-
-def hill_climb(gibbs: SequentialGibbs, h: torch.Tensor, max_sweeps: int, on_sweep=None) -> tuple[torch.Tensor, int]:
-    """``SequentialGibbs.hill_climb`` (argmax sweeps to a local mode; returns (mode, sweeps used)) with
-    ``on_sweep(sweeps so far)`` after each sweep, for progress: a climb can take as long as the S steps after it."""
-    for sweep in range(1, max_sweeps + 1):
-        new, _ = gibbs.sweep(h, argmax=True)
-        if on_sweep is not None:
-            on_sweep(sweep)
-        if torch.equal(new, h):
-            return new, sweep
-        h = new
-    return h, max_sweeps
 
 
 def climb_to_mode(log_f, h: torch.Tensor, steps: int, lr: float, on_step=None) -> torch.Tensor:

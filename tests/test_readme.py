@@ -78,6 +78,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from test_documents import write_csr
 from conftest import CONFIG_DIR, ROOT
 
 README = ROOT / "README.md"
@@ -664,14 +665,7 @@ def write_bow(path: Path, num_docs: int = 300, vocab: int = 40, seed: int = 0) -
     """A document-by-word count matrix as scipy.sparse.save_npz writes a CSR matrix (numpy only)."""
     dense = np.random.default_rng(seed).poisson(0.5, size=(num_docs, vocab))
     dense[:, 0] += 1  # no empty document
-    indptr, indices, data = [0], [], []
-    for row in dense:
-        nz = np.nonzero(row)[0]
-        indices.extend(nz)
-        data.extend(row[nz])
-        indptr.append(len(indices))
-    np.savez(path, data=np.array(data, dtype=np.int64), indices=np.array(indices, dtype=np.int32),
-             indptr=np.array(indptr, dtype=np.int32), shape=np.array(dense.shape), format=np.array(b"csr"))
+    write_csr(path, dense)
 
 
 def json_problems(plan: Plan) -> list[str]:

@@ -110,11 +110,14 @@ class SequentialGibbs:
         """log T(to <- frm) of one forward sweep (Murray & Salakhutdinov 2009, Eq. 11)."""
         return self.sweep(frm, force=to)[1]
 
-    def hill_climb(self, h: torch.Tensor, max_sweeps: int = 100) -> tuple[torch.Tensor, int]:
+    def hill_climb(self, h: torch.Tensor, max_sweeps: int = 100, on_sweep=None) -> tuple[torch.Tensor, int]:
         """Deterministic coordinate ascent in log f from h to a local mode (every unit at its more probable
-        value given the rest). Returns (mode, sweeps used)."""
+        value given the rest). Returns (mode, sweeps used). ``on_sweep(sweeps so far)`` after each sweep
+        (progress: a climb can take as long as the Chib steps after it)."""
         for sweep in range(1, max_sweeps + 1):
             new, _ = self.sweep(h, argmax=True)
+            if on_sweep is not None:
+                on_sweep(sweep)
             if torch.equal(new, h):
                 return new, sweep
             h = new
