@@ -14,18 +14,18 @@ from omegaconf import DictConfig, OmegaConf
 from estimators.base import Result
 from nvil.cli import guarded, run_task
 from nvil.errors import ConfigError
-from nvil.evaluation import evaluate_checkpoint
+from nvil.evaluation import EvalSpec, evaluate_checkpoint
 
 
 def evaluate(cfg: DictConfig) -> Result:
     if not cfg.get("checkpoint"):
         raise ConfigError("evaluate.py needs checkpoint=PATH")
     overrides = {k: v for k, v in OmegaConf.to_container(cfg.data, resolve=True).items() if k != "split"}
-    return evaluate_checkpoint(
-        cfg.checkpoint, cfg.estimator, split=cfg.data.split, num_examples=cfg.eval.num_examples,
-        seed=cfg.seed, device=cfg.eval.device, progress=cfg.eval.progress, data_overrides=overrides,
-        output=cfg.eval.output, shard=cfg.eval.get("shard"), num_shards=cfg.eval.get("num_shards"),
-        per_class=cfg.eval.get("per_class"), strict=bool(cfg.estimator.get("strict", False)))
+    return evaluate_checkpoint(cfg.checkpoint, cfg.estimator, EvalSpec(
+        split=cfg.data.split, num_examples=cfg.eval.num_examples, seed=cfg.seed, device=cfg.eval.device,
+        progress=cfg.eval.progress, data_overrides=overrides, output=cfg.eval.output, shard=cfg.eval.get("shard"),
+        num_shards=cfg.eval.get("num_shards"), per_class=cfg.eval.get("per_class"),
+        strict=bool(cfg.estimator.get("strict", False))))
 
 
 @hydra.main(config_path="configs", config_name="evaluate", version_base="1.3")

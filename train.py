@@ -27,7 +27,7 @@ from nvil import distributed
 from nvil.cli import guarded, run_task
 from nvil.config import estimator_config
 from nvil.errors import ConfigError
-from nvil.evaluation import evaluate_checkpoint
+from nvil.evaluation import EvalSpec, evaluate_checkpoint
 from nvil.loop import fit
 from nvil.resume import record_config, run_config
 
@@ -64,9 +64,9 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict:
     if distributed.current().is_main:
         print(json.dumps({"train": metrics}), flush=True)
     for i, (est, num_examples) in enumerate(plan):
-        result = evaluate_checkpoint(
-            metrics["checkpoint"], est, split=cfg.final_eval.split, num_examples=num_examples, seed=cfg.seed,
-            device=cfg.trainer.device, progress=cfg.trainer.progress)
+        result = evaluate_checkpoint(metrics["checkpoint"], est, EvalSpec(
+            split=cfg.final_eval.split, num_examples=num_examples, seed=cfg.seed, device=cfg.trainer.device,
+            progress=cfg.trainer.progress))
         metrics["final_eval" if i == 0 else "final_eval_then"] = result.summary()
         log.info("final evaluation: %s", result.to_json())
     return metrics

@@ -25,10 +25,9 @@ from common import CONFIG_DIR, ROOT, markdown_table, rel  # noqa: I001
 import torch
 from hydra import compose, initialize_config_dir
 
-from models import build_model
+from nvil.build import build
 from nvil.config import resolve_device
-from nvil.data import MinibatchStream, build_model_data, take_rows
-from nvil.learners import build_learner
+from nvil.data import MinibatchStream, take_rows
 from nvil.validation import continuous_log_likelihood
 
 MODELS = {"mnist2": ["experiment=mcem_gbn_mnist"],
@@ -42,13 +41,8 @@ def run(overrides: list[str], args) -> dict:
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         cfg = compose("train", overrides=[*overrides, f"seed={args.seed}", *args.extra_override])
     device = resolve_device(args.device)
-    torch.manual_seed(cfg.seed)
-    data = build_model_data(cfg.data, cfg.model, device)
-    model, _ = build_model(cfg.model, data.dim)
-    model.to(device)
-    model.init_visible_bias(data.train_mean())
-    learner = build_learner(cfg.learner, model, None, device, cfg.seed)
-    learner.bind_data(data.split("train"))
+    built = build(cfg, device)
+    data, model, learner = built.data, built.model, built.learner
     stream = MinibatchStream(data, int(args.batch_size or cfg.trainer.batch_size), cfg.seed)
     x_eval = take_rows(data.split("train"), 0, args.eval_examples)
     curve = {"iteration": [], "seconds": [], "grad_evals": [], "log_p": []}

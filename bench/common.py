@@ -30,7 +30,7 @@ from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 import train  # noqa: E402
 from nvil.errors import UserError  # noqa: E402,F401  (re-exported for the scripts)
-from nvil.evaluation import evaluate_checkpoint  # noqa: E402
+from nvil.evaluation import EvalSpec, evaluate_checkpoint  # noqa: E402
 
 CONFIG_DIR = ROOT / "configs"
 NOT_RUN = "not run"
@@ -108,9 +108,8 @@ def run_row(overrides: list[str], run_dir: Path, args: argparse.Namespace) -> di
     seconds = time.perf_counter() - started
     scores = {}
     for name, k in (("elbo", 10), ("iwae", args.iwae_k)):
-        scores[name] = evaluate_checkpoint(metrics["checkpoint"], estimator_cfg(name, k), split="test",
-                                           num_examples=args.test_examples, seed=0, device=args.device,
-                                           progress=False)
+        scores[name] = evaluate_checkpoint(metrics["checkpoint"], estimator_cfg(name, k), EvalSpec(
+            split="test", num_examples=args.test_examples, seed=0, device=args.device, progress=False))
     return {"cfg": cfg, "metrics": metrics, "seconds": seconds, **scores}
 
 

@@ -121,8 +121,7 @@ def time_row(name: str, ckpt: Checkpoint, model, overrides: dict, examples: int,
     cfg = OmegaConf.merge(estimator_config(name), {"name": name, **overrides})
     est = build_estimator(cfg)
     x = take_rows(ckpt.data.split("test"), 0, examples)
-    inputs = (est.dataset_inputs(model, ckpt.data, "test", (0, examples), checkpoint=ckpt.path, payload=ckpt.payload)
-              if hasattr(est, "dataset_inputs") else {})
+    inputs = est.dataset_inputs(model, ckpt.data, "test", (0, examples), checkpoint=ckpt.path, payload=ckpt.payload)
     if model is not ckpt.model:  # the DBN's bottom RBM: no checkpoint of its own, no stored particles
         inputs.pop("particles", None)
     bar = StopwatchBar(examples)

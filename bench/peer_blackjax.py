@@ -201,7 +201,7 @@ def run_ours(hmc: HMC, s0, step_size, iterations, seed):
     div = torch.zeros_like(eps)
     half = iterations // 2
     for it in range(iterations):
-        state, info = hmc.step(state, eps, g)
+        state, info = hmc.step(state, generator=g, step_size=eps)
         acc += info.accept_prob
         div += info.divergent
         if it >= half:

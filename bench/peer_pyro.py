@@ -5,7 +5,7 @@
     python bench/peer_pyro.py --batch-size 100 --device cuda --updates 5000
 
 One process, one SBN with 200 binary latents over the 784 pixels of fixed-binarised MNIST (``model=sbn
-model.layers=[200]``, ``data=mnist``), built and initialised the way ``nvil/loop.py`` builds it. Pyro's model and
+model.layers=[200]``, ``data=mnist``), built and initialised the way ``nvil.build`` builds it. Pyro's model and
 guide are written over deep copies of our freshly built generative model, inference network and input-dependent
 baseline (``bench/peers.py: PyroSBN``, parameters registered with ``pyro.module``), so both sides start from
 identical parameters, and Pyro trains our own ``nn.Module`` classes, which our estimators then score.
@@ -61,28 +61,21 @@ from peers import (PyroSBN, accelerate_ours, compose_train, limit_threads, machi
 import torch
 
 from estimators.bounds import elbo, importance_sampled_bound
-from models import build_model
+from nvil.build import build
 from nvil.config import resolve_device
-from nvil.data import MinibatchStream, build_model_data, take_rows
-from nvil.learners import build_learner
+from nvil.data import MinibatchStream, take_rows
 from nvil.ops import mean_and_stderr
 
 
-def build(args, device: torch.device):
-    """Data, our model / inference network / NVIL learner as ``nvil/loop.py`` builds them, and untouched copies
+def build_sides(args, device: torch.device):
+    """Data, our model / inference network / NVIL learner as ``nvil.build`` builds them, and untouched copies
     of the model, inference network and baselines for Pyro, taken before any update."""
     cfg = compose_train([
         "model=sbn", f"model.layers=[{args.latents}]", "learner=nvil", "data=mnist", f"seed={args.seed}",
         f"trainer.batch_size={args.batch_size}", f"trainer.device={args.device}", "print_config=false",
     ])
-    torch.manual_seed(cfg.seed)
-    data = build_model_data(cfg.data, cfg.model, device)
-    model, inference = build_model(cfg.model, data.dim)
-    model.to(device)
-    model.init_visible_bias(data.train_mean())
-    inference.to(device)
-    inference.set_input_mean(data.train_mean())
-    learner = build_learner(cfg.learner, model, inference, device, cfg.seed)
+    ours = build(cfg, device)
+    data, model, inference, learner = ours.data, ours.model, ours.inference, ours.learner
     pyro_side = (copy.deepcopy(model), copy.deepcopy(inference), copy.deepcopy(learner.baselines))
     return cfg, data, model, inference, learner, pyro_side
 
@@ -153,7 +146,7 @@ def main() -> None:
     else:
         pyro = None
 
-    cfg, data, model, inference, learner, (pm, pi, pb) = build(args, device)
+    cfg, data, model, inference, learner, (pm, pi, pb) = build_sides(args, device)
     valid = take_rows(data.split("valid"), 0, args.val_examples)
     initial = score(model, inference, valid, args, device, iwae=False)  # also warms up the kernels both sides use
     accelerate_ours(learner, args.accel, device)

@@ -56,34 +56,28 @@ import torch
 
 from estimators.ais import SCHEDULES, base_rate, free_energy_log_p, rbm_log_z, schedule
 from estimators.base import Result
-from models import build_model
+from nvil.build import build
 from nvil.config import resolve_device
-from nvil.data import build_model_data
-from nvil.learners import build_learner
 from nvil.ops import mean_and_stderr
 
 
 def build_ours(args, device: torch.device):
-    """Data and our RBM + SAP learner as ``nvil/loop.py`` builds them."""
+    """Data and our RBM + SAP learner as the training loop builds them (``nvil.build``)."""
     overrides = ["model=rbm", f"model.n_hidden={args.hidden}", "learner=sap", f"learner.lr={args.lr}",
                  f"learner.num_particles={args.batch_size}", "learner.k=1", "data=mnist", f"seed={args.seed}",
                  f"trainer.batch_size={args.batch_size}", f"trainer.device={args.device}", "print_config=false"]
     if args.train_examples is not None:
         overrides.append(f"data.num_train={args.train_examples}")
     cfg = compose_train(overrides)
-    torch.manual_seed(cfg.seed)
-    data = build_model_data(cfg.data, cfg.model, device)
-    model, _ = build_model(cfg.model, data.dim)
-    model.to(device)
-    if args.init == "ours":
-        model.init_visible_bias(data.train_mean())
-    else:  # scikit-learn's own initial draw (BernoulliRBM.fit: RandomState(seed).normal(0, 0.01, (H, V))), zero biases
+    ours = build(cfg, device)
+    data, model, learner = ours.data, ours.model, ours.learner
+    if args.init != "ours":
+        # scikit-learn's own initial draw (BernoulliRBM.fit: RandomState(seed).normal(0, 0.01, (H, V))), zero biases
         w = np.random.RandomState(args.seed).normal(0, 0.01, (args.hidden, data.dim))
         with torch.no_grad():
             model.W.copy_(torch.from_numpy(w.T).to(model.W))
             model.b.zero_()
             model.c.zero_()
-    learner = build_learner(cfg.learner, model, None, device, cfg.seed)
     return cfg, data, model, learner
 
 

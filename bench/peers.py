@@ -173,11 +173,7 @@ def sklearn_to_rbm(sk, device: torch.device | str = "cpu", dtype: torch.dtype = 
 
 def accelerate_ours(learner, mode: str, device: torch.device) -> None:
     """``nvil.accel``'s ``mode`` (none | compile | cudagraphs) applied to our learner, as ``trainer.accel`` would."""
-    if mode == "none":
-        return
-    from nvil.accel import accelerate_learner
-
-    accelerate_learner(learner, mode, device)
+    learner.accelerate(mode, device)
 
 
 def warm_up(learner, modules: list, batches: list[torch.Tensor], device: torch.device) -> None:

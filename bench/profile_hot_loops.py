@@ -35,7 +35,7 @@ from models.gaussian import GaussianBeliefNet
 from models.inference import LayeredInference
 from models.rbm import BoltzmannMachine
 from models.sbn import SBN
-from nvil.accel import MODES, accelerate_learner
+from nvil.accel import MODES
 from nvil.learners.nvil import NVIL
 from nvil.mcmc import BlockGibbs, TemperedTransitions
 from nvil.mcmc.hmc import HMC
@@ -65,7 +65,7 @@ def nvil_case(batch: int, args, device):
     def build(mode):
         torch.manual_seed(0)
         learner = NVIL(SBN(784, [200]).to(device), LayeredInference(784, [200]).to(device), cfg, device, 0)
-        accelerate_learner(learner, mode, device)
+        learner.accelerate(mode, device)
         return lambda: learner.step(x)
     return build
 
@@ -109,7 +109,7 @@ def hmc_case(chains: int, args, device):
         def run():
             if state[0] is None:
                 state[0] = hmc.init(start)
-            state[0] = hmc.step(state[0], 0.01, g)[0]
+            state[0] = hmc.step(state[0], generator=g, step_size=0.01)[0]
         return run
     return build
 

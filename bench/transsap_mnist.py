@@ -35,7 +35,7 @@ import transsap_toy as tt  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
 import estimators  # noqa: E402
-from nvil.evaluation import evaluate_checkpoint  # noqa: E402
+from nvil.evaluation import EvalSpec, evaluate_checkpoint  # noqa: E402
 
 # row -> (preset, label, paper test log-probability by AIS, paper TT acceptance, matplotlib style)
 ROWS = {
@@ -80,8 +80,8 @@ def error_percent(summary: dict) -> str:
 def classify(run_dir: Path, args: argparse.Namespace) -> str:
     if "classify" not in estimators.ESTIMATORS:
         return NO_CLASSIFY
-    result = evaluate_checkpoint(run_dir / "checkpoints" / "last.pt", classify_cfg(), split="test",
-                                 num_examples=args.test_examples, seed=0, device=args.device, progress=False)
+    result = evaluate_checkpoint(run_dir / "checkpoints" / "last.pt", classify_cfg(), EvalSpec(
+        split="test", num_examples=args.test_examples, seed=0, device=args.device, progress=False))
     return error_percent(result.summary())
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from estimators.ais_hmc import AISHMC
 from estimators.base import Result
-from estimators.bdmc import BDMC
+from estimators.reverse_ais import BDMC
 from estimators.bounds import SampledBound
 from estimators.chib import Chib, ChibMH
 from estimators.classify import Classify
@@ -12,7 +12,7 @@ from estimators.dbn_bound import DBNBound
 from estimators.exact import Exact
 from estimators.harmonic import Harmonic
 from estimators.partition import AIS, RAISE
-from estimators.posterior import AISPosterior
+from estimators.per_example import AISPosterior
 from nvil.errors import ConfigError
 
 ESTIMATORS = {"iwae": SampledBound, "elbo": SampledBound, "exact": Exact, "classify": Classify, "ais": AIS,

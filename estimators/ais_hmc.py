@@ -19,9 +19,9 @@ from typing import NamedTuple
 
 import torch
 
-from estimators.ais import ais, schedule
+from estimators.annealing import ais, schedule
 from estimators.base import NO_PROGRESS, BatchProgress
-from estimators.posterior import PerExample
+from estimators.per_example import PerExample
 from models.gaussian import FORMS
 from nvil.config import positive_float, positive_int
 from nvil.accel import accelerate, check_mode
@@ -41,7 +41,7 @@ class ContinuousLatent:
     needs_log_z = False  # the prior is normalised: exp(log w) estimates p(x) itself
 
     def __init__(self, model, estimator: str, form: str) -> None:
-        if not getattr(model, "is_continuous_latent", False):
+        if not model.family == "continuous":
             raise ConfigError(f"estimator={estimator} integrates over continuous latent variables ({CONTINUOUS_HINT}); "
                               f"this checkpoint holds a {type(model).__name__}: use chib, ais_posterior, harmonic or "
                               "iwae for binary latents, ais or raise for Boltzmann machines")
@@ -94,7 +94,7 @@ class PriorPosteriorPath:
     def transition(self, state: PathState, beta: float, generator=None) -> PathState:
         beta_t = torch.tensor(beta, dtype=state.position.dtype, device=state.position.device)
         hmc = HMC(lambda s: self._tempered(s, beta_t), self.num_leapfrog)
-        new, info = hmc.step(hmc.init(state.position), state.step_size, generator)
+        new, info = hmc.step(hmc.init(state.position), generator=generator, step_size=state.step_size)
         step = (multiplicative_adapt(state.step_size, info.accept_prob, self.target_accept, max_step=self.max_step_size)
                 if self.adapt else state.step_size)
         return self.state(new.position, step, state.accept_sum + info.accept_prob)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from nvil.ops import log_mean_exp, mean_and_stderr
+from nvil.ops import chunks, log_mean_exp, mean_and_stderr  # noqa: F401  (chunks: re-exported, its old home)
 
 
 class Certificate:
@@ -121,12 +121,6 @@ def finite_json(d: dict) -> dict:
     return out
 
 
-def chunks(n: int, size: int):
-    """(start, stop) pairs covering range(n) in pieces of at most ``size``."""
-    for start in range(0, n, size):
-        yield start, min(start + size, n)
-
-
 def batch_generator(seed: int, start: int, device) -> torch.Generator:
     """The generator for the batch of examples that starts at row ``start``: seeded by (seed, start), so an
     example's random numbers do not depend on how the test set is sharded, only on its batch."""
@@ -137,6 +131,26 @@ def combine_runs(log_p_runs: torch.Tensor) -> torch.Tensor:
     """[examples, runs] estimates of log P(v), each exp() unbiased for P(v) -> the log of their mean, which is
     unbiased in P(v) too."""
     return log_mean_exp(log_p_runs.double(), 1)
+
+
+class Estimator:
+    """What ``nvil.evaluation.evaluate_checkpoint`` asks of every estimator: ``name``, ``check(model, inference)``
+    (refuse a model before any work starts), ``estimate(model, x, ...) -> Result``, and these, whose defaults say
+    "nothing special":
+
+    - ``simulates_own_data``: it draws its own examples (BDMC), so sharding it would repeat them on every shard;
+    - ``row_offset_aware``: ``estimate`` takes ``row_offset=``, the index of the first row in the whole split, so
+      each example draws the same random numbers however the split is sharded;
+    - ``dataset_inputs(model, data, split, rows, checkpoint=, payload=)``: the keywords ``estimate`` needs beyond
+      the rows (classify: labels; AIS: training marginals; DBNs: the log Z cache).
+    """
+
+    name: str
+    simulates_own_data: bool = False
+    row_offset_aware: bool = False
+
+    def dataset_inputs(self, model, data, split: str, rows: tuple[int, int], **_) -> dict:
+        return {}
 
 
 # ---- progress ----------------------------------------------------------------------------------------------

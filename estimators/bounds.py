@@ -15,11 +15,10 @@ import time
 
 import torch
 
-from estimators.base import BatchProgress, Result, batch_generator, chunks, phase_namer, shows_progress
+from estimators.base import BatchProgress, Estimator, Result, batch_generator, chunks, phase_namer, shows_progress
 from estimators.certify import stored_particles
 from estimators.log_z import apply_log_z, top_log_z
 from nvil.data import take_rows
-from models.dbn import DBN
 from nvil.errors import ConfigError
 from nvil.ops import StreamingLogMeanExp, StreamingMean
 
@@ -67,7 +66,7 @@ def elbo(model, inference, data, num_samples, *, generator, batch_size=100, max_
                                generator=generator, max_elements=max_elements, progress=progress, **seeding)
 
 
-class SampledBound:
+class SampledBound(Estimator):
     """``estimator=iwae`` (K = num_samples) or ``estimator=elbo`` (mean over num_samples) from q."""
 
     BOUNDS = {"iwae": importance_sampled_bound, "elbo": elbo}
@@ -82,12 +81,12 @@ class SampledBound:
         self.num_samples = k
 
     def check(self, model, inference) -> None:
-        if inference is None and not isinstance(model, DBN) and not getattr(model, "is_continuous_latent", False):
+        if inference is None and model.family != "dbn" and not model.family == "continuous":
             raise ConfigError(f"estimator={self.name} needs a model with an inference network (sbn, fdarn), a DBN "
                               "or a Gaussian net (gbn, dbn_dynamic: the prior is the proposal)")
 
     def dataset_inputs(self, model, data, split, rows, checkpoint=None, payload=None, **_) -> dict:
-        if not isinstance(model, DBN):
+        if model.family != "dbn":
             return {}
         return {"train": data.split("train"), "checkpoint": checkpoint,
                 "log_z_particles": stored_particles(payload, model.top.n_visible)}
@@ -98,9 +97,9 @@ class SampledBound:
         self.check(model, inference)
         t0 = time.perf_counter()
         log_z, log_z_se, extras, certificate = 0.0, 0.0, {}, None
-        if getattr(model, "is_continuous_latent", False):  # the weak baseline: the prior as the proposal
+        if model.family == "continuous":  # the weak baseline: the prior as the proposal
             inference, extras = model.prior_proposal(), {"proposal": "prior"}
-        if isinstance(model, DBN):
+        if model.family == "dbn":
             inference = model.recognition()
             certificate = top_log_z(model, train, self.cfg.log_z, checkpoint, shows_progress(progress),
                                     log_z_particles, phase=phase_namer(progress, self.name))

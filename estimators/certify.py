@@ -9,7 +9,7 @@ Three independent pieces of evidence, each cheap next to the forward run:
   visible side -F(x): all-off, all-on and one-hot states, training rows, the persistent particles a checkpoint
   stores, every AIS end state, and joint modes found by iterated conditional modes (alternating
   x = argmax p(x | h), h = argmax p(h | x), which never lowers p*(x, h) <= min(p*(x), p*(h))) from many starts.
-  An estimate below this bound is wrong, whatever its ESS says.
+  An estimate below this bound is wrong, whatever its ESS says (``estimators.hard_bound``).
 - **Reverse AIS** (Grosse, Ghahramani & Adams 2015; Burda, Grosse & Salakhutdinov 2015): the same path run from
   beta = 1 back to the base rate, from states drawn near the model (the persistent particles, or a block-Gibbs run
   from training rows). From exact model samples it over-estimates log Z in expectation, so [forward, reverse] is
@@ -20,7 +20,6 @@ Three independent pieces of evidence, each cheap next to the forward run:
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 import math
@@ -29,11 +28,17 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from estimators.ais import LogZ, RBMPath, ais, make_ladder, rbm_log_z_reverse
-from estimators.base import Certificate, chunks
-from models.rbm import BoltzmannMachine
+from estimators.ais_rbm import RBMPath, forward_log_z, reverse_log_z
+from estimators.annealing import LogZ, make_ladder
+from estimators.base import Certificate
+from estimators.hard_bound import HardBound, binary_states, climb, hard_lower_bound
+from models.rbm import BoltzmannMachine, State
 from nvil.config import positive_float, positive_int
 from nvil.errors import ConfigError
+from nvil.mcmc.gibbs import BlockGibbs
+
+__all__ = ["DEFAULTS", "CertifiedLogZ", "HardBound", "certified_log_z", "certify_settings", "climb", "digest",
+           "gibbs_run", "hard_lower_bound", "reverse_start", "run_checks", "stored_particles"]
 
 DEFAULTS = {"certify": True, "pilot_fraction": 0.05, "reverse_fraction": 0.5, "reverse_burn_in": None,
             "max_gap": 1.0, "min_ess_fraction": 0.1, "num_climb": 256, "num_data_probes": 1000}
@@ -61,105 +66,16 @@ def certify_settings(cfg) -> dict:
     return out
 
 
-# ---- the hard lower bound -----------------------------------------------------------------------------------
-
-
-@dataclass
-class HardBound:
-    """log Z >= ``value``: the larger of the log-sum-exps of log p* over the distinct hidden and visible probes."""
-
-    value: float
-    best_single: float
-    source: str       # the probe set holding the single best state
-    num_probes: int   # distinct states evaluated
-
-
-def _binary_states(model: BoltzmannMachine, x: torch.Tensor, generator=None) -> torch.Tensor:
-    """x made a valid state: binary pixels thresholded at 0.5 (probabilities from data or a DBN's up-pass),
-    labels one-hot at their largest entry."""
-    v, y = model.split(x)
-    v = (v > 0.5).to(x.dtype) if model.visible == "binary" else v
-    if y is None:
-        return v
-    return torch.cat([v, torch.nn.functional.one_hot(y.argmax(-1), model.n_labels).to(x.dtype)], -1)
-
-
-@torch.no_grad()
-def climb(model: BoltzmannMachine, h: torch.Tensor, max_iters: int = 100) -> tuple[torch.Tensor, torch.Tensor]:
-    """Iterated conditional modes on -E(x, h) from every row of h at once: x = argmax p(x | h), then
-    h = argmax p(h | x), until no chain changes. Each half-step never lowers p*(x, h)."""
-    for _ in range(max_iters):
-        x = model.x_mode_given_h(h)
-        new = (model.hidden_input(x) > 0).to(h.dtype)
-        if torch.equal(new, h):
-            break
-        h = new
-    return model.x_mode_given_h(h), h
-
-
-@torch.no_grad()
-def hard_lower_bound(model: BoltzmannMachine, visible_probes: dict[str, torch.Tensor], generator=None,
-                     num_climb: int = 256) -> HardBound:
-    """The hard lower bound on log Z from the probe states (see the module docstring). ``visible_probes`` maps a
-    name (``training rows``, ``persistent particles``, ``AIS end states``) to rows of x; probes are scored in
-    float64 on a copy of the model, so rounding cannot lift the bound above the truth."""
-    m = copy.deepcopy(model).double()
-    dev, H = m.W.device, m.n_hidden
-    xs = {k: _binary_states(m, v.to(dev, torch.float64)) for k, v in visible_probes.items() if v is not None and len(v)}
-    hs: dict[str, torch.Tensor] = {}
-    if m.hidden_marginal_tractable:
-        eye = torch.eye(H, device=dev, dtype=torch.float64) if H <= 4096 else torch.zeros(0, H, device=dev, dtype=torch.float64)
-        hs["all-off, all-on and one-hot hidden states"] = torch.cat([torch.zeros(1, H, device=dev, dtype=torch.float64),
-                                                                      torch.ones(1, H, device=dev, dtype=torch.float64), eye])
-        for k, x in xs.items():  # each probe's most probable h, and a draw of h
-            a = m.hidden_input(x)
-            p = torch.sigmoid(a)
-            hs[f"hidden states of {k}"] = torch.cat([(a > 0).double(), (torch.rand(p.shape, generator=generator,
-                                                     device=dev, dtype=torch.float64) < p).double()])
-    starts = torch.cat([(torch.rand(num_climb, H, generator=generator, device=dev, dtype=torch.float64) < 0.5).double(),
-                        torch.zeros(1, H, device=dev, dtype=torch.float64)]
-                       + [(m.hidden_input(x[:num_climb]) > 0).double() for x in xs.values()])
-    x_mode, h_mode = climb(m, starts)
-    if m.hidden_marginal_tractable:
-        hs["hill-climbed states"] = h_mode
-    if m.visible == "binary":
-        V = m.n_pixels
-        corners = torch.cat([torch.zeros(1, V, device=dev, dtype=torch.float64), torch.ones(1, V, device=dev, dtype=torch.float64)])
-        if m.n_labels:
-            corners = torch.cat([corners, torch.nn.functional.one_hot(torch.zeros(2, dtype=torch.long, device=dev),
-                                                                       m.n_labels).double()], -1)
-        xs["all-off and all-on visible states"] = corners
-        xs["hill-climbed states"] = x_mode
-    else:  # log p*(x) of real-valued pixels is a density, not a lower bound on Z
-        xs = {}
-    best, source, sides, count = -math.inf, "", [], 0
-    for side, states, score in (("hidden", hs, m.log_unnormalised_hidden), ("visible", xs, lambda x: -m.free_energy(x))):
-        if not states:
-            continue
-        names = list(states)
-        allx = torch.cat([states[k] for k in names])
-        owner = torch.cat([torch.full((len(states[k]),), i, device=dev) for i, k in enumerate(names)])
-        uniq, inverse = torch.unique(allx, dim=0, return_inverse=True)
-        first = torch.full((len(uniq),), len(allx), device=dev, dtype=torch.long).scatter_reduce(
-            0, inverse, torch.arange(len(allx), device=dev), "amin")
-        scores = torch.cat([score(uniq[s0:s1]) for s0, s1 in chunks(len(uniq), 4096)])
-        count += len(uniq)
-        sides.append(torch.logsumexp(scores, 0).item())
-        top = scores.argmax()
-        if scores[top].item() > best:
-            best, source = scores[top].item(), f"{names[int(owner[first[top]])]} ({side} side)"
-    return HardBound(max(sides), best, source, count)
-
-
 # ---- reverse AIS from states near the model --------------------------------------------------------------------
 
 
 @torch.no_grad()
 def gibbs_run(model: BoltzmannMachine, x: torch.Tensor, sweeps: int, generator=None) -> torch.Tensor:
     """``sweeps`` block-Gibbs sweeps at beta = 1 from every row of x at once."""
+    gibbs, state = BlockGibbs(model), State(x, None)  # each sweep draws h afresh from x
     for _ in range(sweeps):
-        x = model.sample_x_given_h(model.sample_h(x, 1.0, generator), 1.0, generator, x=x)
-    return x
+        state, _ = gibbs.step(state, 1.0, generator)
+    return state.x
 
 
 def reverse_start(model: BoltzmannMachine, num_chains: int, particles: torch.Tensor | None,
@@ -176,7 +92,7 @@ def reverse_start(model: BoltzmannMachine, num_chains: int, particles: torch.Ten
     idx = torch.randint(0, len(rows), (num_chains,), generator=torch.Generator().manual_seed(0))
     x = rows[idx.to(rows.device)].to(dev, model.W.dtype)
     x = x.to_dense() if x.is_sparse else x
-    x = _binary_states(model, x) if model.visible == "binary" else x
+    x = binary_states(model, x) if model.visible_layer.discrete else x
     return gibbs_run(model, x, burn_in, generator), f"{burn_in} block-Gibbs sweeps from {num_chains} training rows"
 
 
@@ -303,7 +219,8 @@ def certified_log_z(model: BoltzmannMachine, base, settings: dict, cert: dict, g
                     progress: bool = False, accel: str = "none", phase=None) -> CertifiedLogZ:
     """Forward AIS for log Z on the ladder ``settings['schedule']`` (adaptive: from a pilot run), and, with
     ``cert['certify']``, its certificate: the hard lower bound from probes, reverse AIS on ``reverse_fraction`` of
-    the betas from ``particles`` or a Gibbs run from ``data_rows``, and the checks (``run_checks``).
+    the betas from ``particles`` or a Gibbs run from ``data_rows``, and the checks (``run_checks``). One path (and
+    its compiled kernels) and one ladder serve every run: the pilot, forward and reverse.
     ``progress``: inner bars for the forward and reverse runs; ``phase(text)`` is told each phase as it starts
     (``log Z (forward AIS, 2/4)``), for the evaluation bar's description."""
     steps = ((["pilot AIS"] if settings["schedule"] == "adaptive" else []) + ["forward AIS"]
@@ -324,9 +241,9 @@ def certified_log_z(model: BoltzmannMachine, base, settings: dict, cert: dict, g
     seconds["pilot"] = time.perf_counter() - t0
     t1 = time.perf_counter()
     announce("forward AIS")
-    log_w, end = ais(path, path.sample_base(n, generator), ladder.betas(K), generator, progress, "AIS log Z")
+    betas = ladder.betas(K)  # built once: the forward run walks it, and the reverse run too when it has K steps
+    forward, end = forward_log_z(path, n, betas, generator, progress)
     seconds["forward"] = time.perf_counter() - t1
-    forward = LogZ.from_log_w(log_w, path.log_z0(), "forward", K, seconds["forward"])
     c = CertifiedLogZ(forward, ladder.extras(), seconds=seconds)
     if not cert["certify"]:
         return c
@@ -345,7 +262,7 @@ def certified_log_z(model: BoltzmannMachine, base, settings: dict, cert: dict, g
     k_rev = max(1, round(cert["reverse_fraction"] * K))
     burn_in = cert["reverse_burn_in"] if cert["reverse_burn_in"] is not None else max(1, K // 4)
     x0, c.reverse_init = reverse_start(model, n, particles, rows, burn_in, generator)
-    c.reverse = rbm_log_z_reverse(model, base, x0, ladder.betas(k_rev), generator, progress, accel)
+    c.reverse = reverse_log_z(path, x0, betas if k_rev == K else ladder.betas(k_rev), generator, progress)
     seconds["reverse"] = time.perf_counter() - t3
     run_checks(c, cert)
     return c

@@ -22,37 +22,37 @@ import torch
 
 from estimators.ais_hmc import ContinuousLatent
 from estimators.base import NO_PROGRESS, BatchProgress
-from estimators.posterior import LatentModel, PerExample
+from estimators.per_example import LatentModel, PerExample
 from nvil.config import positive_float, positive_int
 from nvil.errors import ConfigError
+from nvil.mcmc.base import ChibKernel
 from nvil.mcmc.mh import PROPOSALS, MetropolisHastings, adapt_step_size
 from nvil.mcmc.sequential_gibbs import SequentialGibbs
 from nvil.ops import log_mean_exp
 
 
 @torch.no_grad()
-def chib_log_p(op, h_star: torch.Tensor, num_steps: int, generator=None, on_step=None) -> torch.Tensor:
+def chib_log_p(op: ChibKernel, h_star: torch.Tensor, num_steps: int, generator=None, on_step=None) -> torch.Tensor:
     """log of the Fig. 1 estimate of sum_h f(h) (or its integral), f the target of the transition operator
-    ``op``, for each chain: log f(h*) - log p_hat. ``op`` gives ``step(h, reverse, generator)`` (reverse: the
-    reverse operator T~, a bool or a per-chain bool tensor), ``log_transition(to, frm)`` = log T(to <- frm) and
-    ``log_prob(h)`` = log f(h): sequential Gibbs for binary latents, Metropolis-Hastings for continuous ones.
-    ``on_step()`` is called after each of the S steps (progress)."""
+    ``op``, for each chain: log f(h*) - log p_hat. ``op`` is a ``nvil.mcmc.base.ChibKernel`` whose state is h:
+    sequential Gibbs for binary latents, Metropolis-Hastings for continuous ones. ``on_step(info)`` is called
+    with each of the S steps' info (progress, acceptance rates)."""
     chains = h_star.shape[0]
     S = num_steps
     s = torch.randint(0, S, (chains,), generator=generator, device=h_star.device)  # 0-based position of h^(s)
     forward_steps = S - 1 - s  # states after h^(s); the other s states come before it
-    on_step = on_step or (lambda: None)
-    h_s = op.step(h_star, reverse=True, generator=generator)  # step 2
+    on_step = on_step or (lambda info: None)
+    h_s, info = op.reverse().step(h_star, 1.0, generator)  # step 2
     log_t = [op.log_transition(h_star, h_s)]
-    on_step()
+    on_step(info)
     h = h_s
     for t in range(1, S):
         backward = t > forward_steps
         restart = (t == forward_steps + 1)[:, None]
         h = torch.where(restart, h_s, h)  # the backward run starts again from h^(s)
-        h = op.step(h, reverse=backward, generator=generator)
+        h, info = op.oriented(backward).step(h, 1.0, generator)
         log_t.append(op.log_transition(h_star, h))
-        on_step()
+        on_step(info)
     log_p_hat = log_mean_exp(torch.stack(log_t).double(), 0)  # log (1/S) sum T(h* <- h^(s'))
     return op.log_prob(h_star).double() - log_p_hat
 
@@ -93,7 +93,7 @@ class Chib(PerExample):
             progress.plan(self.climb_sweeps + later)
         else:
             progress.plan(later)
-        return chib_log_p(gibbs, h_star, self.num_steps, generator, on_step=lambda: progress.advance(2))
+        return chib_log_p(gibbs, h_star, self.num_steps, generator, on_step=lambda info: progress.advance(2))
 
 
 def climb_to_mode(log_f, h: torch.Tensor, steps: int, lr: float, on_step=None) -> torch.Tensor:
@@ -121,21 +121,6 @@ def climb_to_mode(log_f, h: torch.Tensor, steps: int, lr: float, on_step=None) -
 # run estimates (0.33-0.40, against 1.1-1.5 at 0.57); the random walk did best at 0.5 (above it, mixing suffers).
 CHIB_TARGET_ACCEPT = {"langevin": 0.8, "random_walk": 0.5}
 
-
-class _CountingMH:
-    """The Fig. 1 interface of a ``MetropolisHastings`` kernel (``step``, ``log_transition``, ``log_prob``) that
-    also sums each chain's acceptance probabilities over the transitions it makes, for the report."""
-
-    def __init__(self, mh: MetropolisHastings) -> None:
-        self.mh, self.accept_sum, self.steps = mh, None, 0
-        self.log_transition, self.log_prob = mh.log_transition, mh.log_prob
-
-    def step(self, h: torch.Tensor, reverse=False, generator=None) -> torch.Tensor:
-        h, accept = self.mh.step_with_info(h, generator)
-        accept = torch.nan_to_num(accept, nan=0.0)
-        self.accept_sum = accept if self.accept_sum is None else self.accept_sum + accept
-        self.steps += 1
-        return h
 
 
 class ChibMH(PerExample):
@@ -220,11 +205,17 @@ class ChibMH(PerExample):
                                                 self.adapt_steps, generator)
             self.adapt_accept.append(warm_accept.cpu())
             progress.advance(self.adapt_steps)
-        op = _CountingMH(MetropolisHastings(log_f, step, self.proposal))  # a fixed kernel from here on
-        log_p = chib_log_p(op, h_star, self.num_steps, generator, on_step=lambda: progress.advance(2))
+        op = MetropolisHastings(log_f, step, self.proposal)  # a fixed kernel from here on
+        accept_sum = torch.zeros_like(step)
+
+        def counted(info: dict) -> None:  # each chain's acceptance probabilities over the S transitions
+            accept_sum.add_(torch.nan_to_num(info["accept_prob"], nan=0.0))
+            progress.advance(2)
+
+        log_p = chib_log_p(op, h_star, self.num_steps, generator, on_step=counted)
         zero = torch.isneginf(log_p)
         self.zero_runs += int(zero.sum())
         self.zero_example_mask.append(zero.view(-1, self.num_runs).all(1).cpu())
         self.step_sizes.append(step.cpu())
-        self.accept.append((op.accept_sum / max(1, op.steps)).cpu())
+        self.accept.append((accept_sum / self.num_steps).cpu())
         return log_p

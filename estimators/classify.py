@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from estimators.base import Result, chunks
+from estimators.base import Estimator, Result, chunks
 from nvil.data import take_rows
 from nvil.errors import ConfigError, DataError
 
@@ -167,7 +167,7 @@ def _positive_int(cfg, key: str, default: int) -> int:
     return value
 
 
-class Classify:
+class Classify(Estimator):
     """``estimator=classify``: test error from the label units, or from a logistic regression on p(h | v)."""
 
     name = "classify"

@@ -13,8 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from estimators.base import NO_PROGRESS, BatchProgress
-from estimators.posterior import LatentModel, PerExample
-from models.dbn import DBN
+from estimators.per_example import LatentModel, PerExample
 from nvil.config import positive_int
 from nvil.errors import ConfigError
 
@@ -27,7 +26,7 @@ class DBNBound(PerExample):
         self.num_samples = positive_int(cfg.get("num_samples"), "estimator.num_samples")
 
     def check(self, model, inference) -> None:
-        if not isinstance(model, DBN):
+        if model.family != "dbn":
             raise ConfigError("estimator=dbn_bound is the bound of a deep belief net (model=dbn); for sbn or fdarn "
                               "use estimator=elbo, for rbm estimator=ais")
 

@@ -15,20 +15,12 @@ import time
 
 import torch
 
-from estimators.base import Result, chunks
-from models.dbn import DBN
+from estimators.base import Estimator, Result, chunks
 from nvil.data import take_rows
 from nvil.errors import ConfigError
-from nvil.ops import StreamingLogMeanExp
+from nvil.ops import StreamingLogMeanExp, enumerate_states
 
 MAX_LATENT = 20
-
-
-def enumerate_states(n_bits: int, start: int, stop: int, device=None, dtype=torch.float32) -> torch.Tensor:
-    """Binary states start..stop-1 of ``n_bits`` units as rows of a [stop - start, n_bits] tensor."""
-    codes = torch.arange(start, stop, device=device, dtype=torch.int64)
-    bits = torch.arange(n_bits - 1, -1, -1, device=device, dtype=torch.int64)
-    return ((codes.unsqueeze(-1) >> bits) & 1).to(dtype)
 
 
 def split_layers(h: torch.Tensor, layers: list[int]) -> list[torch.Tensor]:
@@ -36,7 +28,7 @@ def split_layers(h: torch.Tensor, layers: list[int]) -> list[torch.Tensor]:
 
 
 def check_enumerable(model, max_latent: int = MAX_LATENT) -> None:
-    if getattr(model, "is_continuous_latent", False):
+    if model.family == "continuous":
         raise ConfigError(f"estimator=exact enumerates binary latent states; this {type(model).__name__} has "
                           "continuous latents: use estimator=ais_hmc, chib_mh or iwae")
     if model.n_latent > max_latent:
@@ -91,7 +83,7 @@ def top_log_z_exact(top, max_units: int = MAX_LATENT, chunk_elements: int = 2**2
     return torch.logsumexp(torch.stack(terms), 0)
 
 
-class Exact:
+class Exact(Estimator):
     """``estimator=exact``: enumeration, for models with at most 20 binary latent units. A DBN's estimate
     subtracts its top RBM's exact log Z (reported as ``log_z``)."""
 
@@ -101,24 +93,24 @@ class Exact:
         self.cfg = cfg
 
     def check(self, model, inference) -> None:
-        if hasattr(model, "check_exact"):  # Boltzmann machines: log Z by enumeration
+        if model.family == "boltzmann":  # Boltzmann machines: log Z by enumeration
             model.check_exact(int(self.cfg.max_latent))
         else:
             check_enumerable(model, int(self.cfg.max_latent))
-            if isinstance(model, DBN):
+            if model.family == "dbn":
                 check_top_enumerable(model.top, int(self.cfg.max_latent))
 
     def estimate(self, model, data, *, inference=None, generator=None, seed: int, progress=None) -> Result:
         self.check(model, inference)
         t0 = time.perf_counter()
-        if hasattr(model, "exact_log_prob"):
+        if model.family == "boltzmann":
             log_p = exact_boltzmann_log_prob(model, data, batch_size=int(self.cfg.batch_size), progress=progress)
             extras = {"log_z": round(model.log_z_exact().item(), 4)}
         else:
             log_p = exact_log_marginal(model, data, batch_size=int(self.cfg.batch_size),
                                        max_latent=int(self.cfg.max_latent), progress=progress)
             extras = {}
-            if isinstance(model, DBN):  # log P(v) = log sum_h P*(v, h) - log Z_top (Eq. 16)
+            if model.family == "dbn":  # log P(v) = log sum_h P*(v, h) - log Z_top (Eq. 16)
                 log_z = top_log_z_exact(model.top, int(self.cfg.max_latent))
                 log_p = log_p - log_z.to(log_p)
                 extras = {"log_z": round(log_z.item(), 4), "log_z_is": "exact"}

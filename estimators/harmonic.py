@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from estimators.base import NO_PROGRESS, BatchProgress
-from estimators.posterior import LatentModel, PerExample
+from estimators.per_example import LatentModel, PerExample
 from nvil.config import positive_int
 from nvil.errors import ConfigError
 from nvil.mcmc.sequential_gibbs import SequentialGibbs
@@ -44,11 +44,11 @@ class Harmonic(PerExample):
         gibbs = SequentialGibbs([(1.0, lm.joint(x))])
         h = lm.sample_q(x, generator)
         for _ in range(self.burn_in):
-            h, _ = gibbs.sweep(h, generator=generator)
+            h, _ = gibbs.step(h, 1.0, generator)
             progress.advance()
         neg_log_lik = []
         for _ in range(self.num_samples):
-            h, _ = gibbs.sweep(h, generator=generator)
+            h, _ = gibbs.step(h, 1.0, generator)
             neg_log_lik.append(-lm.log_likelihood(x, h).double())
             progress.advance()
         return -log_mean_exp(torch.stack(neg_log_lik), 0)

@@ -18,11 +18,12 @@ from pathlib import Path
 
 import torch
 
-from estimators.ais import ais_settings, base_rate
-from estimators.base import chunks
-from estimators.certify import CertifiedLogZ, certified_log_z, certify_settings, hard_lower_bound
+from estimators.ais_rbm import ais_settings, base_rate
+from estimators.certify import CertifiedLogZ, certified_log_z, certify_settings
+from estimators.hard_bound import hard_lower_bound
 from estimators.partition import log_p_extras
 from nvil.accel import check_mode
+from nvil.ops import chunks
 
 
 def fingerprint(module: torch.nn.Module) -> str:

@@ -18,8 +18,9 @@ import time
 
 import torch
 
-from estimators.ais import LogZ, ais_settings, base_rate, check_boltzmann, free_energy_log_p
-from estimators.base import Result, phase_namer, shows_progress
+from estimators.ais_rbm import ais_settings, base_rate, check_boltzmann, free_energy_log_p
+from estimators.annealing import LogZ
+from estimators.base import Estimator, Result, phase_namer, shows_progress
 from estimators.certify import CertifiedLogZ, certified_log_z, certify_settings, stored_particles
 from nvil.accel import check_mode
 from nvil.config import positive_int
@@ -38,7 +39,7 @@ def log_p_extras(mean_log_p: float, c: CertifiedLogZ, used_log_z: float) -> dict
     return out
 
 
-class AIS:
+class AIS(Estimator):
     """``estimator=ais``: log Z of an RBM or semi-RBM by certified AIS, and log p(v) = -F(v) - log Z."""
 
     name = "ais"

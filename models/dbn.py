@@ -22,11 +22,16 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from models.rbm import BoltzmannMachine, _bernoulli
+from models.binary_density import BinaryDensity, DensityBuilder, layer_slices
+from models.rbm import BoltzmannMachine
+from models.visible import Bernoulli, bernoulli_sample
 from nvil.ops import bernoulli_log_prob
 
 
 class DBN(nn.Module):
+    family = "dbn"
+    visible_layer = Bernoulli()  # every layer of the stack is binary
+
     def __init__(self, n_visible: int, sizes: list[int]) -> None:
         super().__init__()
         if len(sizes) < 2:
@@ -65,7 +70,7 @@ class DBN(nn.Module):
 
     def log_likelihood(self, x: torch.Tensor, hs: list[torch.Tensor]) -> torch.Tensor:
         """log P(v | h_1)."""
-        return bernoulli_log_prob(self.directed_logits(1, hs[0]), x)
+        return self.visible_layer.log_prob(self.directed_logits(1, hs[0]), x)
 
     def log_joint(self, x: torch.Tensor, hs: list[torch.Tensor]) -> torch.Tensor:
         """log P*(v, h_1..h_{L-1}) = sum_l log P(h_{l-1} | h_l) - F_top(h_{L-1}); subtract log Z for log P."""
@@ -74,11 +79,9 @@ class DBN(nn.Module):
         terms.append(-self.top.free_energy(hs[-1]))
         return torch.stack(torch.broadcast_tensors(*terms)).sum(0)
 
-    def latent_density(self, x: torch.Tensor):
+    def latent_density(self, x: torch.Tensor) -> BinaryDensity:
         """log P*(x, h_1..h_{L-1}) for fixed x [chains, n_visible] as a ``BinaryDensity``: the directed
         layers' Bernoulli terms, and -F_top = b_top'h + sum softplus(c_top + h W_top) (a + sign factor)."""
-        from models.binary_density import DensityBuilder, layer_slices
-
         sl = layer_slices(self.layers)
         d = DensityBuilder(self.n_latent, x.shape[0], x)
         d.bernoulli(x, self.rbms[0].b, [(sl[0], self.rbms[0].W)])
@@ -94,18 +97,17 @@ class DBN(nn.Module):
         layers down. Returns (v, [h_1, ..., h_{L-1}])."""
         top = self.top
         p = torch.full((n, top.n_pixels), 0.5, device=top.W.device, dtype=top.W.dtype)
-        h = _bernoulli(p, generator)
+        h = bernoulli_sample(p, generator)
         for _ in range(gibbs_sweeps):
             h = top.sample_x_given_h(top.sample_h(h, 1.0, generator), 1.0, generator)
         hs = [h]
         for layer in range(len(self.sizes) - 1, 0, -1):
-            logits = self.directed_logits(layer, hs[0])
-            hs.insert(0, _bernoulli(torch.sigmoid(logits), generator))
+            hs.insert(0, bernoulli_sample(torch.sigmoid(self.directed_logits(layer, hs[0])), generator))
         return hs[0], hs[1:]
 
     @torch.no_grad()
     def visible_probs(self, hs: list[torch.Tensor]) -> torch.Tensor:
-        return torch.sigmoid(self.directed_logits(1, hs[0]))
+        return self.visible_layer.mean(self.directed_logits(1, hs[0]))
 
     def recognition(self) -> "DBNRecognition":
         return DBNRecognition(self)
@@ -128,15 +130,13 @@ class DBNRecognition:
         for layer in range(1, len(self.dbn.sizes)):
             logits = self.logits(layer, h)
             with torch.no_grad():
-                h = _bernoulli(torch.sigmoid(logits), generator)
+                h = bernoulli_sample(torch.sigmoid(logits), generator)
             hs.append(h)
             log_qs.append(bernoulli_log_prob(logits, h))
         return hs, log_qs
 
-    def latent_density(self, x: torch.Tensor):
+    def latent_density(self, x: torch.Tensor) -> BinaryDensity:
         """log Q(h | x) for fixed x as a normalised ``BinaryDensity``."""
-        from models.binary_density import DensityBuilder, layer_slices
-
         sl = layer_slices(self.dbn.layers)
         d = DensityBuilder(self.dbn.n_latent, x.shape[0], x)
         d.bernoulli(sl[0], self.logits(1, x))

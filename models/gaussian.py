@@ -28,20 +28,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.rbm import _bernoulli
+from models.visible import LOG_2PI, VISIBLE, gaussian_log_prob
 from nvil.errors import ConfigError
-from nvil.ops import bernoulli_log_prob
 
 FORMS = ("auxiliary", "centred")
 VISIBLES = ("bernoulli", "gaussian")
 NONLINEARITIES = {"tanh": torch.tanh, "sigmoid": torch.sigmoid, "hard_tanh": F.hardtanh, "identity": lambda a: a}
-LOG_2PI = math.log(2 * math.pi)
-
-
-def gaussian_log_prob(x: torch.Tensor, mean, log_sigma) -> torch.Tensor:
-    """log N(x; mean, diag exp(log_sigma)^2), summed over the last dimension."""
-    z = (x - mean) * torch.exp(-log_sigma)
-    return (-0.5 * z * z - log_sigma - 0.5 * LOG_2PI).sum(-1)
 
 
 class GaussianNet(nn.Module):
@@ -51,6 +43,7 @@ class GaussianNet(nn.Module):
     (index into ``log_sigmas``); ``obs_parent`` and ``obs_link`` (index into ``emissions``) for the
     observed vectors, whose concatenation is a data row."""
 
+    family = "continuous"
     is_continuous_latent = True
 
     def __init__(self, form: str, visible: str, nonlinearity: str, sigma: float, visible_sigma: float,
@@ -66,6 +59,7 @@ class GaussianNet(nn.Module):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise ConfigError(f"model.{key} must be a positive number, got {value!r}")
         self.form, self.visible, self.nonlinearity = form, visible, nonlinearity
+        self.visible_layer = VISIBLE[visible].build()
         self.f = NONLINEARITIES[nonlinearity]
         self.sigma, self.visible_sigma, self.learn_sigma, self.init_scale = float(sigma), float(visible_sigma), bool(learn_sigma), float(init_scale)
 
@@ -82,7 +76,7 @@ class GaussianNet(nn.Module):
         self.log_sigmas = nn.ParameterList(nn.Parameter(torch.full((n_out,), math.log(self.sigma)), requires_grad=self.learn_sigma)
                                            for _, n_out in link_shapes)
         self.log_sigma_x = nn.Parameter(torch.full((emission_shapes[0][1],), math.log(self.visible_sigma)),
-                                        requires_grad=self.learn_sigma) if self.visible == "gaussian" else None
+                                        requires_grad=self.learn_sigma) if self.visible_layer.has_noise_scale else None
         self.offsets = [0]
         for n in self.latent_sizes:
             self.offsets.append(self.offsets[-1] + n)
@@ -163,11 +157,7 @@ class GaussianNet(nn.Module):
         zs = self.latents(state, form)
         total = 0.0
         for j, xj in enumerate(self.split_obs(x)):
-            out = self.emission(j, zs[self.obs_parent[j]])
-            if self.visible == "bernoulli":
-                total = total + bernoulli_log_prob(out, xj)
-            else:
-                total = total + gaussian_log_prob(xj, out, self.log_sigma_x)
+            total = total + self.visible_layer.log_prob(self.emission(j, zs[self.obs_parent[j]]), xj, self.log_sigma_x)
         return total
 
     def log_joint(self, x: torch.Tensor, state: torch.Tensor, form: str | None = None) -> torch.Tensor:
@@ -194,13 +184,8 @@ class GaussianNet(nn.Module):
         """Ancestral samples (x [n, n_visible], state [n, n_latent])."""
         state = self.sample_prior(n, generator)
         zs = self.latents(state)
-        xs = []
-        for j in range(len(self.obs_sizes)):
-            out = self.emission(j, zs[self.obs_parent[j]])
-            if self.visible == "bernoulli":
-                xs.append(_bernoulli(torch.sigmoid(out), generator))
-            else:
-                xs.append(out + torch.exp(self.log_sigma_x) * torch.randn(out.shape, generator=generator, device=out.device))
+        xs = [self.visible_layer.sample(self.emission(j, zs[self.obs_parent[j]]), generator, self.log_sigma_x)
+              for j in range(len(self.obs_sizes))]
         return torch.cat(xs, -1), state
 
     @torch.no_grad()
@@ -208,8 +193,7 @@ class GaussianNet(nn.Module):
         """p(x = 1 | z) (Bernoulli) or E[x | z] (Gaussian), for image grids."""
         zs = self.latents(state)
         outs = [self.emission(j, zs[self.obs_parent[j]]) for j in range(len(self.obs_sizes))]
-        out = torch.cat(outs, -1)
-        return torch.sigmoid(out) if self.visible == "bernoulli" else out
+        return self.visible_layer.mean(torch.cat(outs, -1))
 
     @torch.no_grad()
     def init_visible_bias(self, train_mean: torch.Tensor) -> None:
@@ -217,9 +201,7 @@ class GaussianNet(nn.Module):
         pixel marginals (clamped to [1e-3, 1 - 1e-3]) for Bernoulli visibles, the mean for Gaussian ones. The
         rest stays as drawn, so both forms start from the same parameters."""
         mean = train_mean.reshape(-1, self.emissions[0].out_features).mean(0)
-        if self.visible == "bernoulli":
-            mean = torch.logit(mean.clamp(1e-3, 1 - 1e-3))
-        self.emissions[0].bias.copy_(mean)
+        self.emissions[0].bias.copy_(self.visible_layer.bias_from_mean(mean, 1e-3, logit=torch.logit))
 
     def prior_proposal(self) -> "PriorProposal":
         return PriorProposal(self)

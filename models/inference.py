@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from models.autoregressive import AutoregressiveLinear
+from models.binary_density import BinaryDensity, DensityBuilder, layer_slices
 from nvil.ops import bernoulli_log_prob
 
 
@@ -62,10 +63,8 @@ class LayeredInference(nn.Module):
     def log_prob(self, hs: list[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         return torch.stack(torch.broadcast_tensors(*self.log_prob_layers(hs, x))).sum(0)
 
-    def latent_density(self, x: torch.Tensor):
+    def latent_density(self, x: torch.Tensor) -> BinaryDensity:
         """log q(h | x) for fixed x [chains, n_visible] as a normalised ``BinaryDensity`` over h."""
-        from models.binary_density import DensityBuilder, layer_slices
-
         sizes = [enc.out_features for enc in self.encoders]
         sl = layer_slices(sizes)
         d = DensityBuilder(sum(sizes), x.shape[0], x)

@@ -13,18 +13,22 @@ Salakhutdinov 2009, Sec. 4: 784 x 784 / 2 lateral weights, 10 label units joined
 - ``free_energy(x, beta)`` sums h out analytically: p(x) proportional to exp(-F(x));
 - conditionals ``h_given_x``, ``sample_x_given_h`` at inverse temperature beta (a scalar or one per chain);
 - ``log_z_exact`` enumerates the smaller side (hidden units, or visible units when L couples them).
+
+What depends on the kind of pixel (binary, Gaussian, binary with lateral weights) is asked of
+``visible_layer`` (``models.visible``); ``visible`` keeps the config name.
 """
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from models.visible import VISIBLE, Bernoulli, LateralBernoulli, bernoulli_sample
 from nvil.errors import ConfigError
+from nvil.ops import chunks, enumerate_states
 
 VISIBLES = ("binary", "gaussian")
 
@@ -60,17 +64,20 @@ def temper(beta, t: torch.Tensor) -> torch.Tensor:
 
 
 class BoltzmannMachine(nn.Module):
+    family = "boltzmann"
+
     def __init__(self, n_visible: int, n_hidden: int, visible: str = "binary", lateral: bool = False,
                  n_labels: int = 0, visible_update: str = "sequential") -> None:
         super().__init__()
         if visible not in VISIBLES:
             raise ConfigError(f"model.visible must be one of {list(VISIBLES)}, got {visible!r}")
-        if lateral and visible != "binary":
+        if lateral and VISIBLE[visible] is not Bernoulli:
             raise ConfigError("lateral visible-visible connections need binary visibles")
         if visible_update not in ("sequential", "mean_field"):
             raise ConfigError(f"model.visible_update must be sequential or mean_field, got {visible_update!r}")
         self.n_pixels, self.n_hidden, self.n_labels = int(n_visible), int(n_hidden), int(n_labels)
         self.visible, self.visible_update = visible, visible_update
+        self.visible_layer = LateralBernoulli(visible_update) if lateral else VISIBLE[visible].build()
         self.W = nn.Parameter(0.01 * torch.randn(self.n_pixels, self.n_hidden))
         self.b = nn.Parameter(torch.zeros(self.n_pixels))
         self.c = nn.Parameter(torch.zeros(self.n_hidden))
@@ -102,12 +109,7 @@ class BoltzmannMachine(nn.Module):
     @torch.no_grad()
     def init_visible_bias(self, train_mean: torch.Tensor, eps: float = 1e-3) -> None:
         """Visible biases at the data marginals: logit of the mean pixel (binary), the mean (Gaussian)."""
-        mean = train_mean[: self.n_pixels].to(self.b)
-        if self.visible == "binary":
-            p = mean.clamp(eps, 1 - eps)
-            self.b.copy_(torch.log(p) - torch.log1p(-p))
-        else:
-            self.b.copy_(mean)
+        self.b.copy_(self.visible_layer.bias_from_mean(train_mean[: self.n_pixels].to(self.b), eps))
         if self.n_labels:
             freq = train_mean[self.n_pixels:].to(self.d).clamp(min=eps)
             self.d.copy_(torch.log(freq / freq.sum()))
@@ -126,7 +128,7 @@ class BoltzmannMachine(nn.Module):
     def visible_energy(self, x: torch.Tensor) -> torch.Tensor:
         """The terms of E that do not involve h: -b'v (or 1/2 |v - b|^2) - d'y - 1/2 v'L v."""
         v, y = self.split(x)
-        e = 0.5 * ((v - self.b) ** 2).sum(-1) if self.visible == "gaussian" else -(v @ self.b)
+        e = self.visible_layer.energy(v, self.b)
         if y is not None:
             e = e - y @ self.d
         lat = self.lateral()
@@ -144,27 +146,16 @@ class BoltzmannMachine(nn.Module):
         """log p*(x, h) = -E(x, h) (``hidden_input``: a(x), as in ``energy``)."""
         return -self.energy(state.x, state.h, hidden_input)
 
-    def base_energy(self, x: torch.Tensor, base: BaseRate) -> torch.Tensor:
-        """E_A(x) of a base-rate model."""
-        v, y = self.split(x)
-        e = 0.5 * ((v - base.b) ** 2).sum(-1) if self.visible == "gaussian" else -(v @ base.b)
-        return e - y @ base.d if y is not None else e
-
-    def free_energy(self, x: torch.Tensor, beta=1.0, base: BaseRate | None = None,
-                    hidden_input: torch.Tensor | None = None, visible_energy: torch.Tensor | None = None,
-                    base_energy: torch.Tensor | None = None) -> torch.Tensor:
+    def free_energy(self, x: torch.Tensor, beta=1.0, hidden_input: torch.Tensor | None = None,
+                    visible_energy: torch.Tensor | None = None) -> torch.Tensor:
         """F_beta(x) = beta E_vis(x) - sum_j softplus(beta a_j(x)): exp(-F_beta) = sum_h exp(-beta E).
-        With a base-rate model, (1 - beta) E_A(x) is added: the AIS path of Salakhutdinov & Murray 2008.
-        ``hidden_input``, ``visible_energy`` and ``base_energy`` pass a(x), E_vis(x) and E_A(x) when the caller
-        already has them (AIS weighs each state at two betas)."""
+        ``hidden_input`` and ``visible_energy`` pass a(x) and E_vis(x) when the caller already has them (AIS weighs
+        each state at two betas; its path from a base-rate model is ``estimators.ais_rbm.TemperedRBM``)."""
         beta = as_beta(beta, x)
         beta_per_chain = beta.squeeze(-1) if beta.dim() else beta
         a = self.hidden_input(x) if hidden_input is None else hidden_input
         e_vis = self.visible_energy(x) if visible_energy is None else visible_energy
-        f = beta_per_chain * e_vis - F.softplus(beta * a).sum(-1)
-        if base is None:
-            return f
-        return f + (1 - beta_per_chain) * (self.base_energy(x, base) if base_energy is None else base_energy)
+        return beta_per_chain * e_vis - F.softplus(beta * a).sum(-1)
 
     @property
     def hidden_marginal_tractable(self) -> bool:
@@ -178,15 +169,7 @@ class BoltzmannMachine(nn.Module):
             c'h + 1/2 |b + W h|^2 - 1/2 |b|^2 + V/2 log 2 pi [+ logsumexp_y (d + U h)_y]     (Gaussian v)
 
         Since Z = sum_h p*(h), every h gives a hard lower bound log Z >= log p*(h)."""
-        if not self.hidden_marginal_tractable:
-            raise ConfigError("log p*(h) of a semi-RBM has no closed form (its pixels are coupled)")
-        top = self.b + h @ self.W.T
-        if self.visible == "binary":
-            log_sum_v = F.softplus(top).sum(-1)
-        else:
-            # int exp(-1/2 |v - b|^2 + v'W h) dv = (2 pi)^{V/2} exp(1/2 |b + W h|^2 - 1/2 |b|^2)
-            log_sum_v = 0.5 * (top**2).sum(-1) - 0.5 * (self.b**2).sum() + 0.5 * self.n_pixels * math.log(2 * math.pi)
-        out = h @ self.c + log_sum_v
+        out = h @ self.c + self.visible_layer.log_normaliser(self.b + h @ self.W.T, self.b)
         if self.n_labels:
             out = out + torch.logsumexp(self.d + h @ self.U.T, -1)
         return out
@@ -194,8 +177,7 @@ class BoltzmannMachine(nn.Module):
     def x_mode_given_h(self, h: torch.Tensor) -> torch.Tensor:
         """The most probable x given h when the pixels are independent given h (lateral weights ignored, so for a
         semi-RBM only an approximation: used to find probe states, never for sampling)."""
-        field = self.b + h @ self.W.T
-        v = field if self.visible == "gaussian" else (field > 0).to(h.dtype)
+        v = self.visible_layer.mode(self.b + h @ self.W.T)
         if not self.n_labels:
             return v
         y = F.one_hot((self.d + h @ self.U.T).argmax(-1), self.n_labels).to(v.dtype)
@@ -207,14 +189,13 @@ class BoltzmannMachine(nn.Module):
         return torch.sigmoid(temper(beta, self.hidden_input(x) if hidden_input is None else hidden_input))
 
     def sample_h(self, x: torch.Tensor, beta=1.0, generator=None, hidden_input: torch.Tensor | None = None) -> torch.Tensor:
-        p = self.h_given_x(x, beta, hidden_input)
-        return (torch.rand(p.shape, generator=generator, device=p.device, dtype=p.dtype) < p).to(p.dtype)
+        return bernoulli_sample(self.h_given_x(x, beta, hidden_input), generator)
 
     @property
     def fused_gibbs(self) -> bool:
         """Whether the compiled block-Gibbs kernels (``nvil.mcmc.gibbs``) cover this model: binary pixels, no
         labels, no lateral weights."""
-        return self.visible == "binary" and self.L is None and not self.n_labels
+        return self.visible_layer.fused_gibbs and not self.n_labels
 
     def sample_x_given_h(self, h: torch.Tensor, beta=1.0, generator=None, x: torch.Tensor | None = None,
                          reverse: bool = False, base: BaseRate | None = None) -> torch.Tensor:
@@ -226,15 +207,10 @@ class BoltzmannMachine(nn.Module):
         beta = as_beta(beta, h)
         if base is not None:
             field = field + (1 - beta) * base.b
-        if self.L is None:
-            if self.visible == "binary":
-                v = _bernoulli(torch.sigmoid(field), generator)
-            else:  # precision beta (+ 1 - beta from the base): the mean is field / precision
-                precision = beta if base is None else torch.ones_like(beta)
-                noise = torch.randn(field.shape, generator=generator, device=field.device, dtype=field.dtype)
-                v = field / precision + noise / precision.sqrt()
-        else:
-            v = self._lateral_visible_update(field, beta, generator, x, reverse)
+        # the weight on the pixels' own energy: beta, plus 1 - beta from the base
+        precision = beta if base is None else torch.ones_like(beta)
+        v = self.visible_layer.sample_field(field, generator, beta=beta, precision=precision, lateral=self.lateral(),
+                                            start=None if x is None else self.split(x)[0], reverse=reverse)
         if not self.n_labels:
             return v
         logits = beta * (self.d + h @ self.U.T)
@@ -243,23 +219,6 @@ class BoltzmannMachine(nn.Module):
         y = F.one_hot(torch.multinomial(torch.softmax(logits, -1), 1, generator=generator).squeeze(-1),
                       self.n_labels).to(v.dtype)
         return torch.cat([v, y], -1)
-
-    def _lateral_visible_update(self, field, beta, generator, x, reverse: bool) -> torch.Tensor:
-        """``field`` holds the tempered logits from the biases and h; the lateral input is tempered here."""
-        lat = self.lateral()
-        if self.visible_update == "mean_field":
-            mu = torch.sigmoid(field)
-            for _ in range(10):  # damped mean-field, as in Osindero & Hinton's reconstructions
-                mu = 0.2 * mu + 0.8 * torch.sigmoid(field + beta * (mu @ lat))
-            return mu
-        v = (self.split(x)[0] if x is not None else torch.zeros_like(field)).clone()
-        u = torch.rand(field.shape, generator=generator, device=field.device, dtype=field.dtype)
-        beta_col = beta if beta.dim() == 0 else beta[..., 0]
-        order = range(self.n_pixels - 1, -1, -1) if reverse else range(self.n_pixels)
-        for i in order:  # a loop over units, never over chains
-            logit = field[..., i] + beta_col * (v @ lat[:, i])
-            v[..., i] = (u[..., i] < torch.sigmoid(logit)).to(v.dtype)
-        return v
 
     # ---- exact answers for small models ------------------------------------------------------------
     @property
@@ -277,9 +236,6 @@ class BoltzmannMachine(nn.Module):
     def log_z_exact(self, max_units: int = 20, chunk_elements: int = 2**24) -> torch.Tensor:
         """log Z by enumerating the hidden units (2^H states) with x summed out analytically, or, when
         lateral connections couple the pixels, the pixels (2^V states) with h summed out."""
-        from estimators.base import chunks
-        from estimators.exact import enumerate_states
-
         self.check_exact(max_units)
         dev, dt = self.W.device, self.W.dtype
         if self.L is not None:  # enumerate the pixels (and labels), h summed out in -F
@@ -305,7 +261,3 @@ class BoltzmannMachine(nn.Module):
     def init_chains(self, x: torch.Tensor, generator=None) -> State:
         """Chains started at data (or any) x, with h drawn from p(h | x)."""
         return State(x.clone(), self.sample_h(x, 1.0, generator))
-
-
-def _bernoulli(p: torch.Tensor, generator) -> torch.Tensor:
-    return (torch.rand(p.shape, generator=generator, device=p.device, dtype=p.dtype) < p).to(p.dtype)

@@ -19,6 +19,8 @@ import torch
 from torch import nn
 
 from models.autoregressive import AutoregressiveLinear
+from models.binary_density import BinaryDensity, DensityBuilder, layer_slices, require_bernoulli_visibles
+from models.visible import VISIBLE, bernoulli_sample
 from nvil.ops import bernoulli_log_prob
 
 PRIORS = ("factorial", "autoregressive")
@@ -27,6 +29,8 @@ VISIBLES = ("bernoulli", "multinomial")
 
 class SBN(nn.Module):
     """A belief network with ``layers`` = [|h_1|, ..., |h_n|] binary latent units."""
+
+    family = "directed"
 
     def __init__(self, n_visible: int, layers: list[int], prior: str = "factorial", visible: str = "bernoulli",
                  doc_length: int = 100) -> None:
@@ -39,6 +43,7 @@ class SBN(nn.Module):
         self.layers = [int(n) for n in layers]
         self.visible = visible
         self.doc_length = int(doc_length)  # words per sampled document (multinomial visibles only)
+        self.visible_layer = VISIBLE[visible].build(self.doc_length)
         sizes = [self.n_visible] + self.layers
         # decoders[i] maps h_{i+1} to the logits of h_i (h_0 = x).
         self.decoders = nn.ModuleList(nn.Linear(sizes[i + 1], sizes[i]) for i in range(len(self.layers)))
@@ -54,17 +59,10 @@ class SBN(nn.Module):
         """Start the output bias at the data marginals: logit of the mean image, or for a multinomial
         visible layer the log of the mean word frequencies."""
         bias = self.decoders[0].bias
-        if self.visible == "bernoulli":
-            p = train_mean.clamp(eps, 1 - eps).to(bias)
-            bias.copy_(torch.log(p) - torch.log1p(-p))
-        else:
-            freq = train_mean.to(bias) + eps
-            bias.copy_(torch.log(freq / freq.sum()))
+        bias.copy_(self.visible_layer.bias_from_mean(train_mean.to(bias), eps))
 
     def visible_log_prob(self, logits: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        if self.visible == "bernoulli":
-            return bernoulli_log_prob(logits, x)
-        return (x * torch.log_softmax(logits, dim=-1)).sum(-1)
+        return self.visible_layer.log_prob(logits, x)
 
     def prior_log_prob(self, h_top: torch.Tensor) -> torch.Tensor:
         if self.prior_ar is None:
@@ -96,20 +94,11 @@ class SBN(nn.Module):
         for dec in reversed(self.decoders[1:]):
             h = _bernoulli(dec(h), generator)
             hs.insert(0, h)
-        logits = self.decoders[0](hs[0])
-        if self.visible == "bernoulli":
-            x = _bernoulli(logits, generator)
-        else:
-            words = torch.multinomial(torch.softmax(logits, -1), self.doc_length, replacement=True,
-                                      generator=generator)
-            x = torch.zeros_like(logits).scatter_add_(-1, words, torch.ones_like(words, dtype=logits.dtype))
-        return x, hs
+        return self.visible_layer.sample(self.decoders[0](hs[0]), generator), hs
 
-    def latent_density(self, x: torch.Tensor):
+    def latent_density(self, x: torch.Tensor) -> BinaryDensity:
         """log p(x, h) for fixed x [chains, n_visible] as a ``BinaryDensity`` over h = [h_1, ..., h_n]
         (what single-site Gibbs over the latent units needs; Bernoulli visibles only)."""
-        from models.binary_density import DensityBuilder, layer_slices, require_bernoulli_visibles
-
         require_bernoulli_visibles(self)
         sl = layer_slices(self.layers)
         d = DensityBuilder(self.n_latent, x.shape[0], x)
@@ -126,10 +115,8 @@ class SBN(nn.Module):
     @torch.no_grad()
     def visible_probs(self, hs: list[torch.Tensor]) -> torch.Tensor:
         """p(x_j = 1 | h_1) (or word probabilities): what sample grids show, less noisy than samples."""
-        logits = self.decoders[0](hs[0])
-        return torch.sigmoid(logits) if self.visible == "bernoulli" else torch.softmax(logits, -1)
+        return self.visible_layer.mean(self.decoders[0](hs[0]))
 
 
 def _bernoulli(logits: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    u = torch.rand(logits.shape, generator=generator, device=logits.device, dtype=logits.dtype)
-    return (u < torch.sigmoid(logits)).to(logits.dtype)
+    return bernoulli_sample(torch.sigmoid(logits), generator)

@@ -12,9 +12,11 @@ function of tensors: the caller draws the uniforms with its generator first, in 
 them, and passes them in. The random stream is therefore the same in every mode; the numbers agree with
 ``none`` up to float rounding (fused kernels may round differently in the last bit).
 
-    from nvil.accel import accelerate, accelerate_learner
+    from nvil.accel import accelerate
     fast = accelerate(fn, "compile")             # fn itself when accel=none
-    accelerate_learner(learner, cfg.trainer.accel, device)   # NVIL / wake-sleep surrogate, SAP negative phase
+
+Learners apply ``trainer.accel`` to their own hot loops (``Learner.accelerate``: NVIL / wake-sleep compile their
+surrogate, SAP its negative phase's sweeps).
 """
 
 from __future__ import annotations
@@ -62,37 +64,3 @@ def accelerate(fn: Callable, mode: str = "none", device=None, what: str = "accel
         return torch.utils._pytree.tree_map(lambda t: t.clone() if torch.is_tensor(t) else t, out)
 
     return replay
-
-
-def accelerate_learner(learner, mode: str = "none", device=None):
-    """Apply ``accel`` to a training learner in place and return it; the training loop calls this once, after
-    building the learner (and before restoring a checkpoint or not: it keeps no state of its own).
-
-    - learners with a ``surrogate(x)`` (``SurrogateLearner``: NVIL, wake-sleep): ``surrogate`` is replaced by its
-      compiled version (an instance attribute); sampling stays eager, on the learner's generator, between the
-      compiled pieces. ``step`` is unchanged: it still calls ``surrogate``, ``backward`` and the optimiser.
-    - ``SAP`` (sap, trans_sap, cd; pt_sap's Gibbs sweeps): the block-Gibbs sweeps and the tempered-transitions
-      run of the negative phase use the fused kernels of ``BoltzmannMachine.gibbs_kernel`` (binary RBMs
-      without labels or lateral weights; other Boltzmann machines stay eager).
-    - anything else (MCEM, exact ML): unchanged.
-
-    ``none`` changes nothing. The random stream is unchanged in every mode.
-    """
-    check_mode(mode, device, "trainer.accel")
-    if mode == "none":
-        return learner
-    from nvil.mcmc.gibbs import BlockGibbs
-    from nvil.mcmc.tempered import TemperedTransitions
-
-    if isinstance(getattr(learner, "gibbs", None), BlockGibbs):  # SAP and its variants
-        learner.gibbs = BlockGibbs(learner.model, accel=mode)
-        if getattr(learner, "pt", None) is not None:
-            learner.pt.gibbs = BlockGibbs(learner.model, accel=mode)
-        if isinstance(getattr(learner, "tt", None), TemperedTransitions):
-            learner.tt = TemperedTransitions(learner.model, learner.tt.betas, accel=mode)
-        return learner
-    if callable(getattr(learner, "surrogate", None)):
-        # Dynamo splits the surrogate at each sampling call (torch.rand with the learner's generator, which it
-        # cannot trace) and compiles the pieces between them, forward and backward; the draws stay eager.
-        learner.surrogate = accelerate(learner.surrogate, mode, device, "trainer.accel")
-    return learner

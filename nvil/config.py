@@ -10,7 +10,7 @@ import torch
 from nvil.errors import ConfigError
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
-GROUPS = ("model", "learner", "data", "estimator", "experiment", "trainer", "final_eval")
+GROUPS = ("model", "learner", "data", "estimator", "experiment", "trainer", "final_eval", "debug")
 
 
 def resolve_device(name: str) -> torch.device:

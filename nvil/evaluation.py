@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -64,71 +65,99 @@ def shard_rows(num_rows: int, shard: int | None, num_shards: int | None, block: 
     return min(lo * block, num_rows), min(hi * block, num_rows)
 
 
-def evaluate_checkpoint(path, estimator_cfg, *, split: str = "test", num_examples: int | None = None,
-                        seed: int = 0, device: str = "auto", progress: bool = True,
-                        data_overrides: dict | None = None, output: str | None = None,
-                        shard: int | None = None, num_shards: int | None = None,
-                        per_class: int | None = None, strict: bool = False) -> Result:
+@dataclass(frozen=True)
+class EvalSpec:
+    """What ``evaluate_checkpoint`` evaluates on and how: evaluate.py's ``data.split``, ``seed`` and ``eval.*``."""
+
+    split: str = "test"
+    num_examples: int | None = None  # None: the whole split
+    seed: int = 0
+    device: str = "auto"
+    progress: bool = True
+    data_overrides: dict | None = None  # data config keys that differ from the checkpoint's
+    output: str | None = None  # the JSON lines file; None: <checkpoint>.eval.jsonl beside the checkpoint
+    shard: int | None = None  # shard ``shard`` of ``num_shards`` (separate jobs; python -m nvil.merge)
+    num_shards: int | None = None
+    per_class: int | None = None  # the first ``per_class`` examples of each class
+    strict: bool = False  # an estimate that is not certified raises ``CertificateFailed``
+
+    @property
+    def sharded(self) -> bool:
+        return self.shard is not None or self.num_shards is not None
+
+
+def evaluate_checkpoint(path, estimator_cfg, spec: EvalSpec = EvalSpec()) -> Result:
+    """Estimate log p(v) of ``spec.split`` under the checkpoint at ``path`` with the estimator ``estimator_cfg``
+    describes; print the JSON line, append it to the output file and return the ``Result``."""
     path = Path(path)
     d = distributed.setup()
-    dev = distributed.rank_device(resolve_device(device), d)
-    positive_int(num_examples, "eval.num_examples", allow_none=True)
-    if d.enabled and (shard is not None or num_shards is not None):
+    dev = distributed.rank_device(resolve_device(spec.device), d)
+    positive_int(spec.num_examples, "eval.num_examples", allow_none=True)
+    if d.enabled and spec.sharded:
         raise ConfigError("eval.shard / eval.num_shards split the work between separate jobs; under torchrun the "
                           "ranks already share the examples, so leave them unset")
     estimator = build_estimator(estimator_cfg)
-    if getattr(estimator, "simulates_own_data", False) and (d.enabled or shard is not None or num_shards is not None):
+    if estimator.simulates_own_data and (d.enabled or spec.sharded):
         raise ConfigError(f"estimator={estimator.name} simulates its own examples, so sharding it (torchrun, eval.shard) "
                           "would repeat them on every shard; run it in one process")
     model, inference, payload = load_model(path, dev)
     estimator.check(model, inference)  # refuse before any work starts
-    data_cfg = OmegaConf.merge(OmegaConf.create(payload["config"]["data"]), OmegaConf.create(data_overrides or {}))
+    data_cfg = OmegaConf.merge(OmegaConf.create(payload["config"]["data"]), OmegaConf.create(spec.data_overrides or {}))
     data = build_model_data(data_cfg, OmegaConf.create(payload["config"]["model"]), dev)
-    x = data.split(split)
+    x = data.split(spec.split)
     if x.shape[1] != model.n_visible:
         raise ConfigError(f"data has {x.shape[1]} visible units but the checkpoint's model has {model.n_visible}")
-    if per_class is not None:
-        x = first_per_class(x, data, split, positive_int(per_class, "eval.per_class"), estimator.name)
-    total = data.rows_to_evaluate(x, split, num_examples)
-    start, stop = shard_rows(total, d.rank if d.enabled else shard, d.world_size if d.enabled else num_shards,
+    if spec.per_class is not None:
+        x = first_per_class(x, data, spec.split, positive_int(spec.per_class, "eval.per_class"), estimator.name)
+    total = data.rows_to_evaluate(x, spec.split, spec.num_examples)
+    start, stop = shard_rows(total, d.rank if d.enabled else spec.shard, d.world_size if d.enabled else spec.num_shards,
                              int(estimator_cfg.get("batch_size", 100) or 100))
     x = take_rows(x, start, stop, dense=False)
     # What estimators need beyond the rows (classify: labels; AIS: training marginals; DBNs: the log Z cache).
-    inputs = (estimator.dataset_inputs(model, data, split, (start, stop), checkpoint=path, payload=payload)
-              if hasattr(estimator, "dataset_inputs") else {})
-    if getattr(estimator, "row_offset_aware", False):
+    inputs = estimator.dataset_inputs(model, data, spec.split, (start, stop), checkpoint=path, payload=payload)
+    if estimator.row_offset_aware:
         inputs["row_offset"] = start
-    generator = torch.Generator(device=dev).manual_seed(seed)
-    if x.shape[0] == 0:  # more ranks than estimator batches: this one has nothing to do
-        result = Result(estimator.name, torch.empty(0), 0.0, seed)
-    else:
-        # The estimators advance the bar in fractions of an example (every sweep or AIS step of a batch), so it
-        # moves and gives an ETA from the first seconds; miniters=0: each redraw waits only for mininterval, which
-        # is ten seconds where stderr is a file (a SLURM log) rather than a terminal.
-        with tqdm(total=x.shape[0], disable=not (progress and d.is_main), desc=estimator.name, unit="example",
-                  mininterval=progress_interval(), miniters=0,
-                  bar_format="{l_bar}{bar}| {n:.1f}/{total_fmt} [{elapsed}<{remaining}, {rate_fmt}{postfix}]") as bar:
-            result = estimator.estimate(model, x, inference=inference, generator=generator, seed=seed, progress=bar,
-                                        **inputs)
-    lengths = doc_lengths(x) if getattr(model, "visible", None) == "multinomial" else None
+    result = _estimate(estimator, model, inference, x, inputs, spec, dev, d)
+    # Word counts (documents: the data of multinomial-visible models) are also scored per word.
+    lengths = doc_lengths(x) if data.binarize == "counts" else None
     if d.enabled:
         result, lengths = gather_result(result, lengths)
     if lengths is not None:
         result.extras.update(perplexity(result, lengths, exact=estimator.name == "exact"))
-    result.extras.update({"split": split, "checkpoint": str(path), "step": int(payload.get("step", -1))})
-    if num_shards is not None:
-        result.extras.update(shard_sums(result, shard, num_shards, (start, stop)))
+    result.extras.update({"split": spec.split, "checkpoint": str(path), "step": int(payload.get("step", -1))})
+    if spec.num_shards is not None:
+        result.extras.update(shard_sums(result, spec.shard, spec.num_shards, (start, stop)))
     if d.is_main:
-        line = result.to_json()
-        print(line, flush=True)
-        out = Path(output) if output else path.with_name(path.name + ".eval.jsonl")
-        with open(out, "a") as f:
-            f.write(line + "\n")
-        for warning in result.warnings:  # loud: one line each on stderr; the JSON keeps every number either way
-            print(f"warning: {estimator.name}: {warning}", file=sys.stderr, flush=True)
-    if strict and result.certified is False:
+        _report(result, estimator.name, Path(spec.output) if spec.output else path.with_name(path.name + ".eval.jsonl"))
+    if spec.strict and result.certified is False:
         raise CertificateFailed(f"estimator={estimator.name} is not certified: {result.warnings[0]}")
     return result
+
+
+def _estimate(estimator, model, inference, x: torch.Tensor, inputs: dict, spec: EvalSpec, dev: torch.device,
+              d: distributed.Dist) -> Result:
+    generator = torch.Generator(device=dev).manual_seed(spec.seed)
+    if x.shape[0] == 0:  # more ranks than estimator batches: this one has nothing to do
+        return Result(estimator.name, torch.empty(0), 0.0, spec.seed)
+    # The estimators advance the bar in fractions of an example (every sweep or AIS step of a batch), so it
+    # moves and gives an ETA from the first seconds; miniters=0: each redraw waits only for mininterval, which
+    # is ten seconds where stderr is a file (a SLURM log) rather than a terminal.
+    with tqdm(total=x.shape[0], disable=not (spec.progress and d.is_main), desc=estimator.name, unit="example",
+              mininterval=progress_interval(), miniters=0,
+              bar_format="{l_bar}{bar}| {n:.1f}/{total_fmt} [{elapsed}<{remaining}, {rate_fmt}{postfix}]") as bar:
+        return estimator.estimate(model, x, inference=inference, generator=generator, seed=spec.seed, progress=bar,
+                                  **inputs)
+
+
+def _report(result: Result, name: str, out: Path) -> None:
+    """The JSON line on stdout and appended to ``out``; each warning of estimator ``name``, loud, as one line on
+    stderr (the JSON keeps every number either way)."""
+    line = result.to_json()
+    print(line, flush=True)
+    with open(out, "a") as f:
+        f.write(line + "\n")
+    for warning in result.warnings:
+        print(f"warning: {name}: {warning}", file=sys.stderr, flush=True)
 
 
 def gather_result(result: Result, lengths: torch.Tensor | None) -> tuple[Result, torch.Tensor | None]:

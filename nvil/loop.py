@@ -1,7 +1,9 @@
 """The training loop: steps, validation with early stopping, atomic checkpoints, logging, resume.
 
-Read top to bottom: set up (or restore) the run, then one flat loop over steps. Every learner plugs in
-through ``step(batch, diagnostics) -> metrics`` and ``learner_state()`` / ``load_learner_state()``.
+Read ``fit`` top to bottom: build the run (``nvil.build``) or restore it (``nvil.resume``), then one flat loop over
+steps, whose parts are the named helpers below it. Every learner plugs in through ``nvil.learners.base.Learner``:
+``step(batch, diagnostics) -> metrics``, ``learner_state()`` / ``load_learner_state()`` and the hooks the loop
+calls (``validate``, ``image_grids``, ``distribute``).
 
 Under torchrun (``nvil.distributed``) every rank runs this same loop on its share of each minibatch; learners
 that run data-parallel also have ``distribute`` and ``rank_state`` / ``load_rank_state``. Rank 0 alone
@@ -12,33 +14,30 @@ from __future__ import annotations
 
 import logging
 import math
-import signal
-import threading
 import time
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
 from omegaconf import OmegaConf
 from tqdm import tqdm
 
-from models import build_model
 from nvil import distributed
-from nvil.accel import accelerate_learner
-from nvil.checkpoint import load_checkpoint, load_module_state, save_checkpoint
+from nvil.build import Run, build
+from nvil.checkpoint import save_checkpoint
 from nvil.config import positive_float, positive_int, resolve_device
-from nvil.data import MinibatchStream, build_model_data, check_model_fits_data, take_rows
+from nvil.data import MinibatchStream, take_rows
 from nvil.divergence import DivergenceMonitor
-from nvil.errors import CheckpointError, ConfigError, Interrupted, TrainingDiverged
-from nvil.learners import build_learner
+from nvil.errors import ConfigError, Interrupted, TrainingDiverged
+from nvil.interrupt import InterruptFlag
 from nvil.logging import NullLogger, RunLogger, to_floats
-from nvil.resume import resume_requested
+from nvil.resume import restore, resumes
 from nvil.validation import score_tag, validate
 
 # What the progress bar shows, the first that the learner reports.
 PROGRESS_KEYS = ("train/elbo", "train/log_p_exact_batch", "train/free_energy_gap", "train/log_joint")
-# Sections of the config a resumed run must share with the run that wrote the checkpoint.
-RESUME_MUST_MATCH = ("model", "learner", "data", "seed")
 log = logging.getLogger("nvil")
 
 
@@ -71,148 +70,55 @@ def fit(cfg, run_dir: Path, check=None) -> dict:
     device = distributed.rank_device(resolve_device(t.device), d)
     rows = distributed.local_rows(t.batch_size, d, "trainer.batch_size")  # this rank's share of each minibatch
     run_dir = Path(run_dir)
-    ckpt_dir = run_dir / "checkpoints"
-    last_path, best_path = ckpt_dir / "last.pt", ckpt_dir / "best.pt"
-    resume = resume_requested(cfg, last_path)
-    if last_path.exists() and not resume:
-        raise ConfigError(f"{run_dir} already holds a run; pass trainer.resume=true to continue it, "
-                          "or choose another hydra.run.dir")
-    if resume and not last_path.exists():
-        raise ConfigError(f"trainer.resume=true but there is no checkpoint at {last_path}")
-
-    # ---- build everything -----------------------------------------------------------------------
-    torch.manual_seed(cfg.seed)
-    data = build_model_data(cfg.data, cfg.model, device)
-    model, inference = build_model(cfg.model, data.dim)
-    check_model_fits_data(model, data)
-    if check is not None:
-        check(model, inference, data)
-    model.to(device)
-    model.init_visible_bias(data.train_mean())
-    if inference is not None:
-        inference.to(device)
-        inference.set_input_mean(data.train_mean())
-    learner = build_learner(cfg.learner, model, inference, device, distributed.rank_seed(cfg.seed, d))
-    accelerate_learner(learner, t.get("accel", "none"), device)
-    if hasattr(learner, "bind_data"):  # per-example state (MCEM's persistent chains), sized before a resume
-        learner.bind_data(data.split("train"))
-    if d.enabled:
-        if not hasattr(learner, "distribute"):
-            raise ConfigError(f"learner={cfg.learner.name} does not run data-parallel; train it in one process "
-                              "(python train.py, not torchrun)")
-        learner.distribute(d, device)
-    state = LoopState()
+    last_path, best_path = run_dir / "checkpoints" / "last.pt", run_dir / "checkpoints" / "best.pt"
+    resume = resumes(cfg, run_dir, last_path)
+    run = build(cfg, device, check)
+    distribute(run, cfg.learner.name, d, device)
     monitor = DivergenceMonitor(t.get("divergence", 20.0))
     resolved = OmegaConf.to_container(cfg, resolve=True)
-    if resume:
-        state = _restore(last_path, resolved, model, inference, learner, monitor, device, d)
-        log.info("resumed %s from step %d", run_dir, state.step)
-    else:
-        log.info("new run in %s: model=%s learner=%s data=%s, %d steps", run_dir, cfg.model.name,
-                 cfg.learner.name, cfg.data.name, t.max_steps)
-    if d.is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
-
-    stream = MinibatchStream(data, t.batch_size, cfg.seed)
-    valid = take_rows(data.split("valid"), 0, t.val_num_examples)
-    train_subset = take_rows(data.split("train"), 0, t.val_num_examples)
-    # A learner with its own ``validate`` (greedy DBN training) has no score to keep the best of.
-    tag = None if hasattr(learner, "validate") else score_tag(model, inference)
-    if tag is None and t.patience is not None:
-        raise ConfigError(f"trainer.patience needs a validation score, and learner={cfg.learner.name} has none "
-                          "(set trainer.patience=null)")
+    state = LoopState(**restore(last_path, resolved, run, monitor, device, d)) if resume else LoopState()
+    open_run_dir(cfg, run_dir, resume, state.step, d)
+    stream = MinibatchStream(run.data, t.batch_size, cfg.seed)
+    valid = take_rows(run.data.split("valid"), 0, t.val_num_examples)
+    train_subset = take_rows(run.data.split("train"), 0, t.val_num_examples)
+    tag = validation_tag(run, cfg)
     logger = RunLogger(run_dir, enabled=bool(t.tensorboard)) if d.is_main else NullLogger()
-
-    def checkpoint(path: Path) -> None:
-        _check_finite(model, inference, state.step, last_path)
-        payload = {"divergence": monitor.state_dict(),
-            "config": resolved, "model_name": cfg.model.name, "n_visible": data.dim,
-            "model": model.state_dict(), "inference": None if inference is None else inference.state_dict(),
-            "learner": learner.learner_state(), "step": state.step, "best_score": state.best_score,
-            "loop": asdict(state), "rng": {"torch": torch.get_rng_state()},
-        }
-        if d.enabled:  # every rank's own generators and particles; a collective, so every rank comes here
-            payload["world_size"] = d.world_size
-            payload["ranks"] = distributed.gather_objects(
-                {"learner": learner.rank_state(), "torch_rng": torch.get_rng_state()})
-        if d.is_main:
-            save_checkpoint(path, payload)
-            log.info("step %d: saved %s", state.step, path)
-
-    # ---- the loop ---------------------------------------------------------------------------------
+    checkpoint = partial(write_checkpoint, run=run, state=state, monitor=monitor, resolved=resolved, d=d,
+                         last_path=last_path)
     bar = tqdm(total=t.max_steps, initial=state.step, disable=not (t.progress and d.is_main), dynamic_ncols=True,
                desc=f"{cfg.learner.name} {cfg.model.name}", unit="step")
     started, first_step = time.perf_counter(), state.step
     latest: dict[str, float] = {}
     interrupt = InterruptFlag(enabled=not d.enabled)
     try:
-        while state.step < t.max_steps and not state.stopped_early:
-            if interrupt.requested:
-                checkpoint(last_path)
-                raise Interrupted(f"interrupted at step {state.step}; saved {last_path}; continue with: python "
-                                  f"train.py hydra.run.dir={run_dir} trainer.resume=true")
-            x = stream.batch(state.step)[rows]
-            log_now = (state.step + 1) % t.log_every == 0 or state.step == 0  # step 1: the reference for divergence
-            per_example = getattr(learner, "per_example_state", False)
-            extra = {"indices": stream.indices(state.step)[rows]} if per_example else {}
-            metrics = learner.step(x, diagnostics=log_now, **extra)
-            state.step += 1
-            bar.update(1)
-            done = state.step == t.max_steps
-
-            if log_now:
-                latest = to_floats(metrics)
-                if d.enabled:  # every rank then sees the same values, so every rank stops together on a NaN
-                    latest = distributed.average_metrics(latest)
-                if not all(map(math.isfinite, latest.values())):
-                    bad = sorted(k for k, v in latest.items() if not math.isfinite(v))
-                    raise TrainingDiverged(f"training diverged at step {state.step}: {', '.join(bad[:3])} not "
-                                           f"finite; {_kept(last_path)} (try a smaller learner.lr)")
-                diverged = monitor.check(latest)
-                if diverged:
-                    raise TrainingDiverged(f"training diverged at step {state.step}: {diverged}; {_kept(last_path)} "
-                                           "(try a smaller learner.lr; trainer.divergence=null turns this check off)")
-                latest["train/steps_per_second"] = (state.step - first_step) / (time.perf_counter() - started)
-                logger.scalars(state.step, latest)
-                shown = next((k for k in PROGRESS_KEYS if k in latest), None)
-                if shown:
-                    bar.set_postfix({shown.split("/")[1]: f"{latest[shown]:.2f}"})
-
-            if (state.step % t.val_every == 0 or done) and tag is None:  # e.g. greedy DBN: no single score
-                logger.scalars(state.step, learner.validate(valid, train_subset))
-            elif state.step % t.val_every == 0 or done:
-                val_metrics = validate(model, inference, valid, train_subset, t.val_num_samples, cfg.seed,
-                                       ais_betas=t.get("val_ais_betas", 100)) if d.is_main else None
-                if d.enabled:  # rank 0's scores decide early stopping and best checkpoints on every rank
-                    val_metrics = distributed.broadcast(val_metrics)
-                score = val_metrics[tag]
-                diverged = monitor.check(val_metrics)
-                if diverged:
-                    raise TrainingDiverged(f"training diverged by step {state.step}: {diverged}; "
-                                           f"{_kept(last_path)} (try a smaller learner.lr)")
-                log.info("step %d: %s = %.4f%s", state.step, tag, score, " (best)" if score > state.best_score else "")
-                improved = score > state.best_score
-                if improved:
-                    state.best_score, state.best_step, state.evals_without_improvement = score, state.step, 0
-                else:
-                    state.evals_without_improvement += 1
-                    if t.patience is not None and state.evals_without_improvement >= t.patience:
-                        state.stopped_early = True
-                logger.scalars(state.step, {**val_metrics, f"{tag}_best": state.best_score})
-                bar.set_postfix(val=f"{score:.2f}")
-                if improved:
-                    checkpoint(best_path)
-
-            last_step = done or state.stopped_early or interrupt.requested
-            if (state.step % t.sample_every == 0 or last_step) and data.image_shape is not None and d.is_main:
-                for image_tag, images in _image_grids(model, learner, cfg.seed, device).items():
-                    logger.image_grid(image_tag, images, state.step, data.image_shape)
-
-            if state.step % t.ckpt_every == 0 or done or state.stopped_early:
-                checkpoint(last_path)
-        if interrupt.requested:  # Ctrl-C during the last step: the checkpoint above is the run's end
-            raise Interrupted(f"interrupted at step {state.step}, the run's last; saved {last_path}")
+        with torch.autograd.detect_anomaly() if t.get("detect_anomaly", False) else nullcontext():
+            while state.step < t.max_steps and not state.stopped_early:
+                if interrupt.requested:
+                    checkpoint(last_path)
+                    raise Interrupted(f"interrupted at step {state.step}; saved {last_path}; continue with: python "
+                                      f"train.py hydra.run.dir={run_dir} trainer.resume=true")
+                log_now = (state.step + 1) % t.log_every == 0 or state.step == 0  # step 1: the divergence reference
+                metrics = train_step(run.learner, stream, state.step, rows, log_now)
+                state.step += 1
+                bar.update(1)
+                done = state.step == t.max_steps
+                if log_now:
+                    latest = checked_scores(metrics, state.step, monitor, d, last_path)
+                    latest["train/steps_per_second"] = (state.step - first_step) / (time.perf_counter() - started)
+                    log_training(logger, bar, state.step, latest)
+                if (state.step % t.val_every == 0 or done) and tag is None:  # e.g. greedy DBN: no single score
+                    logger.scalars(state.step, run.learner.validate(valid, train_subset))
+                elif state.step % t.val_every == 0 or done:
+                    scores = validation_scores(run, valid, train_subset, t, cfg.seed, d)
+                    if keep_best(state, tag, scores, t.patience, monitor, last_path, logger, bar):
+                        checkpoint(best_path)
+                last_step = done or state.stopped_early or interrupt.requested
+                if (state.step % t.sample_every == 0 or last_step) and run.data.image_shape is not None and d.is_main:
+                    log_image_grids(logger, run, cfg.seed, device, state.step)
+                if state.step % t.ckpt_every == 0 or done or state.stopped_early:
+                    checkpoint(last_path)
+            if interrupt.requested:  # Ctrl-C during the last step: the checkpoint above is the run's end
+                raise Interrupted(f"interrupted at step {state.step}, the run's last; saved {last_path}")
     finally:
         interrupt.restore()
         bar.close()
@@ -220,36 +126,147 @@ def fit(cfg, run_dir: Path, check=None) -> dict:
     if d.enabled:
         distributed.barrier()  # rank 0's last checkpoint is on disk before any rank reads it
     log.info("finished at step %d%s", state.step, " (stopped early)" if state.stopped_early else "")
+    return final_metrics(state, tag, latest, first_step, started, best_path if best_path.exists() else last_path)
+
+
+# ---- setting up ----------------------------------------------------------------------------------------
+def distribute(run: Run, name: str, d: distributed.Dist, device: torch.device) -> None:
+    """Under torchrun: the learner's gradients (and any state it shares) are averaged over the ranks."""
+    if not d.enabled:
+        return
+    if not run.learner.supports_data_parallel:
+        raise ConfigError(f"learner={name} does not run data-parallel; train it in one process "
+                          "(python train.py, not torchrun)")
+    run.learner.distribute(d, device)
+
+
+def open_run_dir(cfg, run_dir: Path, resumed: bool, step: int, d: distributed.Dist) -> None:
+    """Say what runs, and save its resolved config as ``config.yaml`` (rank 0)."""
+    if resumed:
+        log.info("resumed %s from step %d", run_dir, step)
+    else:
+        log.info("new run in %s: model=%s learner=%s data=%s, %d steps", run_dir, cfg.model.name,
+                 cfg.learner.name, cfg.data.name, cfg.trainer.max_steps)
+    if d.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
+
+
+def validation_tag(run: Run, cfg) -> str | None:
+    """The validation score early stopping keeps the best of; None for a learner with its own ``validate``
+    (greedy DBN training), which has no single score."""
+    tag = None if run.learner.has_own_validation else score_tag(run.model, run.inference)
+    if tag is None and cfg.trainer.patience is not None:
+        raise ConfigError(f"trainer.patience needs a validation score, and learner={cfg.learner.name} has none "
+                          "(set trainer.patience=null)")
+    return tag
+
+
+# ---- one step --------------------------------------------------------------------------------------------
+def train_step(learner, stream: MinibatchStream, step: int, rows: slice, diagnostics: bool) -> dict:
+    """One update on this rank's share of minibatch ``step``; a learner with per-example state (MCEM's
+    persistent chains) is told which training rows it holds."""
+    x = stream.batch(step)[rows]
+    extra = {"indices": stream.indices(step)[rows]} if learner.per_example_state else {}
+    return learner.step(x, diagnostics=diagnostics, **extra)
+
+
+def checked_scores(metrics: dict, step: int, monitor: DivergenceMonitor, d: distributed.Dist,
+                   last_path: Path) -> dict[str, float]:
+    """A logging step's metrics as floats; refused (``TrainingDiverged``) when one is not finite or a score has
+    fallen far below its range so far (``nvil.divergence``)."""
+    latest = to_floats(metrics)
+    if d.enabled:  # every rank then sees the same values, so every rank stops together on a NaN
+        latest = distributed.average_metrics(latest)
+    if not all(map(math.isfinite, latest.values())):
+        bad = sorted(k for k, v in latest.items() if not math.isfinite(v))
+        raise TrainingDiverged(f"training diverged at step {step}: {', '.join(bad[:3])} not "
+                               f"finite; {_kept(last_path)} (try a smaller learner.lr)")
+    diverged = monitor.check(latest)
+    if diverged:
+        raise TrainingDiverged(f"training diverged at step {step}: {diverged}; {_kept(last_path)} "
+                               "(try a smaller learner.lr; trainer.divergence=null turns this check off)")
+    return latest
+
+
+def log_training(logger, bar: tqdm, step: int, latest: dict[str, float]) -> None:
+    logger.scalars(step, latest)
+    shown = next((k for k in PROGRESS_KEYS if k in latest), None)
+    if shown:
+        bar.set_postfix({shown.split("/")[1]: f"{latest[shown]:.2f}"})
+
+
+# ---- validation and early stopping -------------------------------------------------------------------------
+def validation_scores(run: Run, valid: torch.Tensor, train_subset: torch.Tensor, t, seed: int,
+                      d: distributed.Dist) -> dict[str, float]:
+    scores = validate(run.model, run.inference, valid, train_subset, t.val_num_samples, seed,
+                      ais_betas=t.get("val_ais_betas", 100)) if d.is_main else None
+    if d.enabled:  # rank 0's scores decide early stopping and best checkpoints on every rank
+        scores = distributed.broadcast(scores)
+    return scores
+
+
+def keep_best(state: LoopState, tag: str, scores: dict[str, float], patience: int | None,
+              monitor: DivergenceMonitor, last_path: Path, logger, bar: tqdm) -> bool:
+    """Record a validation in ``state`` (best score, early stopping after ``patience`` validations without
+    improvement) and in the logs; whether it is the best so far, so the caller saves it."""
+    score = scores[tag]
+    diverged = monitor.check(scores)
+    if diverged:
+        raise TrainingDiverged(f"training diverged by step {state.step}: {diverged}; "
+                               f"{_kept(last_path)} (try a smaller learner.lr)")
+    log.info("step %d: %s = %.4f%s", state.step, tag, score, " (best)" if score > state.best_score else "")
+    improved = score > state.best_score
+    if improved:
+        state.best_score, state.best_step, state.evals_without_improvement = score, state.step, 0
+    else:
+        state.evals_without_improvement += 1
+        if patience is not None and state.evals_without_improvement >= patience:
+            state.stopped_early = True
+    logger.scalars(state.step, {**scores, f"{tag}_best": state.best_score})
+    bar.set_postfix(val=f"{score:.2f}")
+    return improved
+
+
+# ---- images, checkpoints, the result ---------------------------------------------------------------------
+@torch.no_grad()
+def log_image_grids(logger, run: Run, seed: int, device, step: int) -> None:
+    """The learner's grids: the model's ancestral samples, or a Boltzmann machine's particles, tempered-transition
+    runs and filters."""
+    for image_tag, images in run.learner.image_grids(seed, device).items():
+        logger.image_grid(image_tag, images, step, run.data.image_shape)
+
+
+def write_checkpoint(path: Path, *, run: Run, state: LoopState, monitor: DivergenceMonitor, resolved: dict,
+                     d: distributed.Dist, last_path: Path) -> None:
+    """Everything a resumed run needs, written atomically by rank 0 (``nvil.checkpoint``). Under torchrun a
+    collective: every rank comes here, with its own generators and particles."""
+    _check_finite(run, state.step, last_path)
+    payload = {"divergence": monitor.state_dict(),
+        "config": resolved, "model_name": resolved["model"]["name"], "n_visible": run.data.dim,
+        "model": run.model.state_dict(), "inference": None if run.inference is None else run.inference.state_dict(),
+        "learner": run.learner.learner_state(), "step": state.step, "best_score": state.best_score,
+        "loop": asdict(state), "rng": {"torch": torch.get_rng_state()},
+    }
+    if d.enabled:
+        payload["world_size"] = d.world_size
+        payload["ranks"] = distributed.gather_objects(
+            {"learner": run.learner.rank_state(), "torch_rng": torch.get_rng_state()})
+    if d.is_main:
+        save_checkpoint(path, payload)
+        log.info("step %d: saved %s", state.step, path)
+
+
+def final_metrics(state: LoopState, tag: str | None, latest: dict[str, float], first_step: int, started: float,
+                  checkpoint: Path) -> dict:
     return {
         "step": state.step, "best_step": state.best_step, "val/tag": tag, "val/best": state.best_score,
         "stopped_early": state.stopped_early,
         # the last logged training scores, whatever the learner reports (train/elbo, train/log_joint, ...)
         **{k: v for k, v in latest.items() if k.startswith("train/") and k != "train/steps_per_second"},
         "steps_per_second": (state.step - first_step) / max(time.perf_counter() - started, 1e-9),
-        "checkpoint": str(best_path if best_path.exists() else last_path),
+        "checkpoint": str(checkpoint),
     }
-
-
-class InterruptFlag:
-    """Ctrl-C (SIGINT) during training sets a flag that the loop reads between steps, so the checkpoint it then
-    writes is of a whole step; a second Ctrl-C interrupts at once. Off under torchrun, where the ranks could read
-    the flag at different steps, and off the main thread, where Python allows no signal handlers."""
-
-    def __init__(self, enabled: bool = True) -> None:
-        self.requested = False
-        self.previous = None
-        if enabled and threading.current_thread() is threading.main_thread():
-            self.previous = signal.signal(signal.SIGINT, self._handle)
-
-    def _handle(self, signum, frame) -> None:
-        if self.requested:
-            raise KeyboardInterrupt
-        self.requested = True
-
-    def restore(self) -> None:
-        if self.previous is not None:
-            signal.signal(signal.SIGINT, self.previous)
-            self.previous = None
 
 
 def _kept(last_path: Path) -> str:
@@ -258,55 +275,8 @@ def _kept(last_path: Path) -> str:
     return "no checkpoint was written before that (none is kept)"
 
 
-@torch.no_grad()
-def _image_grids(model, learner, seed: int, device) -> dict[str, torch.Tensor]:
-    """Directed models: a grid of ancestral samples; Boltzmann machines: the learner's particles,
-    tempered-transition runs and filters."""
-    if hasattr(learner, "image_grids"):
-        return learner.image_grids()
-    g = torch.Generator(device=device).manual_seed(seed)
-    _, hs = model.sample(64, generator=g)
-    return {"samples/model": model.visible_probs(hs)}
-
-
-def config_conflicts(saved, new, key: str) -> list[str]:
-    """Where ``new`` disagrees with ``saved``. Keys the saved config lacks are not conflicts: they were
-    added to the config after the checkpoint was written (a structural change still fails when the
-    state dicts are loaded)."""
-    if isinstance(saved, dict) and isinstance(new, dict):
-        return [c for k in saved for c in config_conflicts(saved[k], new.get(k), f"{key}.{k}")]
-    if saved != new:
-        return [f"it was written with {key}={saved}, but this run asks for {key}={new}"]
-    return []
-
-
-def _check_finite(model, inference, step: int, last_path: Path) -> None:
-    params = list(model.parameters()) + (list(inference.parameters()) if inference is not None else [])
+def _check_finite(run: Run, step: int, last_path: Path) -> None:
+    params = list(run.model.parameters()) + (list(run.inference.parameters()) if run.inference is not None else [])
     if not bool(torch.stack([torch.isfinite(p).all() for p in params]).all()):
         raise TrainingDiverged(f"parameters became NaN or infinite by step {step}; {_kept(last_path)} "
                                "(try a smaller learner.lr)")
-
-
-def _restore(path: Path, resolved: dict, model, inference, learner, monitor, device, d: distributed.Dist) -> LoopState:
-    payload = load_checkpoint(path, map_location=device)
-    written = int(payload.get("world_size", 1))
-    if written != d.world_size:
-        raise CheckpointError(f"cannot resume from {path}: it was written by {written} process(es) and this run "
-                              f"has {d.world_size}; resume with the same number (torchrun --nproc_per_node={written}"
-                              f"{'' if written > 1 else ', or plain python train.py'})")
-    conflicts = [c for key in RESUME_MUST_MATCH for c in config_conflicts(payload["config"].get(key),
-                                                                             resolved.get(key), key)]
-    if conflicts:
-        raise CheckpointError(f"cannot resume from {path}: " + "; ".join(conflicts[:3]))
-    load_module_state(model, payload["model"], "model", path)
-    if inference is not None:
-        load_module_state(inference, payload["inference"], "inference network", path)
-    try:
-        learner.load_learner_state(payload["learner"])
-        if d.enabled:
-            learner.load_rank_state(payload["ranks"][d.rank]["learner"])
-    except (KeyError, IndexError, RuntimeError, ValueError) as e:
-        raise CheckpointError(f"cannot restore the learner state from {path}: {str(e).splitlines()[0][:200]}") from None
-    torch.set_rng_state((payload["ranks"][d.rank]["torch_rng"] if d.enabled else payload["rng"]["torch"]).cpu())
-    monitor.load_state_dict(payload.get("divergence", {}))
-    return LoopState(**payload["loop"])

@@ -18,6 +18,28 @@ def bernoulli_log_prob(logits: torch.Tensor, value: torch.Tensor) -> torch.Tenso
     return (value * logits - F.softplus(logits)).sum(-1)
 
 
+def chunks(n: int, size: int):
+    """(start, stop) pairs covering range(n) in pieces of at most ``size``."""
+    for start in range(0, n, size):
+        yield start, min(start + size, n)
+
+
+def enumerate_states(n_bits: int, start: int, stop: int, device=None, dtype=torch.float32) -> torch.Tensor:
+    """Binary states start..stop-1 of ``n_bits`` units as rows of a [stop - start, n_bits] tensor."""
+    codes = torch.arange(start, stop, device=device, dtype=torch.int64)
+    bits = torch.arange(n_bits - 1, -1, -1, device=device, dtype=torch.int64)
+    return ((codes.unsqueeze(-1) >> bits) & 1).to(dtype)
+
+
+def take_rows(x: torch.Tensor, start: int, stop: int | None = None, dense: bool = True) -> torch.Tensor:
+    """Rows start..stop-1 of a dense or sparse COO split; sparse rows are densified unless dense=False."""
+    stop = x.shape[0] if stop is None else min(stop, x.shape[0])
+    if not x.is_sparse:
+        return x[start:stop]
+    rows = x.index_select(0, torch.arange(start, stop, device=x.device))
+    return rows.to_dense() if dense else rows
+
+
 def log_mean_exp(x: torch.Tensor, dim: int) -> torch.Tensor:
     """log (1/K) sum_k exp(x_k) along ``dim``, computed with log-sum-exp."""
     return torch.logsumexp(x, dim=dim) - math.log(x.shape[dim])

@@ -6,6 +6,9 @@ trainer.resume=true`` continues a run started with any overrides. Overrides give
 is safe to change mid-run (``SAFE_ON_RESUME``: the step budget, logging, devices, the final evaluation);
 any other override must repeat the run's own value, or the resume is refused with one line. Every check here
 runs before anything is written to the run directory, so a refused command leaves the old run as it was.
+
+The training loop then restores the run's state from the checkpoint (``restore``): parameters, the learner's
+state (each rank's, under torchrun), the random number generators and the divergence monitor's ranges.
 """
 
 from __future__ import annotations
@@ -13,16 +16,20 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import torch
 from omegaconf import DictConfig, OmegaConf
 
-from nvil.checkpoint import load_checkpoint
-from nvil.errors import ConfigError
+from nvil import distributed
+from nvil.checkpoint import load_checkpoint, load_module_state
+from nvil.errors import CheckpointError, ConfigError
 
+# Sections of the config a resumed run must share with the run that wrote the checkpoint.
+RESUME_MUST_MATCH = ("model", "learner", "data", "seed")
 # Config paths an override may change when a run resumes; everything else is the run's own.
 SAFE_ON_RESUME = ("trainer.max_steps", "trainer.log_every", "trainer.val_every", "trainer.ckpt_every",
                   "trainer.sample_every", "trainer.progress", "trainer.tensorboard", "trainer.device",
-                  "trainer.accel", "trainer.resume", "trainer.patience", "trainer.divergence", "final_eval",
-                  "print_config")
+                  "trainer.accel", "trainer.resume", "trainer.patience", "trainer.divergence",
+                  "trainer.detect_anomaly", "final_eval", "print_config")
 # Overrides that are not config paths: Hydra's own settings, and presets that set the run's sections.
 NOT_CONFIG = ("hydra", "hydra/")
 PRESET_SECTIONS = ("model", "learner", "data", "seed", "trainer.batch_size")
@@ -37,17 +44,24 @@ def resume_requested(cfg, last_path: Path) -> bool:
     return last_path.exists() if resume == "auto" else resume
 
 
+def resumes(cfg, run_dir: Path, last_path: Path) -> bool:
+    """Whether the run in ``run_dir`` continues from ``last_path``: refused when a run is there and no resume
+    was asked for (it would be overwritten), or a resume was asked for and there is nothing to continue."""
+    resume = resume_requested(cfg, last_path)
+    if last_path.exists() and not resume:
+        raise ConfigError(f"{run_dir} already holds a run; pass trainer.resume=true to continue it, "
+                          "or choose another hydra.run.dir")
+    if resume and not last_path.exists():
+        raise ConfigError(f"trainer.resume=true but there is no checkpoint at {last_path}")
+    return resume
+
+
 def run_config(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> tuple[DictConfig, bool]:
     """(the config to run with, whether it resumes). ``overrides`` are the command line's (Hydra's task
     overrides); a resumed run takes its checkpoint's config and applies only the safe ones."""
     last_path = Path(run_dir) / "checkpoints" / "last.pt"
-    if not resume_requested(cfg, last_path):
-        if last_path.exists():
-            raise ConfigError(f"{run_dir} already holds a run; pass trainer.resume=true to continue it, "
-                              "or choose another hydra.run.dir")
+    if not resumes(cfg, run_dir, last_path):
         return cfg, False
-    if not last_path.exists():
-        raise ConfigError(f"trainer.resume=true but there is no checkpoint at {last_path}")
     payload = load_checkpoint(last_path)
     saved = payload["config"]
     current = OmegaConf.to_container(cfg, resolve=True)
@@ -144,3 +158,41 @@ def record_config(run_dir: Path, cfg, hydra_cfg, overrides: list[str], resumed: 
     OmegaConf.save(cfg, record / "config.yaml")
     OmegaConf.save(OmegaConf.create({"hydra": hydra_cfg}), record / "hydra.yaml")
     OmegaConf.save(OmegaConf.create(list(overrides)), record / "overrides.yaml")
+
+
+def config_conflicts(saved, new, key: str) -> list[str]:
+    """Where ``new`` disagrees with ``saved``. Keys the saved config lacks are not conflicts: they were
+    added to the config after the checkpoint was written (a structural change still fails when the
+    state dicts are loaded)."""
+    if isinstance(saved, dict) and isinstance(new, dict):
+        return [c for k in saved for c in config_conflicts(saved[k], new.get(k), f"{key}.{k}")]
+    if saved != new:
+        return [f"it was written with {key}={saved}, but this run asks for {key}={new}"]
+    return []
+
+
+def restore(path: Path, resolved: dict, run, monitor, device, d: distributed.Dist) -> dict:
+    """Load the checkpoint at ``path`` into ``run`` (a ``nvil.build.Run``) and ``monitor``, and set the random
+    number generators as they were; returns the loop's state (``LoopState`` fields) at that step."""
+    payload = load_checkpoint(path, map_location=device)
+    written = int(payload.get("world_size", 1))
+    if written != d.world_size:
+        raise CheckpointError(f"cannot resume from {path}: it was written by {written} process(es) and this run "
+                              f"has {d.world_size}; resume with the same number (torchrun --nproc_per_node={written}"
+                              f"{'' if written > 1 else ', or plain python train.py'})")
+    conflicts = [c for key in RESUME_MUST_MATCH for c in config_conflicts(payload["config"].get(key),
+                                                                             resolved.get(key), key)]
+    if conflicts:
+        raise CheckpointError(f"cannot resume from {path}: " + "; ".join(conflicts[:3]))
+    load_module_state(run.model, payload["model"], "model", path)
+    if run.inference is not None:
+        load_module_state(run.inference, payload["inference"], "inference network", path)
+    try:
+        run.learner.load_learner_state(payload["learner"])
+        if d.enabled:
+            run.learner.load_rank_state(payload["ranks"][d.rank]["learner"])
+    except (KeyError, IndexError, RuntimeError, ValueError) as e:
+        raise CheckpointError(f"cannot restore the learner state from {path}: {str(e).splitlines()[0][:200]}") from None
+    torch.set_rng_state((payload["ranks"][d.rank]["torch_rng"] if d.enabled else payload["rng"]["torch"]).cpu())
+    monitor.load_state_dict(payload.get("divergence", {}))
+    return payload["loop"]

@@ -14,22 +14,29 @@ Every estimate uses a generator with a fixed seed, so successive validations sha
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 
+from estimators.ais import schedule
+from estimators.ais_hmc import ContinuousLatent, ais_hmc_log_w
+from estimators.base import combine_runs
 from estimators.bounds import elbo
 from models.rbm import BoltzmannMachine
 from nvil.errors import ConfigError
 
 
 def score_tag(model, inference) -> str:
+    """The ELBO for a model trained with an inference network, else what its family can score (``FAMILY_TAG``)."""
     if inference is not None:
         return "val/elbo"
-    if getattr(model, "is_continuous_latent", False):
-        return "val/log_likelihood"
-    if _exact_feasible(model):
-        return "val/log_p_exact"
-    return "val/pseudo_log_likelihood" if model.visible == "binary" else "val/neg_reconstruction_error"
+    return FAMILY_TAG[model.family](model)
+
+
+def _boltzmann_tag(model) -> str:
+    """Exact log p while log Z can be enumerated, else the cheap score of the pixel type (``PIXEL_TAG``)."""
+    return "val/log_p_exact" if _exact_feasible(model) else PIXEL_TAG[model.visible_layer.name]
 
 
 def _exact_feasible(model) -> bool:
@@ -40,31 +47,54 @@ def _exact_feasible(model) -> bool:
         return False
 
 
+FAMILY_TAG = {"continuous": lambda model: "val/log_likelihood", "boltzmann": _boltzmann_tag}
+PIXEL_TAG = {"bernoulli": "val/pseudo_log_likelihood", "gaussian": "val/neg_reconstruction_error"}
+
+
+class Job(NamedTuple):
+    """What one validation scores: the model (and its inference network) on ``valid`` and, for exact
+    scores, a training subset, with the fixed-seed generator ``g``."""
+
+    model: object
+    inference: object
+    valid: torch.Tensor
+    train_subset: torch.Tensor
+    num_samples: int
+    ais_betas: int
+    g: torch.Generator
+
+
+def _exact(j: Job) -> dict:
+    log_z = j.model.log_z_exact()
+    return {"val/log_p_exact": j.model.exact_log_prob(j.valid, log_z).mean().item(),
+            "train/log_p_exact": j.model.exact_log_prob(j.train_subset, log_z).mean().item()}
+
+
+def _neg_reconstruction_error(j: Job) -> dict:
+    recon = j.model.sample_x_given_h(j.model.h_given_x(j.valid), 1.0, j.g, x=j.valid)
+    return {"val/neg_reconstruction_error": -((recon - j.valid) ** 2).sum(-1).mean().item()}
+
+
+SCORE = {  # tag -> the scores logged under it
+    "val/elbo": lambda j: {"val/elbo": elbo(j.model, j.inference, j.valid, j.num_samples, generator=j.g).mean().item()},
+    "val/log_likelihood": lambda j: {"val/log_likelihood": continuous_log_likelihood(
+        j.model, j.valid, j.num_samples, j.ais_betas, j.g).mean().item()},
+    "val/log_p_exact": _exact,
+    "val/pseudo_log_likelihood": lambda j: {"val/pseudo_log_likelihood": stochastic_pseudo_log_likelihood(
+        j.model, j.valid, j.g).mean().item()},
+    "val/neg_reconstruction_error": _neg_reconstruction_error,
+}
+
+
 @torch.no_grad()
 def validate(model, inference, valid: torch.Tensor, train_subset: torch.Tensor, num_samples: int, seed: int,
              ais_betas: int = 100) -> dict:
     g = torch.Generator(device=valid.device).manual_seed(seed + 1_000_003)
-    tag = score_tag(model, inference)
-    if tag == "val/elbo":
-        return {tag: elbo(model, inference, valid, num_samples, generator=g).mean().item()}
-    if tag == "val/log_likelihood":
-        return {tag: continuous_log_likelihood(model, valid, num_samples, ais_betas, g).mean().item()}
-    if tag == "val/log_p_exact":
-        log_z = model.log_z_exact()
-        return {tag: model.exact_log_prob(valid, log_z).mean().item(),
-                "train/log_p_exact": model.exact_log_prob(train_subset, log_z).mean().item()}
-    if tag == "val/pseudo_log_likelihood":
-        return {tag: stochastic_pseudo_log_likelihood(model, valid, g).mean().item()}
-    recon = model.sample_x_given_h(model.h_given_x(valid), 1.0, g, x=valid)
-    return {tag: -((recon - valid) ** 2).sum(-1).mean().item()}
+    return SCORE[score_tag(model, inference)](Job(model, inference, valid, train_subset, num_samples, ais_betas, g))
 
 
 def continuous_log_likelihood(model, x: torch.Tensor, num_chains: int, num_betas: int, generator) -> torch.Tensor:
     """Per-example log p(x) by AIS-HMC (sigmoid schedule, auxiliary form), ``num_chains`` chains per example."""
-    from estimators.ais import schedule
-    from estimators.ais_hmc import ContinuousLatent, ais_hmc_log_w
-    from estimators.base import combine_runs
-
     lm = ContinuousLatent(model, "validation", "auxiliary")
     log_w, _ = ais_hmc_log_w(lm, x.repeat_interleave(num_chains, 0), schedule("sigmoid", num_betas), generator=generator)
     return combine_runs(log_w.view(-1, num_chains))

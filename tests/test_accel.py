@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 from estimators.ais import RBMPath, ais, base_rate, rbm_log_z, schedule
 from models.gaussian import GaussianBeliefNet
 from models.rbm import BoltzmannMachine
-from nvil.accel import accelerate, accelerate_learner, check_mode
+from nvil.accel import accelerate, check_mode
 from nvil.errors import ConfigError
 from nvil.mcmc import BlockGibbs, TemperedTransitions
 from nvil.mcmc.hmc import HMC
@@ -99,7 +99,7 @@ def test_compiled_hmc_and_nvil_surrogate_match_eager():
     for mode in ("none", "compile"):
         hmc = HMC(lambda s: net.log_joint(x, s), 3, accel=mode)
         with torch.no_grad():
-            state, info = hmc.step(hmc.init(start), 0.05, gen(8))
+            state, info = hmc.step(hmc.init(start), generator=gen(8), step_size=0.05)
         res[mode] = (state, info.accepted)
     torch.testing.assert_close(res["compile"][0].position, res["none"][0].position, rtol=1e-5, atol=1e-5)
     assert torch.equal(res["compile"][1], res["none"][1])
@@ -115,7 +115,7 @@ def test_compiled_hmc_and_nvil_surrogate_match_eager():
     for mode in ("none", "compile"):
         torch.manual_seed(0)
         learner = NVIL(SBN(12, [4]), LayeredInference(12, [4]), cfg, torch.device("cpu"), 0)
-        assert accelerate_learner(learner, mode) is learner
+        assert learner.accelerate(mode) is learner
         for _ in range(2):
             m = learner.step(x)
         metrics[mode] = (m["train/elbo"], [p.detach().clone() for p in learner.parameters()])
@@ -123,7 +123,7 @@ def test_compiled_hmc_and_nvil_surrogate_match_eager():
     for a, b in zip(metrics["compile"][1], metrics["none"][1]):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
     with pytest.raises(ConfigError, match="trainer.accel"):
-        accelerate_learner(learner, "cudagraphs", "cpu")
+        learner.accelerate("cudagraphs", "cpu")
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

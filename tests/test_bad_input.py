@@ -25,7 +25,7 @@ from nvil.checkpoint import load_checkpoint, save_checkpoint
 from nvil.config import estimator_config
 from nvil.data import build_dataset
 from nvil.errors import CheckpointError, ConfigError
-from nvil.evaluation import evaluate_checkpoint, load_model
+from nvil.evaluation import EvalSpec, evaluate_checkpoint, load_model
 
 HAVE_MNIST = importlib.util.find_spec("mnist") is not None
 
@@ -339,12 +339,12 @@ def test_mnist_sizes_beyond_the_images_available(overrides, message):
 def test_eval_num_examples_beyond_the_split_is_refused(tmp_path, checkpoints):
     iwae = OmegaConf.merge(estimator_config("iwae"), {"num_samples": 5})
     with pytest.raises(ConfigError) as e:
-        evaluate_checkpoint(checkpoints / "best.pt", iwae, num_examples=20000, device="cpu", progress=False,
-                            output=str(tmp_path / "eval.jsonl"))
+        evaluate_checkpoint(checkpoints / "best.pt", iwae, EvalSpec(
+            num_examples=20000, device="cpu", progress=False, output=str(tmp_path / "eval.jsonl")))
     assert one_line(e) == ("eval.num_examples=20000 but the test split has 50 examples; ask for at most 50, or "
                            "eval.num_examples=null for all of them")
-    result = evaluate_checkpoint(checkpoints / "best.pt", iwae, num_examples=50, device="cpu", progress=False,
-                                 output=str(tmp_path / "eval.jsonl")).summary()
+    result = evaluate_checkpoint(checkpoints / "best.pt", iwae, EvalSpec(
+        num_examples=50, device="cpu", progress=False, output=str(tmp_path / "eval.jsonl"))).summary()
     assert result["num_examples"] == 50  # exactly the split is fine
 
 

@@ -36,7 +36,7 @@ from omegaconf import OmegaConf
 from conftest import ROOT, SYNTHETIC, make_cfg, tiny_model
 from estimators import build_estimator
 from estimators.ais import PosteriorPath, ais
-from estimators.bdmc import BDMC
+from estimators.reverse_ais import BDMC
 from estimators.exact import exact_log_marginal
 from nvil.errors import ConfigError
 from nvil.ops import mean_and_stderr

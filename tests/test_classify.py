@@ -19,20 +19,10 @@ from models.rbm import BoltzmannMachine
 from nvil.checkpoint import save_checkpoint
 from nvil.data import SPLITS, Dataset
 from nvil.errors import ConfigError, DataError
-from nvil.evaluation import evaluate_checkpoint
+from nvil.evaluation import EvalSpec, evaluate_checkpoint
 
 HAVE_MNIST = importlib.util.find_spec("mnist") is not None
 CFG = OmegaConf.load(CONFIG_DIR / "estimator" / "classify.yaml")
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """These problems are tiny: on a shared, busy machine two intra-op threads wait on each other for
-    milliseconds per op (the L-BFGS fits took seconds instead of tens of milliseconds)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def random_bm(n_pixels, n_hidden, n_labels, lateral, seed, scale=1.5):
@@ -200,7 +190,7 @@ def test_evaluate_checkpoint_refuses_an_rbm_on_unlabelled_synthetic_data(tmp_pat
         "config": {"model": {"name": "rbm", "n_hidden": 5, "visible": "binary", "labels": False}, "data": data_cfg},
         "model_name": "rbm", "n_visible": 12, "model": model.state_dict()})
     with pytest.raises(DataError) as e:
-        evaluate_checkpoint(tmp_path / "rbm.pt", CFG, device="cpu", progress=False)
+        evaluate_checkpoint(tmp_path / "rbm.pt", CFG, EvalSpec(device="cpu", progress=False))
     assert "data=synthetic has no labels" in str(e.value) and "\n" not in str(e.value)
 
 
@@ -239,14 +229,14 @@ def test_evaluate_checkpoint_on_mnist_both_methods(tmp_path):
             "model_name": "rbm", "n_visible": model.n_visible, "model": model.state_dict(), "step": 7})
 
     out = tmp_path / "eval.jsonl"
-    reg = evaluate_checkpoint(tmp_path / "rbm.pt", CFG, num_examples=300, device="cpu", progress=False,
-                              output=str(out)).summary()
+    reg = evaluate_checkpoint(tmp_path / "rbm.pt", CFG, EvalSpec(
+        num_examples=300, device="cpu", progress=False, output=str(out))).summary()
     assert reg["method"] == REGRESSION and reg["num_examples"] == 300 and reg["num_train"] == 500
     assert 0.0 < reg["error_rate"] < 0.6 and reg["converged"]  # 20 random features: far better than chance
     assert reg["stderr"] == pytest.approx(math.sqrt(reg["error_rate"] * (1 - reg["error_rate"]) / 300), abs=1e-6)
 
-    lab = evaluate_checkpoint(tmp_path / "labelled.pt", CFG, num_examples=300, device="cpu", progress=False,
-                              output=str(out)).summary()
+    lab = evaluate_checkpoint(tmp_path / "labelled.pt", CFG, EvalSpec(
+        num_examples=300, device="cpu", progress=False, output=str(out))).summary()
     assert lab["method"] == LABEL_UNITS and lab["step"] == 7 and lab["split"] == "test"
     assert lab["error_rate"] == pytest.approx((test_y != 1).double().mean().item(), abs=1e-6)
 

@@ -8,7 +8,7 @@ from omegaconf import OmegaConf
 
 from conftest import SYNTHETIC, make_cfg
 from nvil.config import estimator_config
-from nvil.evaluation import evaluate_checkpoint, load_model
+from nvil.evaluation import EvalSpec, evaluate_checkpoint, load_model
 from train import train
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -55,7 +55,7 @@ def test_learner_trains_resumes_and_evaluates_on_cuda(tmp_path, name):
         estimators = ["exact", "iwae", "elbo", "chib", "ais_posterior", "harmonic"]
     for est in estimators:
         cfg = OmegaConf.merge(estimator_config(est), SMALL.get(est, {}), LOG_Z if "model=dbn" in extra else {})
-        result = evaluate_checkpoint(m["checkpoint"], cfg, device="cuda", progress=False, num_examples=100)
+        result = evaluate_checkpoint(m["checkpoint"], cfg, EvalSpec(device="cuda", progress=False, num_examples=100))
         assert torch.isfinite(result.log_p).all()
 
 
@@ -63,8 +63,8 @@ def test_cuda_and_cpu_agree_on_exact_log_p(tmp_path):
     train(make_cfg("train", SYNTHETIC + ["trainer.max_steps=20"]), tmp_path)
     ckpt = tmp_path / "checkpoints/last.pt"
     cfg = OmegaConf.load("configs/estimator/exact.yaml")
-    cpu = evaluate_checkpoint(ckpt, cfg, device="cpu", progress=False)
-    gpu = evaluate_checkpoint(ckpt, cfg, device="cuda", progress=False)
+    cpu = evaluate_checkpoint(ckpt, cfg, EvalSpec(device="cpu", progress=False))
+    gpu = evaluate_checkpoint(ckpt, cfg, EvalSpec(device="cuda", progress=False))
     assert torch.allclose(cpu.log_p, gpu.log_p, atol=1e-4)
     model, _, _ = load_model(ckpt, torch.device("cuda"))
     assert next(model.parameters()).is_cuda

@@ -12,6 +12,7 @@ import torch
 from omegaconf import OmegaConf
 
 import nvil.data as data_mod
+import nvil.data.mnist as mnist_mod
 from nvil.data import MNIST_INSTALL, MinibatchStream, binarize, build_dataset, load_mnist_arrays
 from nvil.errors import ConfigError, DataError
 
@@ -39,7 +40,7 @@ def test_wrong_hash_is_refused_before_unpickling(tmp_path, monkeypatch):
     fake = tmp_path / "mnist.pkl.gz"
     with gzip.open(fake, "wb") as f:
         pickle.dump(Evil(), f)
-    monkeypatch.setattr(data_mod, "mnist_source_path", lambda: fake)
+    monkeypatch.setattr(mnist_mod, "mnist_source_path", lambda: fake)
     with pytest.raises(DataError) as e:
         load_mnist_arrays(tmp_path / "cache")
     assert str(fake) in str(e.value) and MNIST_INSTALL in str(e.value)

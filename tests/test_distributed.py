@@ -26,7 +26,7 @@ from conftest import ROOT, SYNTHETIC, make_cfg
 
 import train as train_module
 from nvil.checkpoint import load_checkpoint
-from nvil.evaluation import evaluate_checkpoint
+from nvil.evaluation import EvalSpec, evaluate_checkpoint
 
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="needs torch.distributed")
 
@@ -176,8 +176,8 @@ def test_nvil_on_two_ranks_ends_where_one_process_ends(tmp_path):
     iwae = make_cfg("train", ["final_eval.estimator.num_samples=100"]).final_eval.estimator
 
     def score(ckpt) -> float:
-        return evaluate_checkpoint(ckpt, iwae, split="test", seed=0, device="cpu", progress=False,
-                                   output=str(tmp_path / "e.jsonl")).mean
+        return evaluate_checkpoint(ckpt, iwae, EvalSpec(
+            split="test", seed=0, device="cpu", progress=False, output=str(tmp_path / "e.jsonl"))).mean
 
     singles = []
     for seed in range(4):

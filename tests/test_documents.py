@@ -15,7 +15,7 @@ from estimators.exact import exact_log_marginal
 from models.sbn import SBN
 from nvil.data import build_dataset, load_count_matrix
 from nvil.errors import ConfigError, DataError
-from nvil.evaluation import evaluate_checkpoint
+from nvil.evaluation import EvalSpec, evaluate_checkpoint
 from train import train
 
 
@@ -97,8 +97,8 @@ def test_document_model_trains_and_reports_perplexity(tmp_path):
     metrics = train(cfg, tmp_path)
     exact_cfg = OmegaConf.load("configs/estimator/exact.yaml")
     iwae_cfg = OmegaConf.merge(OmegaConf.load("configs/estimator/iwae.yaml"), {"num_samples": 500})
-    exact = evaluate_checkpoint(metrics["checkpoint"], exact_cfg, device="cpu", progress=False).summary()
-    bound = evaluate_checkpoint(metrics["checkpoint"], iwae_cfg, device="cpu", progress=False).summary()
+    exact = evaluate_checkpoint(metrics["checkpoint"], exact_cfg, EvalSpec(device="cpu", progress=False)).summary()
+    bound = evaluate_checkpoint(metrics["checkpoint"], iwae_cfg, EvalSpec(device="cpu", progress=False)).summary()
     assert exact["perplexity_is"] == "exact" and bound["perplexity_is"].startswith("upper bound")
     assert bound["perplexity"] >= exact["perplexity"] - 3 * bound["perplexity_stderr"]
     assert bound["perplexity"] == pytest.approx(exact["perplexity"], rel=0.02)

@@ -34,7 +34,7 @@ from estimators.bounds import importance_sampled_bound
 from estimators.chib import Chib
 from estimators.exact import enumerate_states, exact_log_marginal, split_layers
 from estimators.harmonic import Harmonic
-from estimators.posterior import AISPosterior, LatentModel
+from estimators.per_example import AISPosterior, LatentModel
 from models.dbn import DBN
 from models.inference import LayeredInference
 from models.rbm import BoltzmannMachine

@@ -277,7 +277,7 @@ def test_dynamic_bayes_net_trains_on_its_synthetic_sequences(tmp_path):
 def test_gaussian_estimators_and_errors_through_evaluate(tmp_path):
     from nvil.config import estimator_config
     from nvil.errors import ConfigError
-    from nvil.evaluation import evaluate_checkpoint
+    from nvil.evaluation import EvalSpec, evaluate_checkpoint
     from train import train
 
     m = train(make_cfg("train", GBN + ["trainer.max_steps=20"]), tmp_path)
@@ -286,25 +286,28 @@ def test_gaussian_estimators_and_errors_through_evaluate(tmp_path):
     results = {}
     for name, opts in small.items():
         cfg = OmegaConf.merge(estimator_config(name), opts)
-        results[name] = evaluate_checkpoint(m["checkpoint"], cfg, device="cpu", progress=False, num_examples=20)
+        results[name] = evaluate_checkpoint(m["checkpoint"], cfg, EvalSpec(
+            device="cpu", progress=False, num_examples=20))
         assert torch.isfinite(results[name].log_p).all() and results[name].log_p.shape == (20,)
     assert results["iwae"].extras["proposal"] == "prior"
     for name, hint in [("chib", "ais_hmc"), ("ais_posterior", "ais_hmc"), ("ais", "ais_hmc")]:
         with pytest.raises(ConfigError, match=hint):
-            evaluate_checkpoint(m["checkpoint"], estimator_config(name), device="cpu", progress=False, num_examples=5)
+            evaluate_checkpoint(m["checkpoint"], estimator_config(name), EvalSpec(
+                device="cpu", progress=False, num_examples=5))
 
 
 def test_continuous_estimators_and_learners_refuse_other_models(tmp_path):
     from nvil.config import estimator_config
     from nvil.errors import ConfigError
-    from nvil.evaluation import evaluate_checkpoint
+    from nvil.evaluation import EvalSpec, evaluate_checkpoint
     from train import train
 
     sbn = [o for o in GBN if not o.startswith(("model=", "model.layers", "learner=", "trainer.val_"))] + ["model.layers=[4,3]"]
     m = train(make_cfg("train", sbn + ["trainer.max_steps=5"]), tmp_path)
     for name in ("ais_hmc", "chib_mh"):
         with pytest.raises(ConfigError, match="continuous latent"):
-            evaluate_checkpoint(m["checkpoint"], estimator_config(name), device="cpu", progress=False, num_examples=5)
+            evaluate_checkpoint(m["checkpoint"], estimator_config(name), EvalSpec(
+                device="cpu", progress=False, num_examples=5))
     with pytest.raises(ConfigError, match="Gaussian belief nets"):
         train(make_cfg("train", sbn + ["learner=mcem_hmc", "trainer.max_steps=5"]), tmp_path / "x")
     with pytest.raises(ConfigError, match="real-valued"):

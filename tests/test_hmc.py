@@ -54,7 +54,7 @@ def run(kernel, x, step_size, num_steps, generator):
     state = kernel.init(x)
     accept = 0.0
     for _ in range(num_steps):
-        state, info = kernel.step(state, step_size, generator)
+        state, info = kernel.step(state, generator=generator, step_size=step_size)
         accept += info.accept_prob.mean().item() / num_steps
     return state, accept
 
@@ -147,7 +147,7 @@ def test_rejected_chains_keep_their_state_and_accepted_ones_take_the_leapfrog_en
     mu, sigma, log_density = gaussian()
     kernel = HMC(log_density, num_leapfrog=5, divergence_threshold=2.0)
     state = kernel.init(exact_samples(mu, sigma, 2000, torch.Generator().manual_seed(0)))
-    new, info = kernel.step(state, 0.9, torch.Generator().manual_seed(7))
+    new, info = kernel.step(state, generator=torch.Generator().manual_seed(7), step_size=0.9)
 
     # the proposal and Delta H by hand: the step draws p ~ N(0, I) first, from the same generator
     p = torch.randn(state.position.shape, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
@@ -183,7 +183,7 @@ def test_non_finite_target_is_divergent_and_rejected():
     x[:, 0] = torch.empty(500, dtype=torch.float64).uniform_(-1.0, 1.0, generator=g)
     kernel = HMC(log_density, num_leapfrog=4)
     state = kernel.init(x)
-    new, info = kernel.step(state, 0.3, g)
+    new, info = kernel.step(state, generator=g, step_size=0.3)
     bad = ~torch.isfinite(info.energy_change)
     assert 20 < bad.sum() < 480
     assert info.divergent[bad].all() and not info.accepted[bad].any()
@@ -207,7 +207,7 @@ def test_dual_averaging_reaches_target_acceptance():
     adapt = DualAveraging(target_accept=0.65)
     da = adapt.init(torch.full((500,), 1.5))
     for t in range(300):
-        state, info = kernel.step(state, adapt.step_size(da), g)
+        state, info = kernel.step(state, generator=g, step_size=adapt.step_size(da))
         if t == 0:
             assert info.accept_prob.mean() < 0.4  # 1.5 is far too large
         da = adapt.update(da, info.accept_prob)
@@ -216,7 +216,7 @@ def test_dual_averaging_reaches_target_acceptance():
     assert step.max() < 1.5
     accept = []
     for _ in range(50):
-        state, info = kernel.step(state, step, g)
+        state, info = kernel.step(state, generator=g, step_size=step)
         accept.append(info.accept_prob.mean().item())
     assert abs(sum(accept) / len(accept) - 0.65) < 0.1, sum(accept) / len(accept)
 
@@ -255,7 +255,7 @@ def test_multiplicative_rule():
     step = torch.tensor([0.01] * 100 + [3.0] * 100)
     start = step.clone()
     for _ in range(50):
-        state, info = kernel.step(state, step, g)
+        state, info = kernel.step(state, generator=g, step_size=step)
         step = multiplicative_adapt(step, info.accept_prob, max_step=5.0)
     assert (step[:100] > start[:100]).all() and (step[100:] < start[100:]).all()
 
@@ -303,7 +303,7 @@ def test_hmc_invariance_on_cuda_without_host_syncs():
     torch.cuda.set_sync_debug_mode("error")
     try:
         for _ in range(3):
-            state, info = kernel.step(state, adapt.step_size(da), g)
+            state, info = kernel.step(state, generator=g, step_size=adapt.step_size(da))
             da = adapt.update(da, info.accept_prob)
             multiplicative_adapt(steps, info.accept_prob)
     finally:

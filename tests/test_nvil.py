@@ -9,7 +9,8 @@ import torch
 from omegaconf import OmegaConf
 
 from conftest import enumerated_elbo, make_cfg, tiny_model
-from nvil.learners.nvil import NVIL, layerwise_signals
+from nvil.learners.baselines import layerwise_signals
+from nvil.learners.nvil import NVIL
 
 ALL_ON = dict(input_baseline=True, constant_baseline=True, variance_normalisation=True, layerwise=True)
 ALL_OFF = dict(input_baseline=False, constant_baseline=False, variance_normalisation=False, layerwise=False)

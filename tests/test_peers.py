@@ -67,7 +67,7 @@ def test_pyro_svi_trains_our_own_parameters_at_nvil_rates():
     pyro = pytest.importorskip("pyro")
     from pyro.infer import SVI, TraceGraph_ELBO
 
-    from nvil.baselines import InputDependentBaseline
+    from nvil.learners.baselines import InputDependentBaseline
 
     model, inference = random_sbn((4,))
     baselines = torch.nn.ModuleList([InputDependentBaseline(model.n_visible, 8)])

@@ -27,16 +27,6 @@ from train import train
 DT = torch.float64
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """These tests run many small ops; on a shared 2-core machine torch's second thread spins waiting for a
-    core and slows them down tens of times. One thread, restored afterwards."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 # Chi-square quantiles at p = 0.001, computed once with scipy.stats.chi2.ppf(0.999, dof).
 CHI2_999 = {15: 37.70, 31: 61.10, 63: 103.44, 127: 181.99}
 
@@ -383,8 +373,12 @@ def test_block_gibbs_check_has_power_against_the_wrong_sweep_order():
 # ---- tempered transitions ------------------------------------------------------------------------------------
 
 
-class CoolingTermsEarly(TemperedTransitions):
-    """Broken on purpose: the cooling log p* terms taken before each reverse step (at x~^s instead of x~^{s+1})."""
+class MisplacedTerms(TemperedTransitions):
+    """Broken on purpose: a log p* term taken one state off. ``heating_late``: the heating terms after each
+    forward step (at x^s instead of x^{s+1}); ``cooling_early``: the cooling terms before each reverse step (at
+    x~^s instead of x~^{s+1})."""
+
+    heating_late = cooling_early = False
 
     @torch.no_grad()
     def step(self, state, beta=1.0, generator=None):
@@ -393,34 +387,28 @@ class CoolingTermsEarly(TemperedTransitions):
         log_a = torch.zeros(state.x.shape[0], dtype=torch.float64)
         x = state
         for s in range(S - 1, -1, -1):
-            log_a -= (b[s + 1] - b[s]) * log_p(x).double()
+            if not self.heating_late:
+                log_a -= (b[s + 1] - b[s]) * log_p(x).double()
             x, _ = self.forward.step(x, b[s], generator)
+            if self.heating_late:
+                log_a -= (b[s + 1] - b[s]) * log_p(x).double()  # wrong: after the step
         for s in range(S):
-            log_a += (b[s + 1] - b[s]) * log_p(x).double()  # wrong: before the step
+            if self.cooling_early:
+                log_a += (b[s + 1] - b[s]) * log_p(x).double()  # wrong: before the step
             x, _ = self.backward.step(x, b[s], generator)
+            if not self.cooling_early:
+                log_a += (b[s + 1] - b[s]) * log_p(x).double()
         u = torch.rand(log_a.shape, generator=generator, dtype=log_a.dtype)
         keep = (torch.log(u) < log_a).unsqueeze(-1)
         return State(torch.where(keep, x.x, state.x), torch.where(keep, x.h, state.h)), {}
 
 
-class HeatingTermsLate(TemperedTransitions):
-    """Broken on purpose: the heating log p* terms taken after each forward step (at x^s instead of x^{s+1})."""
+class CoolingTermsEarly(MisplacedTerms):
+    cooling_early = True
 
-    @torch.no_grad()
-    def step(self, state, beta=1.0, generator=None):
-        b, S = self.betas, len(self.betas) - 1
-        log_p = self.model.log_unnormalised
-        log_a = torch.zeros(state.x.shape[0], dtype=torch.float64)
-        x = state
-        for s in range(S - 1, -1, -1):
-            x, _ = self.forward.step(x, b[s], generator)
-            log_a -= (b[s + 1] - b[s]) * log_p(x).double()  # wrong: after the step
-        for s in range(S):
-            x, _ = self.backward.step(x, b[s], generator)
-            log_a += (b[s + 1] - b[s]) * log_p(x).double()
-        u = torch.rand(log_a.shape, generator=generator, dtype=log_a.dtype)
-        keep = (torch.log(u) < log_a).unsqueeze(-1)
-        return State(torch.where(keep, x.x, state.x), torch.where(keep, x.h, state.h)), {}
+
+class HeatingTermsLate(MisplacedTerms):
+    heating_late = True
 
 
 class NotReversed(TemperedTransitions):

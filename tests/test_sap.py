@@ -32,16 +32,6 @@ DT = torch.float64
 CPU = torch.device("cpu")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Many small ops: on a shared 2-core machine torch's second thread spins waiting for a core and slows
-    them down tens of times. One thread, restored afterwards."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 # ---- a tiny RBM, its data, and brute force ----------------------------------------------------------------
 
 
@@ -197,7 +187,7 @@ def test_exact_ml_gradient_is_the_exact_gradient():
     # one plain SGD step uphill on the log-likelihood
     for p, p0, g in zip(m.parameters(), before, torch.split(exact, [p.numel() for p in m.parameters()])):
         assert torch.allclose(p.detach(), p0 + 0.1 * g.view_as(p0), rtol=0, atol=1e-14)
-    assert learner.negatives(x, {}) is None and learner.particles is None
+    assert learner.negatives(x) is None and learner.particles is None
 
 
 def test_exact_ml_refuses_models_it_cannot_enumerate():

@@ -19,21 +19,23 @@ from __future__ import annotations
 import torch
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
-from torch import nn
 
-from models.dbn import DBN
 from nvil.config import positive_int
 from nvil.errors import ConfigError
+from nvil.learners.base import Learner
 from nvil.learners.sap import SAP, filter_grid
+from nvil.validation import stochastic_pseudo_log_likelihood
 
 LAYER_LEARNERS = ("cd", "sap")
 PROPAGATE = ("mean", "sample")
 
 
-class Greedy(nn.Module):
+class Greedy(Learner):
+    has_own_validation = True  # one RBM at a time: no single score across layers
+
     def __init__(self, model, inference, cfg, device: torch.device, seed: int) -> None:
         super().__init__()
-        if not isinstance(model, DBN):
+        if model.family != "dbn":
             raise ConfigError("learner=greedy trains deep belief nets (model=dbn)")
         per_layer = cfg.get("per_layer")
         if per_layer is not None and len(per_layer) != len(model.rbms):
@@ -93,8 +95,6 @@ class Greedy(nn.Module):
     @torch.no_grad()
     def validate(self, valid: torch.Tensor, train_subset: torch.Tensor) -> dict[str, float]:
         """The current layer's mean-field reconstruction error on the validation data below it."""
-        from nvil.validation import stochastic_pseudo_log_likelihood
-
         rbm, layer = self.model.rbms[self.layer], self.layer
         x = self.up(valid, layer)
         recon = torch.sigmoid(rbm.b + rbm.h_given_x(x) @ rbm.W.T)
@@ -104,8 +104,9 @@ class Greedy(nn.Module):
             out["val/layer1/pseudo_log_likelihood"] = stochastic_pseudo_log_likelihood(rbm, x, g).mean().item()
         return out
 
-    def image_grids(self) -> dict[str, torch.Tensor]:
-        grids = self.inner.image_grids() if self.layer == 0 else {}
+    @torch.no_grad()
+    def image_grids(self, seed: int, device) -> dict[str, torch.Tensor]:
+        grids = self.inner.image_grids(seed, device) if self.layer == 0 else {}
         grids["model/filters"] = filter_grid(self.model.filters())  # layer 1's, the image-shaped ones
         return grids
 

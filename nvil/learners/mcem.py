@@ -23,7 +23,6 @@ ascent on log p(x, s) in s (Kingma 2013, Sec. 4; Neal & Hinton 1998), which opti
 from __future__ import annotations
 
 import torch
-from torch import nn
 
 from nvil.config import positive_float, positive_int
 from nvil.errors import ConfigError
@@ -45,12 +44,12 @@ def _set_rows(state, idx, new) -> None:
         f[idx] = g
 
 
-class MCEM(DataParallel, nn.Module):
+class MCEM(DataParallel):
     per_example_state = True  # the loop passes each minibatch's training-row indices
 
     def __init__(self, model, inference, cfg, device: torch.device, seed: int) -> None:
         super().__init__()
-        if not getattr(model, "is_continuous_latent", False):
+        if not model.family == "continuous":
             raise ConfigError(f"learner={cfg.name} trains Gaussian belief nets (model=gbn or dbn_dynamic), "
                               f"not a {type(model).__name__}")
         self.model, self.cfg, self.device, self.seed = model, cfg, device, seed
@@ -98,7 +97,7 @@ class MCEM(DataParallel, nn.Module):
         state = hmc.init(self.chains[idx])  # theta moved since this chain's last visit: its density is recomputed
         accept = divergent = 0.0
         for _ in range(self.e_steps):
-            state, info = hmc.step(state, step_size, self.generator)
+            state, info = hmc.step(state, generator=self.generator, step_size=step_size)
             accept, divergent = accept + info.accept_prob, divergent + info.divergent.float()
             if self.adapt == "dual_averaging":
                 adaptation = self.dual.update(adaptation, info.accept_prob)

@@ -12,24 +12,15 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from nvil.config import positive_float
-from nvil.learners.base import SurrogateLearner
-from nvil.learners.nvil import build_optimizer
+from nvil.learners.base import SurrogateLearner, build_optimizer, directed_groups
 
 
 class WakeSleep(SurrogateLearner):
     def __init__(self, model: nn.Module, inference: nn.Module, cfg, device: torch.device, seed: int) -> None:
         super().__init__()
-        self.model = model
-        self.inference = inference
-        self.cfg = cfg
+        self.model, self.inference, self.cfg = model, inference, cfg
         self.to(device)
-        lr = positive_float(cfg.get("lr"), "learner.lr")
-        groups = [
-            {"params": list(model.parameters()), "lr": lr, "name": "model"},
-            {"params": list(inference.parameters()), "lr": lr * float(cfg.inference_lr_scale), "name": "inference"},
-        ]
-        self.optimizer = build_optimizer(groups, cfg)
+        self.optimizer = build_optimizer(directed_groups(model, inference, cfg)[1], cfg)
         self.generator = torch.Generator(device=device).manual_seed(seed)
         self.sleep_batch = cfg.get("sleep_batch_size")
 

@@ -18,6 +18,7 @@ from typing import Callable, NamedTuple
 import torch
 
 from nvil.accel import accelerate
+from nvil.mcmc.base import per_chain, untempered
 
 LogDensity = Callable[[torch.Tensor], torch.Tensor]  # [chains, dim] -> [chains]
 
@@ -56,37 +57,41 @@ def kinetic_energy(momentum: torch.Tensor, inv_mass: torch.Tensor | None = None)
 
 
 def leapfrog(log_density: LogDensity, position: torch.Tensor, momentum: torch.Tensor, grad: torch.Tensor,
-             step_size, num_steps: int, inv_mass: torch.Tensor | None = None):
-    """``num_steps`` leapfrog steps of size eps from (q, p), given grad = grad log p(q) (Neal 2011, Eq. 5.18-5.20).
+             step_size, num_steps: int, inv_mass: torch.Tensor | None = None, beta=1.0):
+    """``num_steps`` leapfrog steps of size eps from (q, p), given grad = grad log p(q) (Neal 2011, Eq. 5.18-5.20),
+    under the tempered potential U = -beta log p (``beta`` a float or [chains, 1]).
 
     step_size: a float, or a [chains, 1] tensor (anything broadcastable to [chains, dim]). inv_mass: None
     (identity) or the diagonal of M^-1, [dim] or [chains, dim]. The inner momentum half-steps are merged
     into full steps, so this costs ``num_steps`` gradient evaluations and no more.
-    Returns (position, momentum, log_density, grad) at the end point.
+    Returns (position, momentum, log_density, grad) at the end point, log_density and grad untempered.
     """
     if num_steps < 1:
         raise ValueError(f"leapfrog needs num_steps >= 1, got {num_steps}")
     q, p = position, momentum
-    p = p + 0.5 * step_size * grad  # half step in momentum, Eq. 5.18: p -= eps/2 * dU/dq
+    force = (lambda g: g) if untempered(beta) else (lambda g: beta * g)  # -dU/dq of the tempered potential
+    p = p + 0.5 * step_size * force(grad)  # half step in momentum, Eq. 5.18: p -= eps/2 * dU/dq
     for i in range(num_steps):
         q = q + step_size * (p if inv_mass is None else p * inv_mass)  # full step in position, Eq. 5.19
         log_p, grad = value_and_grad(log_density, q)
         if i < num_steps - 1:
-            p = p + step_size * grad  # two half steps in momentum (Eq. 5.20, then Eq. 5.18 of the next step)
+            p = p + step_size * force(grad)  # two half steps in momentum (Eq. 5.20, then Eq. 5.18 of the next step)
         else:
-            p = p + 0.5 * step_size * grad  # final half step in momentum, Eq. 5.20
+            p = p + 0.5 * step_size * force(grad)  # final half step in momentum, Eq. 5.20
     return q, p, log_p, grad
 
 
 class HMC:
-    """The HMC transition kernel: ``init(position) -> state``, ``step(state, step_size, generator) -> (state, info)``.
+    """The HMC transition kernel (``nvil.mcmc.base.Kernel``): ``init(position) -> state``,
+    ``step(state, beta, generator, step_size=...) -> (state, info)``; reversible, so ``reverse()`` is itself.
 
     log_density: Callable[[Tensor [chains, dim]], Tensor [chains]], an unnormalised log density that
     treats rows independently. inv_mass: None (M = I) or the diagonal of M^-1, [dim] or [chains, dim].
+    step_size: the default eps of ``step`` (a float or [chains]); a step may pass its own (MCEM adapts it).
     """
 
     def __init__(self, log_density: LogDensity, num_leapfrog: int = 5, inv_mass: torch.Tensor | None = None,
-                 divergence_threshold: float = 1000.0, accel: str = "none") -> None:
+                 divergence_threshold: float = 1000.0, accel: str = "none", step_size=None) -> None:
         if num_leapfrog < 1:
             raise ValueError(f"num_leapfrog must be >= 1, got {num_leapfrog}")
         # accel (nvil.accel) compiles the log density, forward and backward (the gradient is still taken by
@@ -95,19 +100,30 @@ class HMC:
         self.num_leapfrog = num_leapfrog
         self.inv_mass = inv_mass
         self.divergence_threshold = divergence_threshold
+        self.step_size = step_size
 
-    def init(self, position: torch.Tensor) -> HMCState:
+    def init(self, position: torch.Tensor, generator: torch.Generator | None = None) -> HMCState:
+        """The state at ``position`` with its log density and gradient (no random draw)."""
         log_p, grad = value_and_grad(self.log_density, position)
         return HMCState(position.detach(), log_p, grad)
 
-    def step(self, state: HMCState, step_size, generator: torch.Generator | None = None) -> tuple[HMCState, HMCInfo]:
-        """One HMC transition per chain (Neal 2011, Sec. 5.3.2).
+    def reverse(self) -> "HMC":
+        """HMC with a fresh momentum each step satisfies detailed balance (Neal 2011, Sec. 3.2): T~ = T."""
+        return self
+
+    def step(self, state: HMCState, beta=1.0, generator: torch.Generator | None = None, *,
+             step_size=None) -> tuple[HMCState, HMCInfo]:
+        """One HMC transition per chain (Neal 2011, Sec. 5.3.2) leaving p^beta invariant.
 
         p ~ N(0, M) as randn / sqrt(inv_mass), L leapfrog steps, then each chain accepts with probability
         min(1, exp(-Delta H)) against its own uniform; both draws use ``generator``. step_size: a float or
-        a [chains] tensor (one step size per chain). Rejected chains keep their position, log_density and
-        grad exactly.
+        a [chains] tensor (one step size per chain), else the kernel's own. beta: a float or [chains]; the
+        state keeps the untempered log density and gradient. Rejected chains keep their position, log_density
+        and grad exactly.
         """
+        step_size = self.step_size if step_size is None else step_size
+        if step_size is None:
+            raise ValueError("HMC.step needs a step_size (here or in the constructor)")
         q = state.position
         inv_mass = None if self.inv_mass is None else self.inv_mass.to(q)
         eps = step_size
@@ -116,12 +132,13 @@ class HMC:
             eps = eps.unsqueeze(-1) if eps.dim() == 1 else eps  # [chains] -> [chains, 1]
         noise = torch.randn(q.shape, generator=generator, device=q.device, dtype=q.dtype)
         p = noise if inv_mass is None else noise / inv_mass.sqrt()  # p ~ N(0, M), M = diag(1 / inv_mass)
-        q_new, p_new, log_p_new, grad_new = leapfrog(self.log_density, q, p, state.grad, eps,
-                                                     self.num_leapfrog, inv_mass)
+        tempered = (lambda log_p: log_p) if untempered(beta) else (lambda log_p: beta * log_p)
+        q_new, p_new, log_p_new, grad_new = leapfrog(self.log_density, q, p, state.grad, eps, self.num_leapfrog,
+                                                     inv_mass, per_chain(beta, q))
 
-        # Delta H = [U(q*) + K(p*)] - [U(q) + K(p)], with U = -log p
-        h_new = kinetic_energy(p_new, inv_mass) - log_p_new
-        energy_change = h_new - (kinetic_energy(p, inv_mass) - state.log_density)
+        # Delta H = [U(q*) + K(p*)] - [U(q) + K(p)], with U = -beta log p
+        h_new = kinetic_energy(p_new, inv_mass) - tempered(log_p_new)
+        energy_change = h_new - (kinetic_energy(p, inv_mass) - tempered(state.log_density))
         finite = torch.isfinite(energy_change)
         accept_prob = torch.where(finite, torch.exp(torch.clamp(-energy_change, max=0.0)), 0.0)
         u = torch.rand(accept_prob.shape, generator=generator, device=q.device, dtype=q.dtype)

@@ -27,12 +27,15 @@ import math
 import torch
 
 from nvil.mcmc.adapt import DualAveraging
+from nvil.mcmc.base import per_chain, untempered
 from nvil.mcmc.hmc import value_and_grad
 
 PROPOSALS = ("langevin", "random_walk")
 
 
 class MetropolisHastings:
+    """The MH kernel (``nvil.mcmc.base.ChibKernel``); its state is the position h itself, [chains, dim]."""
+
     def __init__(self, log_prob, step_size, proposal: str = "langevin") -> None:
         if proposal not in PROPOSALS:
             raise ValueError(f"proposal must be one of {PROPOSALS}, got {proposal!r}")
@@ -42,16 +45,29 @@ class MetropolisHastings:
     def _eps(self, h: torch.Tensor) -> torch.Tensor:
         return torch.as_tensor(self.step_size, dtype=h.dtype, device=h.device).reshape(-1, 1).expand(h.shape[0], 1)
 
+    def init(self, x: torch.Tensor, generator=None) -> torch.Tensor:
+        return x.detach()
+
+    def reverse(self) -> "MetropolisHastings":
+        """MH is reversible with respect to its target: T~ = T."""
+        return self
+
+    def oriented(self, backward: torch.Tensor) -> "MetropolisHastings":
+        return self
+
     def log_prob(self, h: torch.Tensor) -> torch.Tensor:
         """The target log f(h)."""
         with torch.no_grad():
             return self.log_prob_fn(h)
 
-    def _mean(self, h: torch.Tensor, eps: torch.Tensor):
-        """(proposal mean from h, log f(h))."""
+    def _mean(self, h: torch.Tensor, eps: torch.Tensor, beta=1.0):
+        """(proposal mean from h, beta log f(h)) for the tempered target f^beta."""
         if self.proposal == "random_walk":
-            return h, self.log_prob(h)
+            log_f = self.log_prob(h)
+            return h, log_f if untempered(beta) else beta * log_f
         log_f, grad = value_and_grad(self.log_prob_fn, h)
+        if not untempered(beta):
+            log_f, grad = beta * log_f, per_chain(beta, h) * grad
         return h + 0.5 * eps**2 * grad, log_f
 
     @staticmethod
@@ -60,31 +76,25 @@ class MetropolisHastings:
         d = to.shape[-1]
         return -0.5 * (((to - mean) / eps) ** 2).sum(-1) - d * (torch.log(eps.squeeze(-1)) + 0.5 * math.log(2 * math.pi))
 
-    def _log_accept(self, frm, to, eps, mean_frm=None, log_f_frm=None):
+    def _log_accept(self, frm, to, eps, mean_frm=None, log_f_frm=None, beta=1.0):
         """(log a(frm -> to), log q(to | frm))."""
         if mean_frm is None:
-            mean_frm, log_f_frm = self._mean(frm, eps)
-        mean_to, log_f_to = self._mean(to, eps)
+            mean_frm, log_f_frm = self._mean(frm, eps, beta)
+        mean_to, log_f_to = self._mean(to, eps, beta)
         log_q_fwd = self._log_q(to, mean_frm, eps)
         log_ratio = log_f_to + self._log_q(frm, mean_to, eps) - log_f_frm - log_q_fwd
         log_a = torch.clamp(torch.nan_to_num(log_ratio, nan=-math.inf), max=0.0)
         return log_a, log_q_fwd
 
-    def step(self, h: torch.Tensor, reverse=False, generator=None) -> torch.Tensor:
-        """One MH transition per chain. ``reverse`` is accepted for the Chib interface: the kernel is reversible,
-        so T~ = T."""
-        h, _ = self.step_with_info(h, generator)
-        return h
-
-    def step_with_info(self, h: torch.Tensor, generator=None):
-        """(new h, acceptance probability per chain)."""
+    def step(self, h: torch.Tensor, beta=1.0, generator=None) -> tuple[torch.Tensor, dict]:
+        """One MH transition per chain leaving f^beta invariant: (new h, {"accept_prob": a(h -> h') [chains]})."""
         eps = self._eps(h)
-        mean, log_f = self._mean(h, eps)
+        mean, log_f = self._mean(h, eps, beta)
         proposal = mean + eps * torch.randn(h.shape, generator=generator, device=h.device, dtype=h.dtype)
-        log_a, _ = self._log_accept(h, proposal, eps, mean, log_f)
+        log_a, _ = self._log_accept(h, proposal, eps, mean, log_f, beta)
         u = torch.rand(h.shape[0], generator=generator, device=h.device, dtype=h.dtype)
         accept = torch.log(u) < log_a
-        return torch.where(accept[:, None], proposal, h), log_a.exp()
+        return torch.where(accept[:, None], proposal, h), {"accept_prob": log_a.exp()}
 
     def log_transition(self, to: torch.Tensor, frm: torch.Tensor) -> torch.Tensor:
         """log T(to <- frm): log q(to | frm) + log a(frm -> to), and +inf where to == frm (a rejection's point mass)."""
@@ -108,8 +118,8 @@ def adapt_step_size(log_prob, h: torch.Tensor, step_size, target_accept: float, 
     accept_sum = torch.zeros(h.shape[0], dtype=h.dtype, device=h.device)
     for _ in range(num_steps):
         mh = MetropolisHastings(log_prob, da.step_size(state), proposal)
-        h, accept = mh.step_with_info(h, generator)
-        accept = torch.nan_to_num(accept, nan=0.0)
+        h, info = mh.step(h, 1.0, generator)
+        accept = torch.nan_to_num(info["accept_prob"], nan=0.0)
         state = da.update(state, accept)
         accept_sum = accept_sum + accept
     return da.final_step_size(state), accept_sum / max(1, num_steps)

@@ -18,10 +18,19 @@ from nvil.mcmc.tempered import check_ladder
 
 
 class ParallelTempering:
-    def __init__(self, model, betas: torch.Tensor) -> None:
+    """A kernel (``nvil.mcmc.base.Kernel``) on the K x chains replica state. ``reversed``: the reverse operator,
+    the same sub-steps in the opposite order (the swaps first, then the reverse block-Gibbs sweep)."""
+
+    def __init__(self, model, betas: torch.Tensor, backward: bool = False) -> None:
         self.betas = check_ladder(betas, "parallel tempering needs", dtype=torch.float32)
         self.model = model
         self.gibbs = BlockGibbs(model)
+        self.reversed = backward
+
+    def reverse(self) -> "ParallelTempering":
+        pt = ParallelTempering(self.model, self.betas, not self.reversed)
+        pt.gibbs = self.gibbs.reverse()
+        return pt
 
     @property
     def num_temps(self) -> int:
@@ -38,11 +47,24 @@ class ParallelTempering:
         return State(state.x[-n:], state.h[-n:])
 
     @torch.no_grad()
-    def step(self, state: State, beta=None, generator=None, parity: int = 0) -> tuple[State, dict]:
+    def step(self, state: State, beta=1.0, generator=None, parity: int = 0) -> tuple[State, dict]:
+        """A block-Gibbs sweep of every replica at its own temperature, then swaps of the pairs of ``parity``
+        (reversed: the swaps first). The target of the last replicas is p^beta (the ladder scaled by ``beta``)."""
         K = self.num_temps
         n = state.x.shape[0] // K
         betas = self.betas.to(state.x.device, state.x.dtype)
+        if beta != 1:
+            betas = beta * betas
+        if self.reversed:
+            state, info = self._swap(state, betas, generator, parity)
+            return self.gibbs.step(state, betas.repeat_interleave(n), generator)[0], info
         state, _ = self.gibbs.step(state, betas.repeat_interleave(n), generator)
+        return self._swap(state, betas, generator, parity)
+
+    def _swap(self, state: State, betas: torch.Tensor, generator, parity: int) -> tuple[State, dict]:
+        """Replica exchange between neighbouring temperatures (k, k + 1) with k = parity mod 2, 4, ..."""
+        K = self.num_temps
+        n = state.x.shape[0] // K
         log_p = self.model.log_unnormalised(state).view(K, n)
         lo = torch.arange(parity % 2, K - 1, 2, device=state.x.device)  # the pairs (k, k+1) proposed now
         if lo.numel() == 0:  # two temperatures, an odd step: no pair proposed

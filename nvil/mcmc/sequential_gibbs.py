@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from models.binary_density import BinaryDensity
+from nvil.mcmc.base import untempered
 
 
 class _Fields:
@@ -62,9 +63,27 @@ class _Fields:
 
 
 class SequentialGibbs:
-    def __init__(self, terms: list[tuple[float, BinaryDensity]]) -> None:
+    """The sweep as a kernel (``nvil.mcmc.base.ChibKernel``); its state is h itself, [chains, units].
+    ``reverse``: the direction of ``step``, a bool or a [chains] bool tensor (True: T~, units M..1)."""
+
+    def __init__(self, terms: list[tuple[float, BinaryDensity]], reverse=False) -> None:
         self.terms = terms
         self.n_units = terms[0][1].n_units
+        self.reversed = reverse
+
+    def init(self, x: torch.Tensor, generator=None) -> torch.Tensor:
+        return x.clone()
+
+    def reverse(self) -> "SequentialGibbs":
+        return self.oriented(~self.reversed if torch.is_tensor(self.reversed) else not self.reversed)
+
+    def oriented(self, backward) -> "SequentialGibbs":
+        """This sweep with chain c going backward (T~) where ``backward[c]``."""
+        return SequentialGibbs(self.terms, backward)
+
+    def step(self, h: torch.Tensor, beta=1.0, generator=None) -> tuple[torch.Tensor, dict]:
+        """h' ~ T(. <- h) at the tempered target f^beta, each chain in its own direction."""
+        return self.sweep(h, reverse=self.reversed, generator=generator, beta=beta)[0], {}
 
     def log_prob(self, h: torch.Tensor) -> torch.Tensor:
         """The (unnormalised) target log f(h)."""
@@ -72,8 +91,9 @@ class SequentialGibbs:
 
     @torch.no_grad()
     def sweep(self, h: torch.Tensor, *, reverse=False, generator=None, force: torch.Tensor | None = None,
-              argmax: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        """One sweep from h: (new h, sum_j log P(chosen h_j | rest)), batched over chains."""
+              argmax: bool = False, beta=1.0) -> tuple[torch.Tensor, torch.Tensor]:
+        """One sweep from h: (new h, sum_j log P(chosen h_j | rest)), batched over chains, at the target f^beta
+        (``beta`` a float or [chains])."""
         h = h.clone()
         n = self.n_units
         fields = [(scale, _Fields(d, h)) for scale, d in self.terms if scale != 0]
@@ -84,6 +104,8 @@ class SequentialGibbs:
             j = torch.where(reverse, n - 1 - i, i) if per_chain else (n - 1 - i if reverse else i)
             h_j = h.gather(1, j[:, None]).squeeze(1) if per_chain else h[:, j]
             logit = sum(scale * fl.log_odds(j, h_j) for scale, fl in fields)
+            if not untempered(beta):
+                logit = beta * logit
             if force is not None:
                 new = force.gather(1, j[:, None]).squeeze(1) if per_chain else force[:, j]
             elif argmax:
@@ -100,11 +122,6 @@ class SequentialGibbs:
             else:
                 h[:, j] = new
         return h, log_t
-
-    # The transition-operator interface the Chib-style estimator uses (estimators/chib.py).
-    def step(self, h: torch.Tensor, reverse=False, generator=None) -> torch.Tensor:
-        """h' ~ T(. <- h), or ~ T~(. <- h) (the reverse sweep) where ``reverse``."""
-        return self.sweep(h, reverse=reverse, generator=generator)[0]
 
     def log_transition(self, to: torch.Tensor, frm: torch.Tensor) -> torch.Tensor:
         """log T(to <- frm) of one forward sweep (Murray & Salakhutdinov 2009, Eq. 11)."""

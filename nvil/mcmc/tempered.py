@@ -54,10 +54,22 @@ class TemperedTransitions:
         self.forward = BlockGibbs(model, accel=accel)
         self.backward = self.forward.reverse()
 
+    def init(self, x: torch.Tensor, generator=None) -> State:
+        """Chains at x with h ~ p(h | x)."""
+        return self.model.init_chains(x, generator)
+
+    def reverse(self) -> "TemperedTransitions":
+        """A tempered-transitions run satisfies detailed balance with respect to its target (Neal 1996, Sec. 3):
+        T~ = T."""
+        return self
+
     @torch.no_grad()
     def step(self, state: State, beta=1.0, generator=None) -> tuple[State, dict]:
-        """One tempered-transitions run from ``state`` (the target is beta = 1; ``beta`` is unused)."""
+        """One tempered-transitions run from ``state``. The target is p^beta (``beta`` a float, 1 by default; the
+        ladder is scaled by it: beta_s -> beta * beta_s)."""
         b, S = self.betas, len(self.betas) - 1
+        if beta != 1:
+            b = [beta * b_s for b_s in b]
         m = self.model
         log_a = torch.zeros(state.x.shape[0], dtype=torch.float64, device=state.x.device)
         x = state

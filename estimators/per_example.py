@@ -20,15 +20,14 @@ import time
 
 import torch
 
-from estimators.ais import PosteriorPath, ais, check_schedule, make_ladder, pilot_betas
-from estimators.base import (NO_PROGRESS, BatchProgress, Result, batch_generator, chunks, combine_runs, phase_namer,
+from estimators.ais import PosteriorPath
+from estimators.annealing import ais, check_schedule, make_ladder, pilot_betas
+from estimators.base import (NO_PROGRESS, BatchProgress, Estimator, Result, batch_generator, chunks, combine_runs, phase_namer,
                              shows_progress)
 from estimators.certify import stored_particles
 from estimators.exact import split_layers
 from estimators.log_z import apply_log_z, top_log_z
 from models.binary_density import require_bernoulli_visibles
-from models.dbn import DBN
-from models.rbm import BoltzmannMachine
 from nvil.config import positive_int
 from nvil.data import take_rows
 from nvil.errors import ConfigError
@@ -41,14 +40,14 @@ class LatentModel:
     """Binary latent units h of an SBN, fDARN or DBN, for estimators that sum over them."""
 
     def __init__(self, model, inference, estimator: str) -> None:
-        if getattr(model, "is_continuous_latent", False):
+        if model.family == "continuous":
             raise ConfigError(f"estimator={estimator} sums over binary latent units; this checkpoint holds a "
                               f"{type(model).__name__} with continuous latents: use {CONTINUOUS_ESTIMATORS}")
-        if isinstance(model, BoltzmannMachine):
+        if model.family == "boltzmann":
             raise ConfigError(f"estimator={estimator} sums over one test case's latent units, and an RBM's hidden "
                               f"units are summed exactly; for model=rbm or srbm use estimator={BOLTZMANN_ESTIMATORS}")
         self.model = model
-        self.needs_log_z = isinstance(model, DBN)
+        self.needs_log_z = model.family == "dbn"
         self.q = model.recognition() if self.needs_log_z else inference
         if self.q is None:
             raise ConfigError(f"estimator={estimator} needs an approximate posterior Q(h | v): a model with an "
@@ -69,7 +68,7 @@ class LatentModel:
         return self.model.log_likelihood(x, split_layers(h, self.model.layers))
 
 
-class PerExample:
+class PerExample(Estimator):
     """Base class: subclasses set ``name`` and define ``run_batch(lm, x_runs, generator, progress) -> [chains]``
     (estimates of log P*(v), one per chain), advancing ``progress`` (the batch's ``BatchProgress``) as it works."""
 
@@ -91,7 +90,7 @@ class PerExample:
         self.latent_model(model, inference)
 
     def dataset_inputs(self, model, data, split, rows, checkpoint=None, payload=None, **_) -> dict:
-        if not (isinstance(model, DBN) and self.uses_log_z):
+        if not (model.family == "dbn" and self.uses_log_z):
             return {}
         return {"train": data.split("train"), "checkpoint": checkpoint,
                 "log_z_particles": stored_particles(payload, model.top.n_visible)}

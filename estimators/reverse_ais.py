@@ -1,7 +1,7 @@
 """Bidirectional Monte Carlo: AIS run both ways along one path (Grosse, Ghahramani & Adams 2015, BDMC; Burda,
 Grosse & Salakhutdinov 2015, RAISE).
 
-- for an RBM's log Z, ``estimators.ais.rbm_log_z_reverse``, which ``estimators.certify`` runs from the
+- for an RBM's log Z, ``estimators.ais_rbm.reverse_log_z``, which ``estimators.certify`` runs from the
   checkpoint's persistent particles or a Gibbs run, as a stochastic upper estimate (``estimator=ais`` and ``raise``);
 - ``BDMC`` (``estimator=bdmc``): for directed models, where simulation gives exact posterior samples, both
   sides are stochastic bounds on each simulated example's log p(v); their gap certifies the AIS schedule.
@@ -15,17 +15,16 @@ from dataclasses import dataclass
 
 import torch
 
-from estimators.ais import PosteriorPath, ais, check_schedule, schedule
+from estimators.ais import PosteriorPath
+from estimators.annealing import ais, check_schedule, schedule
 from estimators.ais_hmc import ContinuousLatent, PriorPosteriorPath
-from estimators.base import NO_PROGRESS, BatchProgress, Result, batch_generator, chunks, combine_runs
-from estimators.posterior import LatentModel, pilot_steps, posterior_ladder
-from models.dbn import DBN
+from estimators.base import NO_PROGRESS, BatchProgress, Estimator, Result, batch_generator, combine_runs
+from estimators.per_example import LatentModel, pilot_steps, posterior_ladder
 from models.gaussian import FORMS
-from models.rbm import BoltzmannMachine
 from nvil.accel import check_mode
 from nvil.config import positive_float, positive_int
 from nvil.errors import ConfigError
-from nvil.ops import log_mean_exp, mean_and_stderr
+from nvil.ops import chunks, log_mean_exp, mean_and_stderr
 
 
 class StepSizeTape:
@@ -72,7 +71,7 @@ class BDMCResult(Result):
     simulated: torch.Tensor | None = None        # [num_simulated, n_visible], the v the estimates are of
 
 
-class BDMC:
+class BDMC(Estimator):
     """``estimator=bdmc``: bidirectional Monte Carlo (Grosse, Ghahramani & Adams 2015, "Sandwiching the marginal
     likelihood using bidirectional Monte Carlo"; Wu, Burda, Salakhutdinov & Grosse 2017, "On the quantitative
     analysis of decoder-based generative models", who use it to validate AIS for decoder-based models).
@@ -93,7 +92,7 @@ class BDMC:
     ``estimator=ais_hmc`` for continuous ones. The certificate is only as good as the simulated data's resemblance
     to the real data (Wu et al. 2017 discuss this caveat).
 
-    Paths (both directions use the one loop ``estimators.ais.ais``, each weight increment taken before the move):
+    Paths (both directions use the one loop ``estimators.annealing.ais``, each weight increment taken before the move):
 
     - binary latents (SBN, fDARN, with their inference network): ``PosteriorPath``,
       f_beta(h) = Q(h | v)^(1 - beta) P(v, h)^beta, sequential Gibbs at each beta, exactly
@@ -141,11 +140,11 @@ class BDMC:
 
     def latent_model(self, model, inference):
         """``ContinuousLatent`` (Gaussian nets) or ``LatentModel`` (SBN / fDARN with an inference network)."""
-        if isinstance(model, (BoltzmannMachine, DBN)):
+        if model.family in ("boltzmann", "dbn"):
             raise ConfigError(f"estimator=bdmc simulates exact (h, v) pairs by ancestral sampling, which a "
                               f"{type(model).__name__} does not allow; for Boltzmann machines use estimator=raise "
                               f"(forward and reverse AIS for log Z) or estimator=ais")
-        if getattr(model, "is_continuous_latent", False):
+        if model.family == "continuous":
             return ContinuousLatent(model, self.name, self.form)
         return LatentModel(model, inference, self.name)
 

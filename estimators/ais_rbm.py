@@ -1,0 +1,238 @@
+"""AIS for a Boltzmann machine's partition function (Salakhutdinov & Murray 2008, Sec. 4.1-4.2): the path from
+a base-rate model A, and the log Z runs that ``estimator=ais`` / ``raise`` and the DBN estimators make on it.
+
+The intermediate distributions (their Eq. 13-15) mix A into the model,
+
+    p_k(x, h) proportional to exp(-(1 - beta_k) E_A(x) - beta_k E(x, h)),   E_A(x) = -b_A'v - d_A'y (binary v),
+
+so that beta = 0 is A with free hidden units (Z_0 = Z_A 2^H) and beta = 1 the model. ``TemperedRBM`` is that
+family seen as a Boltzmann machine, with the methods ``nvil.mcmc.BlockGibbs`` calls on its model, so each AIS
+move is one block-Gibbs sweep at beta_k (the compiled kernel with ``accel``, b_A its visible-bias offset);
+``RBMPath`` weighs the states with h summed out, log f_beta(x) = -F_beta(x) - (1 - beta) E_A(x).
+
+What depends on the kind of pixel (the base rate's biases, log Z_A, its exact samples) is asked of the model's
+visible layer (``models.visible``).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import NamedTuple
+
+import torch
+
+from estimators.annealing import LogZ, ais, check_schedule
+from models.rbm import BaseRate, BoltzmannMachine, State, as_beta
+from nvil.accel import accelerate, check_mode
+from nvil.config import positive_float, positive_int
+from nvil.data import take_rows
+from nvil.errors import ConfigError
+from nvil.mcmc.gibbs import BlockGibbs
+from nvil.ops import chunks
+
+# ---- the base-rate model A: every switch on the kind of pixel -------------------------------------------------
+
+
+def base_rate(model: BoltzmannMachine, train: torch.Tensor, smoothing: float = 0.05, batch_size: int = 10000) -> BaseRate:
+    """Base-rate model from training marginals: p = (mean + s) / (1 + 2 s) per binary pixel (a pseudo-count of
+    s on each side, as in Salakhutdinov's AIS code, so p stays inside (0, 1) even for a pixel that is always on
+    or always off), b = logit p; for Gaussian visibles b = the mean; label
+    logits from the smoothed label frequencies."""
+    mean = torch.zeros(train.shape[1], dtype=torch.float64, device=model.W.device)
+    for s0, s1 in chunks(train.shape[0], batch_size):
+        rows = train[s0:s1]
+        rows = rows.to_dense() if rows.is_sparse else rows
+        mean += rows.double().sum(0)
+    mean = (mean / train.shape[0]).to(model.W.dtype)
+    v_mean = mean[: model.n_pixels]
+    b = model.visible_layer.base_rate_bias(v_mean, smoothing)
+    d = None
+    if model.n_labels:
+        freq = (mean[model.n_pixels:] + smoothing) / (1 + smoothing)
+        d = torch.log(freq / freq.sum())
+    return BaseRate(b, d)
+
+
+class TemperedRBM:
+    """p_beta(x, h) proportional to exp(-(1 - beta) E_A(x) - beta E(x, h)): a Boltzmann machine with the base-rate
+    model ``base`` mixed in, as ``BlockGibbs`` sees a model (its conditionals at inverse temperature beta, its
+    parameters for the compiled kernel, ``visible_offset`` = b_A), with the base-rate side of the AIS path."""
+
+    def __init__(self, model: BoltzmannMachine, base: BaseRate) -> None:
+        self.model, self.base = model, base
+        self.W, self.b, self.c = model.W, model.b, model.c
+        self.n_pixels, self.n_hidden = model.n_pixels, model.n_hidden
+        self.fused_gibbs = model.fused_gibbs
+        self.visible_offset = base.b  # (1 - beta) b_A joins the tempered visible logits beta (b + W h)
+
+    # ---- what BlockGibbs calls: the hidden side is the model's, the visible side has A mixed in ----------------
+    def hidden_input(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model.hidden_input(x)
+
+    def sample_h(self, x: torch.Tensor, beta=1.0, generator=None,
+                 hidden_input: torch.Tensor | None = None) -> torch.Tensor:
+        return self.model.sample_h(x, beta, generator, hidden_input)
+
+    def sample_x_given_h(self, h: torch.Tensor, beta=1.0, generator=None, x: torch.Tensor | None = None,
+                         reverse: bool = False) -> torch.Tensor:
+        return self.model.sample_x_given_h(h, beta, generator, x=x, reverse=reverse, base=self.base)
+
+    def init_chains(self, x: torch.Tensor, generator=None) -> State:
+        return self.model.init_chains(x, generator)  # at beta = 1 the base rate has no weight
+
+    # ---- the base-rate side ------------------------------------------------------------------------------------
+    def base_energy(self, x: torch.Tensor) -> torch.Tensor:
+        """E_A(x)."""
+        v, y = self.model.split(x)
+        e = self.model.visible_layer.energy(v, self.base.b)
+        return e - y @ self.base.d if y is not None else e
+
+    def base_log_z(self) -> float:
+        """log Z_A + H log 2: at beta = 0 the hidden units are free."""
+        m, base = self.model, self.base
+        log_z = m.visible_layer.base_log_z(base.b)
+        if m.n_labels:
+            log_z += torch.logsumexp(base.d.double(), 0).item()
+        return log_z + m.n_hidden * math.log(2.0)
+
+    def sample_base(self, n: int, generator=None) -> torch.Tensor:
+        """n exact samples of x from A."""
+        m, base = self.model, self.base
+        v = m.visible_layer.sample_base(base.b, n, generator)
+        if m.n_labels:
+            y = torch.nn.functional.one_hot(torch.multinomial(torch.softmax(base.d, -1).expand(n, -1), 1, generator=generator)
+                                            .squeeze(-1), m.n_labels).to(v.dtype)
+            v = torch.cat([v, y], -1)
+        return v
+
+    def log_f(self, x: torch.Tensor, beta, hidden_input: torch.Tensor | None = None,
+              visible_energy: torch.Tensor | None = None, base_energy: torch.Tensor | None = None) -> torch.Tensor:
+        """log f_beta(x) = log sum_h p*_beta(x, h) = -F_beta(x) - (1 - beta) E_A(x); a(x), E_vis(x) and E_A(x)
+        passed where the caller has them (AIS weighs each state at two betas)."""
+        b = as_beta(beta, x)
+        beta_per_chain = b.squeeze(-1) if b.dim() else b
+        f = self.model.free_energy(x, beta, hidden_input=hidden_input, visible_energy=visible_energy)
+        return -(f + (1 - beta_per_chain) * (self.base_energy(x) if base_energy is None else base_energy))
+
+
+# ---- the path ----------------------------------------------------------------------------------------------
+
+
+class RBMState(NamedTuple):
+    x: torch.Tensor
+    a: torch.Tensor  # hidden input c + x'W, shared by log f and the next h | x draw
+    e_vis: torch.Tensor | None = None   # E_vis(x), shared by the two log f of the weight increment
+    e_base: torch.Tensor | None = None  # E_A(x), likewise
+
+
+class RBMPath:
+    """The Boltzmann machine annealed from a base-rate model, h summed out in the weights; block Gibbs on
+    ``TemperedRBM`` at each beta.
+
+    ``accel`` (``nvil.accel``): with ``compile`` or ``cudagraphs``, binary RBMs without labels or lateral weights
+    take each AIS step as ``fused_step``: the weight increment compiled, then the compiled block-Gibbs sweep of
+    ``nvil.mcmc.gibbs``. The uniforms are drawn outside the kernels in the eager order, so the random stream is the
+    same in every mode."""
+
+    def __init__(self, model: BoltzmannMachine, base: BaseRate, accel: str = "none") -> None:
+        self.model, self.base = model, base
+        self.accel = check_mode(accel, model.W.device, "estimator.accel")
+        self.tempered = TemperedRBM(model, base)
+        self.gibbs = BlockGibbs(self.tempered, accel=self.accel)
+        self.fused_step = None
+        if accel != "none" and model.fused_gibbs:
+            self._increment = accelerate(self._weight_increment, accel, model.W.device, "estimator.accel")
+            self.fused_step = self._fused_step
+
+    def log_z0(self) -> float:
+        return self.tempered.base_log_z()
+
+    def sample_base(self, n: int, generator=None) -> RBMState:
+        return self.state(self.tempered.sample_base(n, generator))
+
+    def state(self, x: torch.Tensor) -> RBMState:
+        m = self.model
+        return RBMState(x, m.hidden_input(x), m.visible_energy(x), self.tempered.base_energy(x))
+
+    def log_f(self, state: RBMState, beta: float) -> torch.Tensor:
+        return self.tempered.log_f(state.x, beta, state.a, state.e_vis, state.e_base)
+
+    def transition(self, state: RBMState, beta: float, generator=None) -> RBMState:
+        """Block Gibbs at beta: h ~ p_beta(h | x), then x ~ p_beta(x | h) (the sweep draws h afresh from x)."""
+        new, _ = self.gibbs.step(State(state.x, None), beta, generator, hidden_input=state.a)
+        return self.state(new.x)
+
+    def _weight_increment(self, x, a, e_vis, e_base, beta_prev, beta):
+        t = self.tempered
+        return (t.log_f(x, beta, a, e_vis, e_base) - t.log_f(x, beta_prev, a, e_vis, e_base)).double()
+
+    def _fused_step(self, state: RBMState, beta_prev: float, beta: float, generator=None):
+        """(log f_beta(x) - log f_beta_prev(x) in float64, the state after the move at beta)."""
+        x = state.x
+        step = self._increment(x, state.a, state.e_vis, state.e_base, as_beta(beta_prev, x), as_beta(beta, x))
+        return step, self.transition(state, beta, generator)
+
+
+# ---- log Z ---------------------------------------------------------------------------------------------------
+
+
+def forward_log_z(path: RBMPath, num_chains: int, betas: torch.Tensor, generator=None,
+                  progress: bool = False) -> tuple[LogZ, RBMState]:
+    """Forward AIS along ``path`` from the base-rate model over the ladder ``betas``: (log Z_hat, an under-estimate
+    in expectation; the chains' end states)."""
+    t0 = time.perf_counter()
+    log_w, end = ais(path, path.sample_base(num_chains, generator), betas, generator, progress, "AIS log Z")
+    return LogZ.from_log_w(log_w, path.log_z0(), "forward", len(betas) - 1, time.perf_counter() - t0), end
+
+
+def reverse_log_z(path: RBMPath, x_init: torch.Tensor, betas: torch.Tensor, generator=None,
+                  progress: bool = False) -> LogZ:
+    """Reverse AIS (Grosse, Ghahramani & Adams 2015; Burda, Grosse & Salakhutdinov 2015) from chains at ``x_init``
+    (beta = 1) back to the base-rate model, down the ladder ``betas`` (given increasing). From exact samples of the
+    RBM exp(log w) is unbiased for Z_0 / Z, so log Z_hat over-estimates log Z in expectation."""
+    t0 = time.perf_counter()
+    log_w, _ = ais(path, path.state(x_init), betas.flip(0), generator, progress, "reverse AIS log Z")
+    return LogZ.from_log_w(log_w, path.log_z0(), "reverse", len(betas) - 1, time.perf_counter() - t0)
+
+
+def rbm_log_z(model: BoltzmannMachine, base: BaseRate, num_chains: int, betas: torch.Tensor, generator=None,
+              progress: bool = False, accel: str = "none") -> LogZ:
+    """Forward AIS from the base-rate model: log Z_hat, an under-estimate in expectation."""
+    return forward_log_z(RBMPath(model, base, accel), num_chains, betas, generator, progress)[0]
+
+
+def rbm_log_z_reverse(model: BoltzmannMachine, base: BaseRate, x_init: torch.Tensor, betas: torch.Tensor,
+                      generator=None, progress: bool = False, accel: str = "none") -> LogZ:
+    """Reverse AIS from ``x_init`` (``reverse_log_z``), an over-estimate in expectation from exact samples."""
+    return reverse_log_z(RBMPath(model, base, accel), x_init, betas, generator, progress)
+
+
+# ---- what estimator=ais needs beside log Z ----------------------------------------------------------------------
+
+
+def ais_settings(cfg) -> dict:
+    """The validated AIS settings of an estimator config (or its ``log_z`` block)."""
+    kind = cfg.get("schedule", "adaptive")
+    num_betas = positive_int(cfg.get("num_betas"), "num_betas")
+    check_schedule(kind, num_betas)
+    return {"num_chains": positive_int(cfg.get("num_chains"), "num_chains"), "schedule": kind, "num_betas": num_betas,
+            "base_smoothing": positive_float(cfg.get("base_smoothing", 0.05), "base_smoothing")}
+
+
+def free_energy_log_p(model, data, log_z: float, batch_size: int, progress=None) -> torch.Tensor:
+    """log p(x) = -F(x) - log Z for every row."""
+    out = []
+    for s0, s1 in chunks(data.shape[0], batch_size):
+        out.append((-model.free_energy(take_rows(data, s0, s1)) - log_z).double().cpu())
+        if progress is not None:
+            progress.update(s1 - s0)
+    return torch.cat(out)
+
+
+def check_boltzmann(model, name: str) -> None:
+    if model.family != "boltzmann":
+        use = ("ais_hmc, chib_mh or iwae" if model.family == "continuous"
+               else "ais_posterior, chib, harmonic or iwae (dbn: also dbn_bound)")
+        raise ConfigError(f"estimator={name} estimates the partition function of a Boltzmann machine (model=rbm or "
+                          f"srbm); this checkpoint holds a {type(model).__name__}: use {use}")

@@ -1,0 +1,225 @@
+"""Visible-layer types: what a model's observed units are, as one object that answers for them, so models never
+switch on the ``visible`` string. The models keep their parameters (and ``model.visible``, the config name that
+checkpoints carry); a layer object holds no parameters and takes them as arguments.
+
+Two kinds of model ask a layer different things:
+
+- directed models (SBN, fDARN, Gaussian belief nets) emit ``out`` from the parents, logits or means:
+  ``log_prob(out, x)``, ``sample(out)``, ``mean(out)`` (what sample grids show) and ``bias_from_mean`` (the
+  output bias at the data marginals);
+- Boltzmann machines ask for the visible terms of the energy, ``energy(v, b)``, and, given the tempered field
+  f = beta (b + W h) (+ (1 - beta) b_A on the AIS path from a base rate), ``sample_field``, ``mode`` and
+  ``log_normaliser`` (the visibles summed out of exp(v'W h - E_vis(v))). ``sample_field`` is given every
+  keyword a layer may need (``beta``, ``precision``, ``lateral``, ``start``, ``reverse``); each type reads its
+  own. ``base_log_z`` and ``sample_base`` answer for the base-rate model AIS starts from (Salakhutdinov &
+  Murray 2008).
+
+``VISIBLE`` maps config names to types. The directed models call binary units ``bernoulli`` and the Boltzmann
+machines ``binary``: both names are one type (each model still accepts only its own names, with its own error).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from nvil.errors import ConfigError
+from nvil.ops import bernoulli_log_prob
+
+LOG_2PI = math.log(2 * math.pi)
+
+
+def bernoulli_sample(p: torch.Tensor, generator) -> torch.Tensor:
+    """x ~ Bernoulli(p), one uniform per unit: u < p."""
+    return (torch.rand(p.shape, generator=generator, device=p.device, dtype=p.dtype) < p).to(p.dtype)
+
+
+def gaussian_log_prob(x: torch.Tensor, mean, log_sigma) -> torch.Tensor:
+    """log N(x; mean, diag exp(log_sigma)^2), summed over the last dimension."""
+    z = (x - mean) * torch.exp(-log_sigma)
+    return (-0.5 * z * z - log_sigma - 0.5 * LOG_2PI).sum(-1)
+
+
+def log_odds(p: torch.Tensor) -> torch.Tensor:
+    """log p - log(1 - p)."""
+    return torch.log(p) - torch.log1p(-p)
+
+
+class Visible:
+    """What every visible-layer type answers to; ``build`` makes one from the model's options."""
+
+    name: str
+    fused_gibbs = False  # covered by the compiled block-Gibbs kernels of ``nvil.mcmc.gibbs``
+    discrete = False  # states can be enumerated and thresholded (hard bounds on log Z probe them)
+    has_noise_scale = False  # a Gaussian net learns the noise scale sigma_x of these units
+
+    @classmethod
+    def build(cls, doc_length: int = 100) -> "Visible":
+        return cls()
+
+    def bias_from_mean(self, mean: torch.Tensor, eps: float = 1e-3, logit=log_odds) -> torch.Tensor:
+        """The bias that puts the units at the data marginals ``mean`` (Bernoulli clamps to [eps, 1 - eps] and
+        takes ``logit``, which the Gaussian nets give as ``torch.logit``: it rounds differently)."""
+        return mean
+
+
+class Bernoulli(Visible):
+    """Binary units: p(x | a) = prod_i sigmoid(a_i)^x_i (1 - sigmoid(a_i))^(1 - x_i); energy -b'v."""
+
+    name = "bernoulli"
+    fused_gibbs = True
+    discrete = True
+
+    def log_prob(self, out: torch.Tensor, x: torch.Tensor, log_sigma=None) -> torch.Tensor:
+        return bernoulli_log_prob(out, x)
+
+    def mean(self, out: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(out)
+
+    def sample(self, out: torch.Tensor, generator=None, log_sigma=None) -> torch.Tensor:
+        return bernoulli_sample(torch.sigmoid(out), generator)
+
+    def bias_from_mean(self, mean: torch.Tensor, eps: float = 1e-3, logit=log_odds) -> torch.Tensor:
+        return logit(mean.clamp(eps, 1 - eps))
+
+    def energy(self, v: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return -(v @ b)
+
+    def as_state(self, v: torch.Tensor) -> torch.Tensor:
+        """Probabilities (data, a DBN's up-pass) made a valid state: thresholded at 0.5."""
+        return (v > 0.5).to(v.dtype)
+
+    def base_rate_bias(self, v_mean: torch.Tensor, smoothing: float) -> torch.Tensor:
+        """The base-rate model's biases (Salakhutdinov & Murray 2008, Sec. 4.1): the log-odds of the smoothed pixel
+        means."""
+        p = (v_mean + smoothing) / (1 + 2 * smoothing)
+        return torch.log(p) - torch.log1p(-p)
+
+    def sample_field(self, field: torch.Tensor, generator=None, **_) -> torch.Tensor:
+        """v ~ p(v | h): independent units with logits ``field``."""
+        return bernoulli_sample(torch.sigmoid(field), generator)
+
+    def mode(self, field: torch.Tensor) -> torch.Tensor:
+        return (field > 0).to(field.dtype)
+
+    def log_normaliser(self, field: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        """log sum_v exp(v'field) = sum_i softplus(field_i)."""
+        return F.softplus(field).sum(-1)
+
+    def base_log_z(self, b: torch.Tensor) -> float:
+        return F.softplus(b.double()).sum().item()
+
+    def sample_base(self, b: torch.Tensor, n: int, generator=None) -> torch.Tensor:
+        return (torch.rand(n, b.shape[-1], generator=generator, device=b.device) < torch.sigmoid(b)).to(b.dtype)
+
+
+class LateralBernoulli(Bernoulli):
+    """Binary units joined by symmetric lateral weights L with a zero diagonal: the semi-restricted BM's pixels
+    (Osindero & Hinton 2008; Salakhutdinov 2009, Sec. 4). Given h they form a pairwise MRF, so ``sample_field``
+    makes one sequential Gibbs sweep over them (``update="sequential"``: from ``start``, in index order, or the
+    opposite order with ``reverse``, which leaves p_beta(v | h) invariant), or returns ten damped mean-field
+    iterations (``update="mean_field"``: an approximation, for CD reconstructions only). The lateral input is
+    tempered by ``beta``; -1/2 v'L v stays in the model's energy, and log p*(h) has no closed form."""
+
+    fused_gibbs = False
+
+    def __init__(self, update: str = "sequential") -> None:
+        self.update = update
+
+    def sample_field(self, field: torch.Tensor, generator=None, *, beta: torch.Tensor, lateral: torch.Tensor,
+                     start: torch.Tensor | None = None, reverse: bool = False, **_) -> torch.Tensor:
+        if self.update == "mean_field":
+            mu = torch.sigmoid(field)
+            for _ in range(10):  # damped mean-field, as in Osindero & Hinton's reconstructions
+                mu = 0.2 * mu + 0.8 * torch.sigmoid(field + beta * (mu @ lateral))
+            return mu
+        v = (start if start is not None else torch.zeros_like(field)).clone()
+        u = torch.rand(field.shape, generator=generator, device=field.device, dtype=field.dtype)
+        beta_col = beta if beta.dim() == 0 else beta[..., 0]
+        n = field.shape[-1]
+        for i in (range(n - 1, -1, -1) if reverse else range(n)):  # a loop over units, never over chains
+            logit = field[..., i] + beta_col * (v @ lateral[:, i])
+            v[..., i] = (u[..., i] < torch.sigmoid(logit)).to(v.dtype)
+        return v
+
+    def log_normaliser(self, field: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        raise ConfigError("log p*(h) of a semi-RBM has no closed form (its pixels are coupled)")
+
+
+class Gaussian(Visible):
+    """Real-valued units. Directed: N(out, diag exp(log_sigma)^2). Energy: 1/2 |v - b|^2 (unit variance), so
+    at total precision p (beta, or 1 on the AIS path) v | h ~ N(field / p, 1 / p)."""
+
+    name = "gaussian"
+    has_noise_scale = True
+
+    def log_prob(self, out: torch.Tensor, x: torch.Tensor, log_sigma=None) -> torch.Tensor:
+        return gaussian_log_prob(x, out, log_sigma)
+
+    def mean(self, out: torch.Tensor) -> torch.Tensor:
+        return out
+
+    def sample(self, out: torch.Tensor, generator=None, log_sigma=None) -> torch.Tensor:
+        return out + torch.exp(log_sigma) * torch.randn(out.shape, generator=generator, device=out.device)
+
+    def energy(self, v: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return 0.5 * ((v - b) ** 2).sum(-1)
+
+    def as_state(self, v: torch.Tensor) -> torch.Tensor:
+        return v
+
+    def base_rate_bias(self, v_mean: torch.Tensor, smoothing: float) -> torch.Tensor:
+        """The base-rate model's means: the pixel means (unit variance)."""
+        return v_mean
+
+    def sample_field(self, field: torch.Tensor, generator=None, *, precision: torch.Tensor, **_) -> torch.Tensor:
+        noise = torch.randn(field.shape, generator=generator, device=field.device, dtype=field.dtype)
+        return field / precision + noise / precision.sqrt()
+
+    def mode(self, field: torch.Tensor) -> torch.Tensor:
+        return field
+
+    def log_normaliser(self, field: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        """int exp(-1/2 |v - b|^2 + v'W h) dv = (2 pi)^{V/2} exp(1/2 |b + W h|^2 - 1/2 |b|^2), field = b + W h."""
+        return 0.5 * (field**2).sum(-1) - 0.5 * (b**2).sum() + 0.5 * field.shape[-1] * math.log(2 * math.pi)
+
+    def base_log_z(self, b: torch.Tensor) -> float:
+        return 0.5 * b.shape[-1] * math.log(2 * math.pi)
+
+    def sample_base(self, b: torch.Tensor, n: int, generator=None) -> torch.Tensor:
+        return b + torch.randn(n, b.shape[-1], generator=generator, device=b.device, dtype=b.dtype)
+
+
+class Multinomial(Visible):
+    """Bag-of-words counts over a vocabulary (the document models of Mnih & Gregor 2014, Sec. 4.3):
+    log p(x | out) = sum_w x_w log softmax(out)_w; a sampled document has ``doc_length`` words."""
+
+    name = "multinomial"
+
+    def __init__(self, doc_length: int = 100) -> None:
+        self.doc_length = int(doc_length)
+
+    @classmethod
+    def build(cls, doc_length: int = 100) -> "Multinomial":
+        return cls(doc_length)
+
+    def log_prob(self, out: torch.Tensor, x: torch.Tensor, log_sigma=None) -> torch.Tensor:
+        return (x * torch.log_softmax(out, dim=-1)).sum(-1)
+
+    def mean(self, out: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(out, -1)
+
+    def sample(self, out: torch.Tensor, generator=None, log_sigma=None) -> torch.Tensor:
+        words = torch.multinomial(torch.softmax(out, -1), self.doc_length, replacement=True, generator=generator)
+        return torch.zeros_like(out).scatter_add_(-1, words, torch.ones_like(words, dtype=out.dtype))
+
+    def bias_from_mean(self, mean: torch.Tensor, eps: float = 1e-3, logit=log_odds) -> torch.Tensor:
+        """The log of the mean word frequencies (smoothed by ``eps``)."""
+        freq = mean + eps
+        return torch.log(freq / freq.sum())
+
+
+VISIBLE: dict[str, type[Visible]] = {"bernoulli": Bernoulli, "binary": Bernoulli, "gaussian": Gaussian,
+                                     "multinomial": Multinomial}

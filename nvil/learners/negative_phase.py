@@ -1,0 +1,193 @@
+"""The negative phase of the Boltzmann-machine learners (``nvil.learners.sap``): where the samples from the
+model that stand in for E_model[dF(x)/dtheta] come from. One class per ``learner.name``, chosen by ``PHASES``:
+
+- ``Persistent`` (``sap``): the stochastic approximation procedure (Younes 1989; Tieleman 2008's persistent
+  CD; Salakhutdinov 2009, Algorithm 1). M persistent particles, each moved by k block-Gibbs sweeps per update.
+- ``TemperedPersistent`` (``trans_sap``): SAP whose particles also take one tempered-transitions run every
+  ``tt.every`` updates from ``tt.start_step`` on (Salakhutdinov 2009, Sec. 3; the parameters are not updated
+  during the run).
+- ``ParallelTemperingPhase`` (``pt_sap``): the particles are the beta = 1 replicas of parallel-tempering chains.
+- ``ContrastiveDivergence`` (``cd``): CD-k, chains restart at the minibatch and take k sweeps.
+- ``ExactGradient`` (``exact_ml``): no samples; the learner differentiates log Z by enumeration.
+
+A phase draws with the learner's generator and keeps what it carries between updates: the persistent chains
+(``chains``, checkpointed as ``particles_x`` / ``particles_h``) and the count of block-Gibbs sweeps.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from models.rbm import State
+from nvil.config import positive_int
+from nvil.mcmc import BlockGibbs, ParallelTempering, TemperedTransitions, uniform_betas
+from nvil.mcmc.parallel_tempering import SwapRates
+
+
+class NegativePhase:
+    """The interface, and block-Gibbs sweeps at beta = 1 (a sweep: h ~ p(h | x), then x ~ p(x | h)).
+
+    ``sample(x, k, updates)`` gives the negatives of one update; ``init``, ``target`` and ``sweep`` are the
+    chains' kernel; ``report`` and ``image_grids`` what a logging step shows; ``state_dict`` what a resumed run
+    needs; ``accelerate(mode)`` applies ``trainer.accel``."""
+
+    def __init__(self, model, cfg, generator: torch.Generator) -> None:
+        self.model, self.generator = model, generator
+        self.num_particles = positive_int(cfg.get("num_particles", 100), "learner.num_particles")
+        self.gibbs = BlockGibbs(model)
+        self.chains: State | None = None
+        self.sweeps = 0  # block-Gibbs sweeps so far (a tempered-transitions run counts its 2 (S - 1) sweeps)
+
+    def init(self, start: torch.Tensor) -> State:
+        """Chains at the rows ``start`` (h drawn from p(h | x))."""
+        return self.model.init_chains(start, self.generator)
+
+    def target(self, chains: State) -> State:
+        """The chains' states at beta = 1: the negatives."""
+        return chains
+
+    def sweep(self, chains: State) -> State:
+        return self.gibbs.step(chains, 1.0, self.generator)[0]
+
+    def sample(self, x: torch.Tensor, k: int, updates: int) -> torch.Tensor | None:
+        """The negatives' visible states for the update number ``updates`` on the minibatch ``x``, with k sweeps
+        (None: the learner needs no samples)."""
+        raise NotImplementedError
+
+    def report(self) -> dict[str, torch.Tensor]:
+        """What a logging step adds to the metrics (``mcmc/...``)."""
+        return {}
+
+    def image_grids(self, n_pixels: int) -> dict[str, torch.Tensor]:
+        """The first 64 persistent particles (none without them), [n, pixels] in [0, 1]."""
+        if self.chains is None:
+            return {}
+        return {"mcmc/particles": self.target(self.chains).x[:64, :n_pixels]}
+
+    def accelerate(self, mode: str) -> None:
+        """The block-Gibbs sweeps run on the fused kernels of ``BoltzmannMachine.gibbs_kernel`` (binary RBMs
+        without labels or lateral weights; other Boltzmann machines stay eager)."""
+        self.gibbs = BlockGibbs(self.model, accel=mode)
+
+    def state_dict(self) -> dict:
+        return {"gibbs_sweeps": self.sweeps,
+                "particles_x": None if self.chains is None else self.chains.x,
+                "particles_h": None if self.chains is None else self.chains.h}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.sweeps = int(state["gibbs_sweeps"])
+        if state.get("particles_x") is not None:  # the checkpoint is mapped to the device when loaded
+            self.chains = State(state["particles_x"], state["particles_h"])
+
+
+class Persistent(NegativePhase):
+    """SAP: ``num_particles`` chains, started at rows of the first minibatch drawn at random, each moved by k
+    sweeps per update."""
+
+    def start(self, x: torch.Tensor) -> None:
+        if self.chains is None:
+            idx = torch.randint(0, x.shape[0], (self.num_particles,), generator=self.generator, device=x.device)
+            self.chains = self.init(x[idx])
+
+    def sample(self, x: torch.Tensor, k: int, updates: int) -> torch.Tensor:
+        self.start(x)
+        for _ in range(k):
+            self.chains = self.sweep(self.chains)
+            self.sweeps += 1
+        return self.target(self.chains).x
+
+
+class ContrastiveDivergence(NegativePhase):
+    """CD-k: no persistent chains; each update's chains start at the minibatch."""
+
+    def sample(self, x: torch.Tensor, k: int, updates: int) -> torch.Tensor:
+        chains = self.init(x)
+        for _ in range(k):
+            chains = self.sweep(chains)
+        self.sweeps += k
+        return chains.x
+
+
+class TemperedPersistent(Persistent):
+    """Persistent chains that take one tempered-transitions run (``tt.num_betas`` inverse temperatures from
+    ``tt.beta_min`` to 1) before the update's sweeps, every ``tt.every`` updates from update ``tt.start_step``."""
+
+    def __init__(self, model, cfg, generator: torch.Generator) -> None:
+        super().__init__(model, cfg, generator)
+        tt = cfg.tt
+        self.tt = TemperedTransitions(model, uniform_betas(tt.num_betas, tt.beta_min))
+        self.every = positive_int(tt.every, "learner.tt.every")
+        self.start_step = int(tt.get("start_step", 0))
+        self.last_run: tuple[torch.Tensor, torch.Tensor] | None = None  # x before and after (the paper's Fig. 2)
+        self.last_accept: torch.Tensor | None = None  # reported at every log step after a run
+
+    def sample(self, x: torch.Tensor, k: int, updates: int) -> torch.Tensor:
+        self.start(x)
+        if updates >= self.start_step and updates % self.every == 0:
+            before = self.chains.x
+            self.chains, info = self.tt.step(self.chains, generator=self.generator)
+            self.last_run = (before, self.chains.x)
+            self.last_accept = info["accept_rate"]
+            self.sweeps += 2 * (len(self.tt.betas) - 1)
+        return super().sample(x, k, updates)
+
+    def report(self) -> dict[str, torch.Tensor]:
+        return {} if self.last_accept is None else {"mcmc/tt_accept_rate": self.last_accept}
+
+    def image_grids(self, n_pixels: int) -> dict[str, torch.Tensor]:
+        out = super().image_grids(n_pixels)
+        if self.last_run is not None:
+            out["mcmc/tt_before"] = self.last_run[0][:64, :n_pixels]
+            out["mcmc/tt_after"] = self.last_run[1][:64, :n_pixels]
+        return out
+
+    def accelerate(self, mode: str) -> None:
+        """The sweeps and the tempered-transitions runs on the fused kernels."""
+        super().accelerate(mode)
+        self.tt = TemperedTransitions(self.model, self.tt.betas, accel=mode)
+
+
+class ParallelTemperingPhase(Persistent):
+    """Persistent parallel-tempering chains (``pt.num_temps`` replicas, betas from ``pt.beta_min`` to 1); each
+    sweep is one PT step, which swaps the even or the odd pairs by the parity of the sweep count."""
+
+    def __init__(self, model, cfg, generator: torch.Generator) -> None:
+        super().__init__(model, cfg, generator)
+        self.pt = ParallelTempering(model, uniform_betas(cfg.pt.num_temps, cfg.pt.beta_min).float())
+        self.swap_rates = SwapRates(self.pt.num_temps - 1)  # every pair's rate over the steps between logs
+
+    def init(self, start: torch.Tensor) -> State:
+        return self.pt.init(start, self.generator)
+
+    def target(self, chains: State) -> State:
+        return self.pt.target(chains)
+
+    def sweep(self, chains: State) -> State:
+        chains, info = self.pt.step(chains, generator=self.generator, parity=self.sweeps)
+        self.swap_rates.add(info["swap_rate"])
+        return chains
+
+    def report(self) -> dict[str, torch.Tensor]:
+        """Each pair's rate since the last log: both parities, not the last step's half."""
+        return {f"mcmc/pt_swap_rate/{pair}": rate for pair, rate in self.swap_rates.report().items()}
+
+    def accelerate(self, mode: str) -> None:
+        """The replicas' sweeps on the fused kernels."""
+        super().accelerate(mode)
+        self.pt.gibbs = BlockGibbs(self.model, accel=mode)
+
+
+class ExactGradient(NegativePhase):
+    """No negatives: E_model[dF/dtheta] is the gradient of log Z, summed exactly (models with <= 20 units to sum;
+    others are refused here, not at the first step)."""
+
+    def __init__(self, model, cfg, generator: torch.Generator) -> None:
+        super().__init__(model, cfg, generator)
+        model.log_z_exact()
+
+    def sample(self, x: torch.Tensor, k: int, updates: int) -> None:
+        return None
+
+
+PHASES = {"sap": Persistent, "trans_sap": TemperedPersistent, "pt_sap": ParallelTemperingPhase,
+          "cd": ContrastiveDivergence, "exact_ml": ExactGradient}
