@@ -65,6 +65,7 @@ def temper(beta, t: torch.Tensor) -> torch.Tensor:
 
 class BoltzmannMachine(nn.Module):
     family = "boltzmann"
+    visible_offset = None  # an AIS intermediate distribution (estimators.ais_rbm.TemperedRBM) sets b_A here
 
     def __init__(self, n_visible: int, n_hidden: int, visible: str = "binary", lateral: bool = False,
                  n_labels: int = 0, visible_update: str = "sequential") -> None:

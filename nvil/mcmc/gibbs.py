@@ -54,7 +54,7 @@ class BlockGibbs:
         self._kernel = None
         if accel != "none" and model.fused_gibbs:
             self._kernel = accelerate(_reverse_kernel if reverse else _forward_kernel, accel, model.W.device)
-            self._offset = getattr(model, "visible_offset", None)
+            self._offset = model.visible_offset
 
     def init(self, x: torch.Tensor, generator=None) -> State:
         """Chains at x with h ~ p(h | x) at beta = 1 (the model's ``init_chains``)."""
