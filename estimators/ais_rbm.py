@@ -28,7 +28,7 @@ from nvil.accel import accelerate, check_mode
 from nvil.config import positive_float, positive_int
 from nvil.data import take_rows
 from nvil.errors import ConfigError
-from nvil.mcmc.gibbs import BlockGibbs
+from nvil.mcmc.gibbs import BlockGibbs, forward_sweep
 from nvil.ops import chunks
 
 # ---- the base-rate model A: every switch on the kind of pixel -------------------------------------------------
@@ -131,8 +131,8 @@ class RBMPath:
     ``TemperedRBM`` at each beta.
 
     ``accel`` (``nvil.accel``): with ``compile`` or ``cudagraphs``, binary RBMs without labels or lateral weights
-    take each AIS step as ``fused_step``: the weight increment compiled, then the compiled block-Gibbs sweep of
-    ``nvil.mcmc.gibbs``. The uniforms are drawn outside the kernels in the eager order, so the random stream is the
+    take each AIS step as ``fused_step``, one compiled kernel: the weight increment, the block-Gibbs sweep of
+    ``nvil.mcmc.gibbs`` (``forward_sweep``) and the new state's a(x), E_vis(x), E_A(x). The uniforms are drawn outside the kernels in the eager order, so the random stream is the
     same in every mode."""
 
     def __init__(self, model: BoltzmannMachine, base: BaseRate, accel: str = "none") -> None:
@@ -142,7 +142,7 @@ class RBMPath:
         self.gibbs = BlockGibbs(self.tempered, accel=self.accel)
         self.fused_step = None
         if accel != "none" and model.fused_gibbs:
-            self._increment = accelerate(self._weight_increment, accel, model.W.device, "estimator.accel")
+            self._kernel = accelerate(self._step_kernel, accel, model.W.device, "estimator.accel")
             self.fused_step = self._fused_step
 
     def log_z0(self) -> float:
@@ -163,15 +163,23 @@ class RBMPath:
         new, _ = self.gibbs.step(State(state.x, None), beta, generator, hidden_input=state.a)
         return self.state(new.x)
 
-    def _weight_increment(self, x, a, e_vis, e_base, beta_prev, beta):
+    def _step_kernel(self, x, a, e_vis, e_base, u_h, u_x, beta_prev, beta):
+        """One AIS step from uniforms u_h, u_x: log f_beta(x) - log f_beta_prev(x) in float64, the sweep at beta, and
+        the new state's tensors (a function of tensors only, so it compiles to one kernel)."""
         t = self.tempered
-        return (t.log_f(x, beta, a, e_vis, e_base) - t.log_f(x, beta_prev, a, e_vis, e_base)).double()
+        step = (t.log_f(x, beta, a, e_vis, e_base) - t.log_f(x, beta_prev, a, e_vis, e_base)).double()
+        x, _ = forward_sweep(x, a, u_h, u_x, beta, t.W, t.b, t.c, t.visible_offset)
+        return (step, *self.state(x))
 
     def _fused_step(self, state: RBMState, beta_prev: float, beta: float, generator=None):
-        """(log f_beta(x) - log f_beta_prev(x) in float64, the state after the move at beta)."""
-        x = state.x
-        step = self._increment(x, state.a, state.e_vis, state.e_base, as_beta(beta_prev, x), as_beta(beta, x))
-        return step, self.transition(state, beta, generator)
+        """(the weight increment, the state after the move at beta), the uniforms drawn in the eager sweep's order."""
+        x, m = state.x, self.model
+        n, dev, dt = x.shape[0], x.device, x.dtype
+        u_h = torch.rand((n, m.n_hidden), generator=generator, device=dev, dtype=dt)
+        u_x = torch.rand((n, m.n_pixels), generator=generator, device=dev, dtype=dt)
+        step, *new = self._kernel(x, state.a, state.e_vis, state.e_base, u_h, u_x, as_beta(beta_prev, x),
+                                  as_beta(beta, x))
+        return step, RBMState(*new)
 
 
 # ---- log Z ---------------------------------------------------------------------------------------------------

@@ -29,7 +29,7 @@ def _visible_logits(h, beta, W, b, offset):
     return field if offset is None else field + (1 - beta) * offset
 
 
-def _forward_kernel(x, a, u_h, u_x, beta, W, b, c, offset=None):
+def forward_sweep(x, a, u_h, u_x, beta, W, b, c, offset=None):
     """h ~ p_beta(h | x) then x' ~ p_beta(x | h), from uniforms u_h, u_x; a = a(x) or None."""
     if a is None:
         a = c + x @ W
@@ -38,7 +38,7 @@ def _forward_kernel(x, a, u_h, u_x, beta, W, b, c, offset=None):
     return x, h
 
 
-def _reverse_kernel(h, u_x, u_h, beta, W, b, c, offset=None):
+def reverse_sweep(h, u_x, u_h, beta, W, b, c, offset=None):
     """x ~ p_beta(x | h) then h' ~ p_beta(h | x); also returns a(x) = c + x'W."""
     x = (u_x < torch.sigmoid(_visible_logits(h, beta, W, b, offset))).to(h.dtype)
     a = c + x @ W
@@ -53,7 +53,7 @@ class BlockGibbs:
         self.accel = check_mode(accel, model.W.device)
         self._kernel = None
         if accel != "none" and model.fused_gibbs:
-            self._kernel = accelerate(_reverse_kernel if reverse else _forward_kernel, accel, model.W.device)
+            self._kernel = accelerate(reverse_sweep if reverse else forward_sweep, accel, model.W.device)
             self._offset = model.visible_offset
 
     def init(self, x: torch.Tensor, generator=None) -> State:
