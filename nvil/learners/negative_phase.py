@@ -40,7 +40,7 @@ class NegativePhase:
 
     def init(self, start: torch.Tensor) -> State:
         """Chains at the rows ``start`` (h drawn from p(h | x))."""
-        return self.model.init_chains(start, self.generator)
+        return self.gibbs.init(start, self.generator)
 
     def target(self, chains: State) -> State:
         """The chains' states at beta = 1: the negatives."""
