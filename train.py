@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import time
 from pathlib import Path
 
 import hydra
@@ -49,6 +50,7 @@ def final_plan(cfg: DictConfig) -> list[tuple[DictConfig, int | None]]:
 def train(cfg: DictConfig, run_dir: str | Path) -> dict:
     """Train, then (if ``final_eval.enabled``) evaluate the best checkpoint with each estimator of the final
     evaluation plan. Returns the metrics, with ``final_eval`` (and ``final_eval_then``) holding their lines."""
+    started = time.perf_counter()
     plan = final_plan(cfg)
     estimators = [build_estimator(est) for est, _ in plan]
 
@@ -69,7 +71,25 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict:
             progress=cfg.trainer.progress))
         metrics["final_eval" if i == 0 else "final_eval_then"] = result.summary()
         log.info("final evaluation: %s", result.to_json())
+    if distributed.current().is_main:
+        report_duration(time.perf_counter() - started, metrics)
     return metrics
+
+
+def duration(seconds: float) -> str:
+    minutes, seconds = divmod(round(seconds), 60)
+    return f"{minutes}m{seconds:02d}s" if minutes else f"{seconds}s"
+
+
+def report_duration(total: float, metrics: dict) -> None:
+    """One line on stderr (stdout carries only the JSON lines): how long the job took and where the time went."""
+    parts = [f"training {duration(metrics['seconds'])} ({metrics['steps_per_second']:.0f} steps/s)"]
+    for key in ("final_eval", "final_eval_then"):
+        if key in metrics:
+            parts.append(f"{metrics[key]['estimator']} {duration(metrics[key]['seconds'])}")
+    line = f"done in {duration(total)}: " + ", ".join(parts)
+    log.info(line)
+    print(line, file=sys.stderr, flush=True)
 
 
 def job(cfg: DictConfig) -> dict:

@@ -2,9 +2,11 @@
 
     python bench/before_after.py --before 84772de            # the revision before the hot-loop changes
     python bench/before_after.py --before HEAD~3 --repeats 9 --threads 1
+    python bench/before_after.py --before b60a82f --groups nvil,sap --threads 2   # some of the loops only
 
 The older revision is checked out into a temporary git worktree. The same timing code (below, using only APIs
-both revisions have: ``NVIL.step``, ``BlockGibbs.step``, ``TemperedTransitions.step``, ``rbm_log_z``) runs in a
+both revisions have: ``learner.step``, ``log_weights``, ``BlockGibbs.step``, ``TemperedTransitions.step``, ``rbm_log_z``,
+``SequentialGibbs.sweep``) runs in a
 fresh subprocess per revision and repeat, alternating before / after, so a busy machine slows both alike; the
 table gives the median milliseconds per call and the speed-up. Every process uses ``--threads`` torch threads.
 """
@@ -24,7 +26,7 @@ from common import ROOT, markdown_table  # noqa: I001
 CHILD = r'''
 import json, sys, time
 import torch
-root, threads = sys.argv[1], int(sys.argv[2])
+root, threads, groups = sys.argv[1], int(sys.argv[2]), set(sys.argv[3].split(","))
 sys.path.insert(0, root)
 torch.set_num_threads(threads)
 from omegaconf import OmegaConf
@@ -32,7 +34,9 @@ from models import build_model
 from models.rbm import BoltzmannMachine
 from nvil.learners import build_learner
 from nvil.mcmc import BlockGibbs, TemperedTransitions, uniform_betas
+from nvil.mcmc.sequential_gibbs import SequentialGibbs
 from estimators.ais import base_rate, rbm_log_z, schedule
+from estimators.bounds import log_weights
 
 def per_call(fn, n):
     fn()
@@ -41,31 +45,75 @@ def per_call(fn, n):
         fn()
     return (time.perf_counter() - t) / n * 1e3
 
+def model_cfg(name, **kw):
+    cfg = OmegaConf.load(f"{root}/configs/model/{name}.yaml")
+    cfg.pop("defaults", None)
+    return OmegaConf.merge(cfg, kw)
+
+def binary(rows, p=0.13):
+    return (torch.rand(rows, 784) < p).float()
+
 out = {}
 torch.manual_seed(0)
-cfg = OmegaConf.load(f"{root}/configs/learner/nvil.yaml")
-model, inference = build_model(OmegaConf.create({"name": "sbn", "layers": [200], "inference": {}}), 784)
-nvil = build_learner(cfg, model, inference, torch.device("cpu"), 0)
-for batch in (20, 100):
-    x = (torch.rand(batch, 784) < 0.13).float()
-    out[f"NVIL step, SBN-200, batch {batch}"] = per_call(lambda: nvil.step(x), 100 if batch == 20 else 40)
+g = torch.Generator().manual_seed(0)
+if "nvil" in groups:
+    cfg = OmegaConf.load(f"{root}/configs/learner/nvil.yaml")
+    for optimizer, lr in (("adam", 0.001), ("sgd", 0.006)):  # the default preset; the paper's (nvil_mnist_paper)
+        cfg.optimizer, cfg.lr = optimizer, lr
+        model, inference = build_model(model_cfg("sbn", layers=[200]), 784)
+        nvil = build_learner(cfg, model, inference, torch.device("cpu"), 0)
+        for batch in (20, 100):
+            x = binary(batch)
+            out[f"NVIL step ({optimizer}), SBN-200, batch {batch}"] = per_call(lambda: nvil.step(x), 200 if batch == 20 else 50)
+if "iwae" in groups:
+    model, inference = build_model(model_cfg("sbn", layers=[200]), 784)
+    x = binary(100)
+    with torch.no_grad():
+        out["IWAE chunk, SBN-200, 100 examples x 341 samples"] = per_call(lambda: log_weights(model, inference, x, 341, g), 3)
 rbm = BoltzmannMachine(784, 500)
 with torch.no_grad():
     rbm.W.normal_(0, 0.1)
-g = torch.Generator().manual_seed(0)
-for chains in (100, 1000):
-    state = rbm.init_chains((torch.rand(chains, 784) < 0.13).float(), g)
-    gibbs = BlockGibbs(rbm)
-    out[f"Gibbs sweep, RBM 784-500, {chains} chains"] = per_call(lambda: gibbs.step(state, 1.0, g), 20)
-tt = TemperedTransitions(rbm, uniform_betas(50, 0.9))
-state = rbm.init_chains((torch.rand(100, 784) < 0.13).float(), g)
-out["tempered-transitions run, 50 betas, 100 chains"] = per_call(lambda: tt.step(state, generator=g), 5)
-base = base_rate(rbm, (torch.rand(1000, 784) < 0.13).float())
-for chains in (100, 1000):
-    betas = schedule("paper", 200)
-    out[f"AIS step, RBM 784-500, {chains} chains"] = per_call(lambda: rbm_log_z(rbm, base, chains, betas, g), 2) / 200
+if "gibbs" in groups:
+    for chains in (100, 1000):
+        state = rbm.init_chains(binary(chains), g)
+        gibbs = BlockGibbs(rbm)
+        out[f"Gibbs sweep, RBM 784-500, {chains} chains"] = per_call(lambda: gibbs.step(state, 1.0, g), 20)
+    tt = TemperedTransitions(rbm, uniform_betas(50, 0.9))
+    state = rbm.init_chains(binary(100), g)
+    out["tempered-transitions run, 50 betas, 100 chains"] = per_call(lambda: tt.step(state, generator=g), 5)
+if "sap" in groups:
+    model, _ = build_model(model_cfg("rbm"), 784)
+    sap = build_learner(OmegaConf.load(f"{root}/configs/learner/sap.yaml"), model, None, torch.device("cpu"), 0)
+    x = binary(100)
+    out["PCD update (learner=sap), RBM 784-500, batch 100, 100 particles"] = per_call(lambda: sap.step(x), 20)
+if "ais" in groups:
+    base = base_rate(rbm, binary(1000))
+    for chains in (100, 1000):
+        betas = schedule("paper", 200)
+        out[f"AIS step, RBM 784-500, {chains} chains"] = per_call(lambda: rbm_log_z(rbm, base, chains, betas, g), 2) / 200
+if "sequential" in groups:
+    srbm, _ = build_model(model_cfg("srbm"), 784)
+    with torch.no_grad():
+        srbm.W.normal_(0, 0.1)
+        lateral = 0.01 * torch.randn(784, 784)
+        srbm.L.copy_((lateral + lateral.T) / 2 * srbm.off_diagonal)
+    state = srbm.init_chains(binary(100), g)
+    gibbs = BlockGibbs(srbm)
+    out["semi-RBM Gibbs sweep (784 pixels in sequence), 100 chains"] = per_call(lambda: gibbs.step(state, 1.0, g), 3)
+    for name, spec, chains, n in (("SBN-200", model_cfg("sbn", layers=[200]), 50, 5),
+                                  ("DBN 784-500-2000, h1", model_cfg("dbn"), 100, 1)):
+        model, _ = build_model(spec, 784)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.normal_(0, 0.05)
+        sweep = SequentialGibbs([(1.0, model.latent_density(binary(chains)))])
+        h = (torch.rand(chains, model.n_latent) < 0.5).float()
+        out[f"sequential Gibbs sweep over h, {name}, {chains} chains"] = per_call(lambda: sweep.sweep(h, generator=g), n)
 print(json.dumps(out))
 '''
+
+
+GROUPS = ("nvil", "iwae", "gibbs", "sap", "ais", "sequential")
 
 
 def main() -> None:
@@ -73,6 +121,8 @@ def main() -> None:
     p.add_argument("--before", required=True, help="git revision to compare with (e.g. a commit hash)")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--groups", default=",".join(GROUPS),
+                   help=f"comma-separated loops to time (default all: {','.join(GROUPS)})")
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         old = Path(tmp) / "before"
@@ -82,8 +132,10 @@ def main() -> None:
             times: dict[str, dict[str, list[float]]] = {"before": {}, "after": {}}
             for _ in range(args.repeats):
                 for side, root in (("before", old), ("after", ROOT)):
-                    run = subprocess.run([sys.executable, "-c", CHILD, str(root), str(args.threads)], cwd=root,
-                                         capture_output=True, text=True, check=True)
+                    run = subprocess.run([sys.executable, "-c", CHILD, str(root), str(args.threads), args.groups], cwd=root,
+                                         capture_output=True, text=True)
+                    if run.returncode != 0:
+                        sys.exit(f"the timing process failed on the {side} side ({root}):\n{run.stderr[-3000:]}")
                     for k, v in json.loads(run.stdout.splitlines()[-1]).items():
                         times[side].setdefault(k, []).append(v)
                 print(".", end="", flush=True)

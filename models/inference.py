@@ -29,6 +29,12 @@ class LayeredInference(nn.Module):
     def set_input_mean(self, mean: torch.Tensor) -> None:
         self.input_mean.copy_(mean)
 
+    @property
+    def layered_bernoulli(self) -> bool:
+        """Every layer factorial Bernoulli with logits affine in the layer below (not autoregressive): the case
+        NVIL's hand-derived gradients cover (``nvil.learners.fused``)."""
+        return self.within is None
+
     def centre(self, x: torch.Tensor) -> torch.Tensor:
         return x - self.input_mean
 
@@ -37,14 +43,23 @@ class LayeredInference(nn.Module):
             return bernoulli_log_prob(base_logits, h)
         return self.within[i].log_prob(base_logits, h)
 
+    def _first_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """U_1 (x - mean) + c_1. When x repeats one batch along a stride-0 leading dimension (the
+        ``x.unsqueeze(0).expand(K, ...)`` of the K-sample bounds), the logits are computed once per example and
+        expanded: the same values, without K copies of the largest matmul."""
+        enc = self.encoders[0]
+        if x.dim() == 3 and x.stride(0) == 0:
+            return enc(self.centre(x[0])).expand(x.shape[0], -1, -1)
+        return enc(self.centre(x))
+
     def sample(
         self, x: torch.Tensor, generator: torch.Generator | None = None
     ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """(h_layers, log_q_layers): binary samples (no gradient) and log q(h_i | h_{i-1}) (with gradient)."""
-        h = self.centre(x)
+        h = x
         hs, log_qs = [], []
         for i, enc in enumerate(self.encoders):
-            base = enc(h)
+            base = self._first_logits(x) if i == 0 else enc(h)
             with torch.no_grad():
                 if self.within is None:
                     u = torch.rand(base.shape, generator=generator, device=base.device, dtype=base.dtype)

@@ -265,6 +265,7 @@ def final_metrics(state: LoopState, tag: str | None, latest: dict[str, float], f
         # the last logged training scores, whatever the learner reports (train/elbo, train/log_joint, ...)
         **{k: v for k, v in latest.items() if k.startswith("train/") and k != "train/steps_per_second"},
         "steps_per_second": (state.step - first_step) / max(time.perf_counter() - started, 1e-9),
+        "seconds": round(time.perf_counter() - started, 1),  # this process's training time (a resume counts its own)
         "checkpoint": str(checkpoint),
     }
 
