@@ -9,7 +9,6 @@ from pathlib import Path
 
 import torch
 from torch.utils.tensorboard import SummaryWriter
-from torchvision.utils import make_grid
 
 
 class RunLogger:
@@ -26,11 +25,10 @@ class RunLogger:
         self.jsonl.flush()
 
     def image_grid(self, tag: str, images: torch.Tensor, step: int, image_shape: tuple[int, ...]) -> None:
-        """``images`` [n, prod(image_shape)] in [0, 1], shown as one torchvision ``make_grid``."""
+        """``images`` [n, prod(image_shape)] in [0, 1], shown as one grid of 8 columns (``tile``)."""
         if self.writer is None:
             return
-        grid = make_grid(images.detach().float().cpu().reshape(-1, *image_shape), nrow=8, padding=2)
-        self.writer.add_image(tag, grid, step)
+        self.writer.add_image(tag, tile(images.detach().float().cpu().reshape(-1, *image_shape)), step)
 
     def close(self) -> None:
         if self.writer is not None:
@@ -59,3 +57,22 @@ def to_floats(metrics: dict) -> dict[str, float]:
     device = next((v.device for v in metrics.values() if isinstance(v, torch.Tensor)), None)
     values = torch.stack([torch.as_tensor(metrics[k], device=device).float().reshape(()) for k in keys])
     return dict(zip(keys, values.cpu().tolist()))
+
+
+def tile(images: torch.Tensor, nrow: int = 8, padding: int = 2) -> torch.Tensor:
+    """[n, C, H, W] -> one [3, rows (H + padding) + padding, cols (W + padding) + padding] image on a black
+    background, row-major (one image: itself): what ``torchvision.utils.make_grid(images, nrow, padding)`` draws (a one-channel
+    image repeated to three), without importing torchvision (2.5 s at start-up)."""
+    n, c, height, width = images.shape
+    if c == 1:
+        images = images.expand(n, 3, height, width)
+    if n == 1:  # make_grid returns a single image unpadded
+        return images[0].clone()
+    cols = min(nrow, n)
+    rows = -(-n // cols)
+    grid = images.new_zeros(3, rows * (height + padding) + padding, cols * (width + padding) + padding)
+    for k in range(n):
+        y, x = divmod(k, cols)
+        top, left = y * (height + padding) + padding, x * (width + padding) + padding
+        grid[:, top:top + height, left:left + width] = images[k]
+    return grid
