@@ -4,15 +4,19 @@
     python bench/peer_sklearn.py --epochs 1 --train-examples 5000        # quick check
     python bench/peer_sklearn.py --ais-betas 14500 --ais-chains 100      # the paper's AIS schedule for both models
     python bench/peer_sklearn.py --device cuda --init sklearn
+    python bench/peer_sklearn.py --no-reuse-hidden                       # learner=sap's default sweep order
 
 One process. Both sides train an RBM with 500 binary hidden units on the same fixed-binarised MNIST training images
 (``data=mnist``, the first ``--train-examples``; scikit-learn gets them as a float32 numpy array, our side keeps the
 float32 tensor), with stochastic maximum likelihood / persistent CD: ``--batch-size`` examples per update (default
 100), as many persistent chains, one block-Gibbs step per update, plain SGD at ``--lr`` on both sides.
 
-- ours:  ``learner=sap model=rbm model.n_hidden=500 learner.num_particles=<batch> learner.k=1 learner.lr=<lr>``
-  (nvil/learners/sap.py), ``learner.step(x)`` over the minibatches in the order scikit-learn uses (the same
-  ``gen_even_slices`` of the training array, in order, every epoch: BernoulliRBM.fit does not shuffle);
+- ours:  ``learner=sap model=rbm model.n_hidden=500 learner.num_particles=<batch> learner.k=1 learner.lr=<lr>
+  learner.reuse_hidden=true`` (nvil/learners/sap.py), ``learner.step(x)`` over the minibatches in the order
+  scikit-learn uses (the same ``gen_even_slices`` of the training array, in order, every epoch: BernoulliRBM.fit
+  does not shuffle). ``reuse_hidden`` (``--reuse-hidden``, the default here) sweeps x | h then h | x, the order
+  of BernoulliRBM's chain, and takes the negatives' p(h | v) from the sweep; ``--no-reuse-hidden`` runs
+  learner=sap's default order, h | x then x | h, which computes p(h | v) of the negatives once more;
 - scikit-learn: ``BernoulliRBM(n_components=500, learning_rate=<lr>, batch_size=<batch>, n_iter=<epochs>).fit(X)``.
 
 The rates mean the same thing: ``BernoulliRBM._fit`` adds ``learning_rate / batch`` times the summed statistics
@@ -65,7 +69,8 @@ def build_ours(args, device: torch.device):
     """Data and our RBM + SAP learner as the training loop builds them (``nvil.build``)."""
     overrides = ["model=rbm", f"model.n_hidden={args.hidden}", "learner=sap", f"learner.lr={args.lr}",
                  f"learner.num_particles={args.batch_size}", "learner.k=1", "data=mnist", f"seed={args.seed}",
-                 f"trainer.batch_size={args.batch_size}", f"trainer.device={args.device}", "print_config=false"]
+                 f"trainer.batch_size={args.batch_size}", f"trainer.device={args.device}", "print_config=false",
+                 f"++learner.reuse_hidden={str(args.reuse_hidden).lower()}"]
     if args.train_examples is not None:
         overrides.append(f"data.num_train={args.train_examples}")
     cfg = compose_train(overrides)
@@ -89,15 +94,16 @@ def batch_slices(n: int, batch_size: int) -> list[slice]:
     return list(gen_even_slices(n_batches * batch_size, n_batches, n_samples=n))
 
 
-def train_ours(learner, train: torch.Tensor, args, device) -> float:
+def train_ours(learner, train: torch.Tensor, args, device) -> tuple[float, float]:
+    """(wall seconds, process CPU seconds) of the timed epochs."""
     slices = batch_slices(train.shape[0], args.batch_size)
     sync(device)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     for _ in range(args.epochs):
         for s in slices:
             learner.step(train[s])
     sync(device)
-    return time.perf_counter() - t0
+    return time.perf_counter() - t0, time.process_time() - c0
 
 
 def train_sklearn(x: np.ndarray, args):
@@ -105,9 +111,9 @@ def train_sklearn(x: np.ndarray, args):
 
     sk = BernoulliRBM(n_components=args.hidden, learning_rate=args.lr, batch_size=args.batch_size,
                       n_iter=args.epochs, random_state=args.seed)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     sk.fit(x)
-    return sk, time.perf_counter() - t0
+    return sk, time.perf_counter() - t0, time.process_time() - c0
 
 
 def ais_log_p(model, train: torch.Tensor, test: torch.Tensor, args, device):
@@ -133,6 +139,9 @@ def main() -> None:
     p.add_argument("--device", choices=("cpu", "cuda", "auto"), default="auto", help="our side's device")
     p.add_argument("--accel", choices=("none", "compile", "cudagraphs"), default="none",
                    help="our side's nvil.accel mode, as trainer.accel (default none: eager)")
+    p.add_argument("--reuse-hidden", action=argparse.BooleanOptionalAction, default=True,
+                   help="our chain sweeps x | h then h | x and reuses the negatives' p(h | v), as BernoulliRBM "
+                        "does (learner.reuse_hidden; default on)")
     p.add_argument("--warmup", type=int, default=5,
                    help="untimed updates of our side before its timed run, then undone (default 5)")
     p.add_argument("--threads", type=int, default=None,
@@ -163,10 +172,14 @@ def main() -> None:
 
     accelerate_ours(learner, args.accel, device)
     warm_up(learner, [model], [train[s] for s in batch_slices(train.shape[0], args.batch_size)[: args.warmup]], device)
-    ours_s = train_ours(learner, train, args, device)
+    ours_s, ours_cpu = train_ours(learner, train, args, device)
     print(f"ours: {args.epochs} epochs in {ours_s:.1f} s", flush=True)
-    sk, sk_s = train_sklearn(x_np, args)
+    sk, sk_s, sk_cpu = train_sklearn(x_np, args)
     print(f"scikit-learn: {args.epochs} epochs in {sk_s:.1f} s", flush=True)
+    print(f"s / epoch: ours {ours_s / args.epochs:.2f}, scikit-learn {sk_s / args.epochs:.2f}; "
+          f"scikit-learn / ours = {sk_s / ours_s:.2f}x (process CPU s / epoch: ours {ours_cpu / args.epochs:.2f}, "
+          f"scikit-learn {sk_cpu / args.epochs:.2f}, {sk_cpu / ours_cpu:.2f}x: steadier than wall time on a shared "
+          f"machine, with one thread)", flush=True)
     sk_model = sklearn_to_rbm(sk, device)
 
     scores = {}
@@ -181,11 +194,12 @@ def main() -> None:
     # The same test images on both sides: the paired per-example difference, plus both log Z errors.
     diff, diff_se = mean_and_stderr(op.log_p - sp.log_p)
     rows = [
-        ["ours: SAP (learner=sap" + ("" if args.accel == "none" else f", accel={args.accel}") + ")", str(args.epochs),
+        ["ours: SAP (learner=sap" + (", reuse_hidden" if args.reuse_hidden else "")
+         + ("" if args.accel == "none" else f", accel={args.accel}") + ")", str(args.epochs),
          f"{ours_s / args.epochs:.2f}", *cells(oz, op)],
         [f"scikit-learn {sklearn.__version__}: BernoulliRBM", str(args.epochs), f"{sk_s / args.epochs:.2f}",
          *cells(sz, sp)],
-        ["sklearn / ours (time), ours - sklearn (log p)", "", f"{sk_s / ours_s:.1f}x", "", "",
+        ["sklearn / ours (time), ours - sklearn (log p)", "", f"{sk_s / ours_s:.2f}x", "", "",
          f"{diff:+.2f} ± {(diff_se ** 2 + oz.stderr ** 2 + sz.stderr ** 2) ** 0.5:.2f}"],
     ]
     print(f"\nRBM {model.n_pixels}-{args.hidden} on {train.shape[0]} fixed-binarised MNIST images, "

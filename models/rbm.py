@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from models.rbm_grad import BIAS_GRAD, free_energy_grad
 from models.visible import VISIBLE, Bernoulli, LateralBernoulli, bernoulli_sample
 from nvil.errors import ConfigError
 from nvil.ops import chunks, enumerate_states
@@ -157,6 +158,15 @@ class BoltzmannMachine(nn.Module):
         a = self.hidden_input(x) if hidden_input is None else hidden_input
         e_vis = self.visible_energy(x) if visible_energy is None else visible_energy
         return beta_per_chain * e_vis - F.softplus(beta * a).sum(-1)
+
+    @property
+    def closed_form_grad(self) -> bool:
+        """Whether ``free_energy_grad`` covers this machine (its visible layer's dE_vis/db is in ``BIAS_GRAD``)."""
+        return type(self.visible_layer) in BIAS_GRAD
+
+    def free_energy_grad(self, x: torch.Tensor, w: torch.Tensor, hidden_probs: torch.Tensor) -> dict[str, torch.Tensor]:
+        """{name: sum_n w_n dF(x_n)/dtheta} in closed form, given p(h = 1 | x) (``models.rbm_grad``)."""
+        return free_energy_grad(self, x, w, hidden_probs)
 
     @property
     def hidden_marginal_tractable(self) -> bool:

@@ -12,6 +12,16 @@ model that stand in for E_model[dF(x)/dtheta] come from. One class per ``learner
 
 A phase draws with the learner's generator and keeps what it carries between updates: the persistent chains
 (``chains``, checkpointed as ``particles_x`` / ``particles_h``) and the count of block-Gibbs sweeps.
+
+Sweep order (``learner.reuse_hidden``). By default a sweep is h ~ p(h | x), then x ~ p(x | h), and the learner
+computes p(h | x_neg) of the new negatives afresh for their statistics. With ``reuse_hidden`` a sweep is the
+reverse order, x ~ p(x | h), then h ~ p(h | x) (``BlockGibbs(reverse=True)``; equally a block-Gibbs kernel that
+leaves p(x, h) invariant): it ends by computing a(x_neg) = c + x_neg'W at the update's parameters, the very
+input the negative statistics need, so the phase hands it on as ``hidden_input`` and the learner saves one
+matrix product per update (for CD: the h drawn when the chains restart at the minibatch is used, not drawn
+again). Every sweep of an update still runs at that update's parameters; only the sub-step that comes first
+differs, as in scikit-learn's BernoulliRBM, whose persistent state is h. The random stream, hence the particles,
+differ from the default order's. PT's replicas move by their own kernel and leave nothing to reuse.
 """
 
 from __future__ import annotations
@@ -34,8 +44,10 @@ class NegativePhase:
     def __init__(self, model, cfg, generator: torch.Generator) -> None:
         self.model, self.generator = model, generator
         self.num_particles = positive_int(cfg.get("num_particles", 100), "learner.num_particles")
-        self.gibbs = BlockGibbs(model)
+        self.reuse_hidden = bool(cfg.get("reuse_hidden", False))
+        self.gibbs = BlockGibbs(model, reverse=self.reuse_hidden)
         self.chains: State | None = None
+        self.hidden_input: torch.Tensor | None = None  # a(x) of target(chains).x after a reverse sweep, else None
         self.sweeps = 0  # block-Gibbs sweeps so far (a tempered-transitions run counts its 2 (S - 1) sweeps)
 
     def init(self, start: torch.Tensor) -> State:
@@ -47,7 +59,9 @@ class NegativePhase:
         return chains
 
     def sweep(self, chains: State) -> State:
-        return self.gibbs.step(chains, 1.0, self.generator)[0]
+        chains, info = self.gibbs.step(chains, 1.0, self.generator)
+        self.hidden_input = info.get("hidden_input")  # the reverse order's a(x) of the new x
+        return chains
 
     def sample(self, x: torch.Tensor, k: int, updates: int) -> torch.Tensor | None:
         """The negatives' visible states for the update number ``updates`` on the minibatch ``x``, with k sweeps
@@ -67,7 +81,7 @@ class NegativePhase:
     def accelerate(self, mode: str) -> None:
         """The block-Gibbs sweeps run on the fused kernels of ``BoltzmannMachine.gibbs_kernel`` (binary RBMs
         without labels or lateral weights; other Boltzmann machines stay eager)."""
-        self.gibbs = BlockGibbs(self.model, accel=mode)
+        self.gibbs = BlockGibbs(self.model, reverse=self.reuse_hidden, accel=mode)
 
     def state_dict(self) -> dict:
         return {"gibbs_sweeps": self.sweeps,

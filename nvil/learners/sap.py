@@ -15,6 +15,12 @@ Where the negatives come from is ``nvil.learners.negative_phase`` (``PHASES``, k
 
 The learner keeps the optimiser, the schedule of k and of the learning rate, fixed for ``schedule.t0``
 updates, then a / (b + t) (the paper's schedule).
+
+The surrogate's gradient is taken in closed form, from the sufficient statistics of the data and the negatives
+(``models.rbm_grad``: <v p'>, <p>, <v>, ... with p = p(h | x)), for every machine that has them
+(``model.closed_form_grad``: binary, Gaussian and lateral pixels, labels) and every phase; the optimiser's step is
+the same. Autograd through the free energy remains the general path: other visible layers, exact ML,
+data-parallel runs (whose gradients DistributedDataParallel averages in backward) and ``learner.closed_form=false``.
 """
 
 from __future__ import annotations
@@ -66,6 +72,7 @@ class SAP(DataParallel):
         self.k_ramp = positive_int(cfg.get("k_ramp", 1), "learner.k_ramp")
         self.phase = PHASES[self.mode](model, cfg, self.generator)
         self.updates = 0  # parameter updates so far (the schedule's t and the TT clock)
+        self.closed_form = bool(cfg.get("closed_form", True)) and model.closed_form_grad
 
     def sweeps_now(self) -> int:
         """k at this update: fixed, or rising linearly from ``k`` to ``k_final`` over ``k_ramp`` updates
@@ -94,8 +101,10 @@ class SAP(DataParallel):
 
     @torch.no_grad()
     def negatives(self, x: torch.Tensor) -> torch.Tensor | None:
-        """Advance the chains and return the negative-phase x (None for exact ML). PT's swap rates are kept by
-        the phase and reported by ``step`` at log steps."""
+        """Advance the chains and return the negative-phase x (None for exact ML); ``phase.hidden_input`` is then
+        their a(x) when the last sweep computed it. PT's swap rates are kept by the phase and reported by ``step``
+        at log steps."""
+        self.phase.hidden_input = None
         return self.phase.sample(x, self.sweeps_now(), self.updates)
 
     def accelerate(self, mode: str, device=None) -> "SAP":
@@ -131,14 +140,35 @@ class SAP(DataParallel):
             return f_data + self.model.log_z_exact()
         return f_data - self.model.free_energy(neg).mean()
 
+    @torch.no_grad()
+    def set_closed_form_grads(self, x: torch.Tensor, neg: torch.Tensor, diagnostics: bool) -> dict[str, torch.Tensor]:
+        """Set each parameter's .grad to d/dtheta [mean F(data) - mean F(negatives)] from the sufficient
+        statistics (``models.rbm_grad``), the data's rows weighted 1/B and the negatives' -1/M, stacked so each
+        statistic is one matrix product; p(h | negatives) comes from the phase's last sweep when it computed
+        a(negatives) (``learner.reuse_hidden``), else afresh. Returns the gap mean F(negatives) - mean F(data)
+        at a logging step (the only step that reads it), else nothing."""
+        m, a_neg = self.model, self.phase.hidden_input
+        rows = torch.cat([x, neg])
+        a = m.hidden_input(rows) if a_neg is None else torch.cat([m.hidden_input(x), a_neg])
+        w = torch.cat([x.new_full((x.shape[0],), 1.0 / x.shape[0]), x.new_full((neg.shape[0],), -1.0 / neg.shape[0])])
+        grads = m.free_energy_grad(rows, w, torch.sigmoid(a))
+        for name, p in m.named_parameters():
+            p.grad = grads[name]
+        if not diagnostics:
+            return {}
+        return {"train/free_energy_gap": -(w @ m.free_energy(rows, hidden_input=a))}
+
     def step(self, x: torch.Tensor, diagnostics: bool = False) -> dict[str, torch.Tensor]:
         metrics: dict = {}
         neg = self.negatives(x)
         self.optimizer.zero_grad(set_to_none=True)
-        loss = self.loss_module()(x, neg)
-        # -loss is log p of the batch for exact ML, and the free-energy gap F(negatives) - F(data) otherwise.
-        metrics["train/log_p_exact_batch" if neg is None else "train/free_energy_gap"] = -loss.detach()
-        loss.backward()
+        if neg is not None and self.closed_form and not self.data_parallel:
+            metrics.update(self.set_closed_form_grads(x, neg, diagnostics))
+        else:
+            loss = self.loss_module()(x, neg)
+            # -loss is log p of the batch for exact ML, and the free-energy gap F(negatives) - F(data) otherwise.
+            metrics["train/log_p_exact_batch" if neg is None else "train/free_energy_gap"] = -loss.detach()
+            loss.backward()
         if diagnostics:
             metrics.update(grad_norms(self.optimizer))
             with torch.no_grad():

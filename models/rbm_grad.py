@@ -1,0 +1,49 @@
+"""The gradient of a Boltzmann machine's free energy in closed form: its sufficient statistics.
+
+With a(x) = c + v'W + y'U and p = p(h = 1 | x) = sigmoid(a(x)), the free energy of ``models.rbm``,
+
+    F(x) = E_vis(v) - d'y - 1/2 v'L v - sum_j softplus(a_j(x)),
+
+has the derivatives (Salakhutdinov 2009, Algorithm 1: the data and the particles' statistics <v h'>, <h>, <v>)
+
+    dF/dW = -v p',   dF/dU = -y p',   dF/dc = -p,   dF/dd = -y,
+    dF/db = dE_vis/db: -v (binary pixels, E_vis = -b'v) or b - v (Gaussian, E_vis = 1/2 |v - b|^2),
+    dF/dL = -1/2 (v v') o (1 - I)   (L enters as 1/2 (L + L') o (1 - I): symmetric, zero diagonal).
+
+``free_energy_grad`` returns sum_n w_n dF(x_n)/dtheta for row weights w: with the data's rows at 1/B and the
+particles' at -1/M it is the gradient of the learners' surrogate mean F(data) - mean F(negatives) (the learners
+pass both sets stacked, so each statistic is one matrix product). ``BIAS_GRAD`` lists the visible layers whose
+dE_vis/db is known here; a machine with another layer is differentiated by autograd.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from models.visible import Bernoulli, Gaussian, LateralBernoulli
+
+
+def bernoulli_bias_grad(v: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """sum_n w_n d(-b'v_n)/db = -w'v."""
+    return -(w @ v)
+
+
+def gaussian_bias_grad(v: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """sum_n w_n d(1/2 |v_n - b|^2)/db = (sum_n w_n) b - w'v."""
+    return w.sum() * b - w @ v
+
+
+BIAS_GRAD = {Bernoulli: bernoulli_bias_grad, LateralBernoulli: bernoulli_bias_grad, Gaussian: gaussian_bias_grad}
+
+
+def free_energy_grad(model, x: torch.Tensor, w: torch.Tensor, hidden_probs: torch.Tensor) -> dict[str, torch.Tensor]:
+    """{parameter name: sum_n w_n dF(x_n)/dtheta} for a ``models.rbm.BoltzmannMachine`` whose visible layer is in
+    ``BIAS_GRAD``. ``hidden_probs`` is p(h = 1 | x) = sigmoid(a(x)) at the current parameters, [rows, n_hidden]."""
+    v, y = model.split(x)
+    minus_wp = -w.unsqueeze(-1) * hidden_probs  # each row's -w_n p_n: the sign folded in before the products
+    grads = {"W": v.T @ minus_wp, "b": BIAS_GRAD[type(model.visible_layer)](v, w, model.b), "c": minus_wp.sum(0)}
+    if y is not None:
+        grads["U"], grads["d"] = y.T @ minus_wp, -(w @ y)
+    if model.L is not None:
+        grads["L"] = -0.5 * (v.T @ (w.unsqueeze(-1) * v)) * model.off_diagonal
+    return grads
