@@ -11,7 +11,9 @@
   ``models.rbm.BoltzmannMachine`` (``W`` [visible, hidden], hidden bias ``c``, visible bias ``b``).
 - ``limit_threads``, ``machine_line``: the same thread count for torch and for numpy's BLAS, and the
   header line every peer table prints; ``accelerate_ours`` and ``warm_up``: our side's ``nvil.accel`` mode and
-  untimed warm-up steps whose effects are undone before the timed run.
+  untimed warm-up steps whose effects are undone before the timed run;
+- ``plain_from_ours`` / ``plain_to_ours``: the plain eager-PyTorch NVIL script (``bench/plain_nvil.py``) started
+  from copies of our model, and its result written back into our modules for our estimators.
 
 Pyro and scikit-learn are optional (``pip install -e '.[bench]'``) and imported only inside the functions that
 need them, so ``tests/test_peers.py`` can skip cleanly without them.
@@ -19,6 +21,7 @@ need them, so ``tests/test_peers.py`` can skip cleanly without them.
 
 from __future__ import annotations
 
+import copy
 import os
 import sys
 from pathlib import Path
@@ -32,6 +35,7 @@ if str(ROOT) not in sys.path:
 
 from common import cpu_name, sync  # noqa: E402  (bench/common.py, beside this file)
 from models.rbm import BoltzmannMachine  # noqa: E402
+from plain_nvil import Generative, Recognition  # noqa: E402  (bench/plain_nvil.py)
 
 CONFIG_DIR = ROOT / "configs"
 
@@ -138,9 +142,10 @@ class PyroSBN:
         return {f"h{i + 1}": h for i, h in enumerate(hs)}
 
 
-def pyro_param_groups(lr: float, inference_scale: float, baseline_scale: float):
-    """A ``pyro.optim.Adam`` whose per-parameter rate follows NVIL's groups: model ``lr``, inference network
-    ``lr * inference_scale``, baselines ``lr * baseline_scale`` (by the ``pyro.module`` names of ``PyroSBN``)."""
+def pyro_param_groups(lr: float, inference_scale: float, baseline_scale: float, optimizer: str = "adam"):
+    """A ``pyro.optim.Adam`` (or ``SGD``) whose per-parameter rate follows NVIL's groups: model ``lr``, inference
+    network ``lr * inference_scale``, baselines ``lr * baseline_scale`` (by the ``pyro.module`` names of
+    ``PyroSBN``)."""
     import pyro.optim
 
     def per_param(module_name: str, param_name: str) -> dict:
@@ -150,7 +155,30 @@ def pyro_param_groups(lr: float, inference_scale: float, baseline_scale: float):
             return {"lr": lr * baseline_scale}
         return {"lr": lr}
 
-    return pyro.optim.Adam(per_param)
+    return pyro.optim.Adam(per_param) if optimizer == "adam" else pyro.optim.SGD(per_param)
+
+
+# ---- the plain eager-PyTorch script (bench/plain_nvil.py) ---------------------------------------------------
+
+def plain_from_ours(sbn, inference, baseline: torch.nn.Module, log_prob: str = "distributions"):
+    """``plain_nvil``'s (Generative, Recognition, baseline) with the parameters of our one-layer ``SBN``, its
+    ``LayeredInference`` and an ``InputDependentBaseline`` (copied; the baseline's MLP is deep-copied)."""
+    (n_hidden,) = sbn.layers
+    p, q = Generative(sbn.n_visible, n_hidden, log_prob), Recognition(sbn.n_visible, n_hidden, log_prob)
+    with torch.no_grad():
+        p.prior.copy_(sbn.prior_logits)
+        p.decoder.load_state_dict(sbn.decoders[0].state_dict())
+        q.encoder.load_state_dict(inference.encoders[0].state_dict())
+        q.mean.copy_(inference.input_mean)
+    return p.to(sbn.prior_logits.device), q.to(sbn.prior_logits.device), copy.deepcopy(baseline.net)
+
+
+def plain_to_ours(p, q, sbn, inference) -> None:
+    """Write the plain script's trained parameters into our ``SBN`` and ``LayeredInference`` (for our estimators)."""
+    with torch.no_grad():
+        sbn.prior_logits.copy_(p.prior)
+        sbn.decoders[0].load_state_dict(p.decoder.state_dict())
+        inference.encoders[0].load_state_dict(q.encoder.state_dict())
 
 
 # ---- scikit-learn -------------------------------------------------------------------------------------
@@ -180,8 +208,6 @@ def warm_up(learner, modules: list, batches: list[torch.Tensor], device: torch.d
     """Take ``learner.step`` on ``batches`` (compilation, CUDA graphs, allocator warm-up), then put the modules'
     parameters and the learner's state (optimiser, generator, baselines, chains) back as they were, so the timed
     run starts from exactly the state it would have had without the warm-up."""
-    import copy
-
     if not batches:
         return
     saved_modules = [copy.deepcopy(m.state_dict()) for m in modules]

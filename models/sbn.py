@@ -54,6 +54,12 @@ class SBN(nn.Module):
     def n_latent(self) -> int:
         return sum(self.layers)
 
+    @property
+    def layered_bernoulli(self) -> bool:
+        """Every conditional a factorial Bernoulli with logits affine in the layer above (factorial prior, Bernoulli
+        visibles): the case NVIL's hand-derived gradients cover (``nvil.learners.fused``)."""
+        return self.prior_ar is None and self.visible_layer.name == "bernoulli"
+
     @torch.no_grad()
     def init_visible_bias(self, train_mean: torch.Tensor, eps: float = 1e-3) -> None:
         """Start the output bias at the data marginals: logit of the mean image, or for a multinomial

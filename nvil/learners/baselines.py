@@ -3,8 +3,8 @@
 - ``layerwise_signals``: the signal l_i of each layer (Sec. 2.3.3), or the full l for every layer.
 - ``InputDependentBaseline``: b_psi(h_{i-1}), an MLP with one hidden layer of 100 tanh units (Sec. 2.3.1).
 - ``learning_signal``: centring by b_psi and the constant baseline c, and variance normalisation by v
-  (Sec. 2.3.1-2.3.2), with c and v running moments (``nvil.ops.RunningMoments``, smoothing 0.8); also the
-  baseline's own loss.
+  (Sec. 2.3.1-2.3.2), with c and v running moments (``nvil.ops.RunningMoments``, smoothing 0.8);
+  ``baseline_loss`` (and its gradient in b, ``baseline_loss_grad``): the baseline's own loss.
 
 ``SignalFlags`` switches each technique off for the paper's Fig. 1 ablation.
 """
@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -74,24 +75,48 @@ def _centre_and_scale(moments: RunningMoments, flags: SignalFlags):
     return c, scale
 
 
-def learning_signal(l: torch.Tensor, b: torch.Tensor, moments: RunningMoments, flags: SignalFlags,
-                    update_moments: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-    """(a, baseline loss) for one layer's signal ``l`` [batch] and input-dependent baseline ``b`` [batch].
+class LearningSignal(NamedTuple):
+    """One layer's centred, normalised signal and what its baseline's update needs.
 
-    a = (l - b - c) / max(1, sqrt(v)), the centred, normalised signal that multiplies grad_phi log q (Eq. 6;
-    detached). c and v are the running mean and variance of l - b, updated with this minibatch before they are
-    used (Algorithm 1; ``update_moments=False`` keeps them fixed). Algorithm 1 moves psi along a * grad b: the
-    gradient of the baseline loss 0.5 (l - c - b)^2 / max(1, sqrt(v)), which is 0 without an input baseline.
+    ``a`` = (l - b - c) / max(1, sqrt(v)) (detached), the factor of grad_phi log q (Eq. 6); ``residual`` =
+    l - c - b, the input-dependent baseline's error (b with its graph on the autograd path); ``scale`` =
+    max(1, sqrt(v)) (or 1).
+    """
+
+    a: torch.Tensor
+    residual: torch.Tensor
+    scale: torch.Tensor | float
+
+
+def learning_signal(l: torch.Tensor, b: torch.Tensor, moments: RunningMoments, flags: SignalFlags,
+                    update_moments: bool = True) -> LearningSignal:
+    """The ``LearningSignal`` of one layer's signal ``l`` [batch] and input-dependent baseline ``b`` [batch].
+
+    c and v are the running mean and variance of l - b, updated with this minibatch before they are used
+    (Algorithm 1; ``update_moments=False`` keeps them fixed). Both gradient paths of ``nvil.learners.nvil`` (autograd
+    and the hand-derived one of ``nvil.learners.fused``) take a, c and v from here.
     """
     centred = l - b.detach()
     if update_moments:
         moments.update(centred)
     c, scale = _centre_and_scale(moments, flags)
-    a = ((centred - c) / scale).detach()
+    return LearningSignal(((centred - c) / scale).detach(), l - c - b, scale)
+
+
+def baseline_loss(signal: LearningSignal, flags: SignalFlags) -> torch.Tensor:
+    """0.5 mean((l - c - b)^2) / max(1, sqrt(v)): Algorithm 1 moves psi along a * grad b, this loss's negative
+    gradient. 0 without an input baseline."""
     if not flags.input_baseline:
-        return a, l.new_zeros(())
-    residual = l - c - b
-    return a, 0.5 * (residual.pow(2) / scale).mean()
+        return signal.residual.new_zeros(())
+    return 0.5 * (signal.residual.pow(2) / signal.scale).mean()
+
+
+def baseline_loss_grad(signal: LearningSignal) -> torch.Tensor:
+    """d baseline_loss / d b [batch] = -(l - c - b) / (max(1, sqrt(v)) batch), what the hand-derived path
+    backpropagates into b_psi. Written in the order autograd evaluates it, so both paths round alike: the first
+    minibatch sets c to the mean of l - b, which makes the output bias's gradient sum(l - c - b) = 0 up to rounding,
+    and Adam would turn a difference in that rounding into a full step."""
+    return (2 * signal.residual).mul_(0.5 / signal.residual.shape[0] / signal.scale).neg_()
 
 
 def signal_metrics(l: torch.Tensor, b: torch.Tensor, moments: RunningMoments, flags: SignalFlags,

@@ -1,0 +1,147 @@
+"""NVIL's gradients derived by hand for layered Bernoulli models (Mnih & Gregor 2014, Eq. 5-6, Sec. 2.3).
+
+When every conditional of the model is a factorial Bernoulli with logits affine in the layer above
+(``SBN.layered_bernoulli``: factorial prior, Bernoulli visibles) and so is every layer of the inference network
+(``LayeredInference.layered_bernoulli``: not autoregressive), the gradient of NVIL's surrogate loss L needs no
+autograd graph. A Bernoulli layer with logits a = W v + b has d log p(value) / d a = value - sigmoid(a), so with
+N examples in the minibatch:
+
+- model layer i (v = h_i, value = h_{i-1}, h_0 = x):  dL/da = (sigmoid(a) - h_{i-1}) / N          (Eq. 5)
+- prior logits p:                                      dL/dp = mean over examples of sigmoid(p) - h_n
+- inference layer i (v = h_{i-1}, the centred x for i = 1, value = h_i):
+                                                       dL/da = a_i (sigmoid(a) - h_i) / N          (Eq. 6)
+  where a_i = (l_i - b_i - c_i) / max(1, sqrt(v_i)) is layer i's learning signal (``baselines.learning_signal``);
+- baseline b_psi(v) = w2' tanh(W1 v + b1) + b2 (Sec. 2.3.1), backpropagated from dL/db = -(l - c - b) / (scale N)
+  (``baselines.baseline_loss_grad``);
+
+and for every affine layer dL/dW = (dL/da)' v and dL/db = sum over examples of dL/da. The forward pass draws h with
+the random numbers of ``LayeredInference.sample`` (u < sigmoid(a), one uniform per unit, layer by layer), so for
+one seed this path and the autograd path take the same updates to float rounding (tests/test_nvil_fused.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from models.visible import bernoulli_sample
+from nvil.learners.baselines import LearningSignal, baseline_loss_grad
+from nvil.ops import bernoulli_log_prob
+
+
+def covers(model: nn.Module, inference: nn.Module) -> bool:
+    """Whether the hand-derived gradients apply to this model and inference network."""
+    return model.layered_bernoulli and inference.layered_bernoulli
+
+
+@dataclass
+class Forward:
+    """What the backward pass reads of one forward pass (lists run over latent layers, h_1 first)."""
+
+    inputs: list[torch.Tensor]    # each inference layer's input, also its baseline's: centred x, h_1, ...
+    hs: list[torch.Tensor]        # the draws h_1, ..., h_n
+    q_probs: list[torch.Tensor]   # sigmoid of the inference logits
+    p_logits: list[torch.Tensor]  # logits of x | h_1, h_1 | h_2, ..., h_{n-1} | h_n
+    hidden: list[torch.Tensor]    # each baseline's tanh units
+    log_p: list[torch.Tensor]     # [log p(x | h_1), ..., log p(h_n)], as SBN.log_prob_layers
+    log_q: list[torch.Tensor]     # [log q(h_1 | x), ...], as LayeredInference.sample
+    b: list[torch.Tensor]         # b_psi of each layer (zeros without an input baseline)
+
+
+class LayeredBernoulliGradients:
+    """The forward pass and the hand-derived backward pass of NVIL for an SBN and a factorial inference network,
+    with ``baselines`` (one ``InputDependentBaseline`` per latent layer, or none)."""
+
+    def __init__(self, model: nn.Module, inference: nn.Module, baselines: nn.ModuleList) -> None:
+        self.model, self.inference, self.baselines = model, inference, baselines
+
+    @torch.no_grad()
+    def forward(self, x: torch.Tensor, generator: torch.Generator) -> Forward:
+        inputs, hs, q_probs, log_q = [], [], [], []
+        v = self.inference.centre(x)
+        for enc in self.inference.encoders:
+            logits = F.linear(v, enc.weight, enc.bias)
+            prob = torch.sigmoid(logits)
+            h = bernoulli_sample(prob, generator)
+            inputs.append(v), hs.append(h), q_probs.append(prob), log_q.append(bernoulli_log_prob(logits, h))
+            v = h
+        p_logits = [F.linear(h, dec.weight, dec.bias) for dec, h in zip(self.model.decoders, hs)]
+        log_p = [bernoulli_log_prob(a, value) for a, value in zip(p_logits, [x] + hs[:-1])]
+        log_p.append(bernoulli_log_prob(self.model.prior_logits, hs[-1]))
+        hidden, b = [], []
+        for baseline, v in zip(self.baselines, inputs):
+            first, last = baseline.net[0], baseline.net[2]
+            hidden.append(torch.tanh(F.linear(v, first.weight, first.bias)))
+            b.append(F.linear(hidden[-1], last.weight, last.bias).squeeze(-1))
+        return Forward(inputs, hs, q_probs, p_logits, hidden, log_p, log_q, b or [torch.zeros_like(q) for q in log_q])
+
+    @torch.no_grad()
+    def backward(self, f: Forward, x: torch.Tensor, signals: list[LearningSignal], rates: dict | None = None) -> None:
+        """Set ``.grad`` of every parameter of the model, the inference network and the baselines to the gradient
+        of NVIL's surrogate loss (what ``loss.backward()`` gives on the autograd path). Each dL/da below is N times
+        the gradient of the minibatch mean (``_affine_grads`` divides by N), except the baseline's.
+
+        With ``rates`` ({id(parameter): lr}, from ``plain_sgd_rates``) the parameters take plain SGD's step
+        theta <- theta - lr dL/dtheta instead, each written by the GEMM that computes its gradient (``.grad`` is
+        left alone): no gradient buffer written and read back, no optimiser pass over the weights."""
+        for dec, a, h, value in zip(self.model.decoders, f.p_logits, f.hs, [x] + f.hs[:-1]):
+            _affine_grads(dec, torch.sigmoid(a).sub_(value), h, rates)
+        prior = self.model.prior_logits
+        d_prior = torch.sigmoid(prior).sub_(f.hs[-1].mean(0))
+        _sink(prior, d_prior, rates)
+        for enc, s, prob, h, v in zip(self.inference.encoders, signals, f.q_probs, f.hs, f.inputs):
+            _affine_grads(enc, (prob - h).mul_(s.a.unsqueeze(-1)), v, rates)
+        for baseline, s, t, v in zip(self.baselines, signals, f.hidden, f.inputs):
+            first, last = baseline.net[0], baseline.net[2]
+            d_b = baseline_loss_grad(s).unsqueeze(-1)     # [N, 1], already divided by N
+            d_hidden = (d_b * last.weight).mul_(1 - t * t)  # tanh' = 1 - tanh^2, at the weights before this step
+            _affine_grads(last, d_b, t, rates, mean=False)
+            _affine_grads(first, d_hidden, v, rates, mean=False)
+
+
+def plain_sgd_rates(optimizer: torch.optim.Optimizer) -> dict[int, float] | None:
+    """{id(parameter): lr} when ``optimizer`` is plain SGD (no momentum, weight decay, nesterov or maximize), whose
+    step theta <- theta - lr g ``backward(rates=...)`` can apply itself; None for any other optimiser."""
+    if not isinstance(optimizer, torch.optim.SGD):
+        return None
+    rates = {}
+    for group in optimizer.param_groups:
+        if group["momentum"] or group["weight_decay"] or group["nesterov"] or group["maximize"]:
+            return None
+        rates.update({id(p): group["lr"] for p in group["params"]})
+    return rates
+
+
+def _sink(p: nn.Parameter, grad: torch.Tensor, rates: dict | None) -> None:
+    """``grad`` into ``p.grad``, or with ``rates`` the SGD step p <- p - lr grad."""
+    if rates is None:
+        _grad_buffer(p).copy_(grad)
+    else:
+        p.sub_(grad, alpha=rates[id(p)])
+
+
+def _grad_buffer(p: nn.Parameter) -> torch.Tensor:
+    """``p.grad``, kept from step to step: every gradient is written into the same memory (fresh pages for each
+    weight-sized gradient cost more on a CPU than the GEMM that fills them)."""
+    if p.grad is None:
+        p.grad = torch.empty_like(p)
+    return p.grad
+
+
+def _affine_grads(linear: nn.Linear, d_out: torch.Tensor, v: torch.Tensor, rates: dict | None,
+                  mean: bool = True) -> None:
+    """Gradients of an ``nn.Linear`` with input ``v`` [N, in] given dL/d(output) ``d_out`` [N, out]: dL/dW =
+    d_out' v and dL/db = sum of d_out over the minibatch, or with ``mean`` (``d_out`` N times the gradient of the
+    minibatch mean) d_out' v / N and the mean of d_out. One GEMM: into ``.grad`` (beta=0 ignores the buffer's old
+    values), or with ``rates`` into the weight itself, W <- W - (lr / N) d_out' v."""
+    n = v.shape[0] if mean else 1
+    reduce = torch.mean if mean else torch.sum
+    if rates is None:
+        _grad_buffer(linear.weight).addmm_(d_out.t(), v, beta=0, alpha=1 / n)
+        reduce(d_out, 0, out=_grad_buffer(linear.bias))
+    else:
+        linear.weight.addmm_(d_out.t(), v, alpha=-rates[id(linear.weight)] / n)
+        linear.bias.sub_(reduce(d_out, 0), alpha=rates[id(linear.bias)])

@@ -1,0 +1,174 @@
+"""NVIL's hand-derived gradients (nvil/learners/fused.py) against autograd's gradients of the same surrogate.
+
+In float64 on tiny SBNs of one to three layers, for every combination of the variance-reduction switches that changes
+the gradient: the same draws, the same gradients of every parameter (model, inference network, baselines), the same
+metrics, and after several updates the same parameters. A fused path with the baseline's sign flipped or sigmoid(a_q)
+dropped fails the same comparison. Models the path does not cover (fDARN, an autoregressive q, multinomial visibles)
+keep the autograd path and still train. On steps that log nothing, plain SGD's step is written by the GEMMs themselves
+and equals torch.optim.SGD's.
+"""
+
+from __future__ import annotations
+
+import copy
+from functools import lru_cache
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from conftest import make_cfg, tiny_model
+from models.sbn import SBN
+from models.inference import LayeredInference
+from nvil.learners import fused
+from nvil.learners.nvil import NVIL
+
+ALL_ON = dict(input_baseline=True, constant_baseline=True, variance_normalisation=True, layerwise=True)
+SWITCHES = {
+    "all_on": ALL_ON,
+    "global_signal": dict(ALL_ON, layerwise=False),
+    "no_input_baseline": dict(ALL_ON, input_baseline=False),
+    "no_c_no_v": dict(ALL_ON, constant_baseline=False, variance_normalisation=False),
+    "all_off": dict(input_baseline=False, constant_baseline=False, variance_normalisation=False, layerwise=False),
+}
+LAYERS = {"one_layer": (4,), "two_layers": (4, 3), "three_layers": (5, 4, 3)}
+
+
+@lru_cache(maxsize=1)
+def learner_cfg():
+    return make_cfg("train").learner  # composed once: Hydra's first compose is the slowest part of these tests
+
+
+def pair(layers=(4, 3), switches=ALL_ON, optimizer="sgd", name="sbn", autoregressive_q=False, dtype=torch.float64):
+    """Two NVIL learners with identical parameters, baselines and generators: (fused path, autograd path)."""
+    model, inference = tiny_model(layers=layers, seed=5, q_scale=0.5, name=name, autoregressive_q=autoregressive_q)
+    cfg = OmegaConf.merge(learner_cfg(), dict(switches, optimizer=optimizer, lr=0.05, baseline_hidden=7))
+    fast = NVIL(model, inference, cfg, torch.device("cpu"), seed=3).to(dtype)
+    with torch.no_grad():  # a nonzero output layer, so every baseline parameter has a gradient that can be wrong
+        for p in fast.baselines.parameters():
+            p.normal_(0.0, 0.3)
+    slow = copy.deepcopy(fast)
+    slow.generator.set_state(fast.generator.get_state())
+    slow.fused = None
+    return fast, slow
+
+
+def batches(steps: int, n_visible: int = 6, dtype=torch.float64):
+    g = torch.Generator().manual_seed(0)
+    return [(torch.rand(8, n_visible, generator=g) < 0.5).to(dtype) for _ in range(steps)]
+
+
+def assert_same_step(fast: NVIL, slow: NVIL, x: torch.Tensor) -> None:
+    metrics_fast, metrics_slow = fast.step(x, diagnostics=True), slow.step(x, diagnostics=True)
+    assert metrics_fast.keys() == metrics_slow.keys()
+    for k in metrics_fast:
+        torch.testing.assert_close(metrics_fast[k], metrics_slow[k], rtol=1e-10, atol=1e-10, msg=k)
+    for (name, p), q in zip(fast.named_parameters(), slow.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-10, atol=1e-12, msg=f"gradient of {name}")
+        torch.testing.assert_close(p, q, rtol=1e-10, atol=1e-12, msg=f"{name} after the update")
+
+
+@pytest.mark.parametrize("layers", LAYERS.values(), ids=LAYERS.keys())
+@pytest.mark.parametrize("switches", SWITCHES.values(), ids=SWITCHES.keys())
+def test_fused_gradients_and_updates_equal_autograd(layers, switches):
+    fast, slow = pair(layers, switches)
+    assert fast.fused is not None
+    for x in batches(4):
+        assert_same_step(fast, slow, x)
+
+
+def test_adam_and_sgd_with_momentum_take_the_same_updates():
+    # Without c: with it, the first minibatch makes the baseline's output-bias gradient mean(l - c - b) = 0 up to
+    # rounding, and Adam turns the sign of that rounding into a full step of +-lr on either path.
+    fast, slow = pair(switches=dict(ALL_ON, constant_baseline=False), optimizer="adam")
+    for x in batches(3):
+        assert_same_step(fast, slow, x)
+    cfg_momentum = dict(ALL_ON, momentum=0.9)
+    fast, slow = pair(switches=cfg_momentum)
+    for x in batches(3):
+        assert_same_step(fast, slow, x)
+
+
+def test_the_draws_are_those_of_inference_sample_in_float32():
+    fast, _ = pair(layers=(5, 4), dtype=torch.float32)
+    x = batches(1, dtype=torch.float32)[0]
+    state = fast.generator.get_state()
+    hs, _ = fast.inference.sample(x, generator=fast.generator)
+    fast.generator.set_state(state)
+    f = fast.fused.forward(x, fast.generator)
+    for h, h_fused in zip(hs, f.hs):
+        assert torch.equal(h, h_fused)
+
+
+@pytest.mark.parametrize("broken", ["baseline_sign", "no_sigmoid_q"])
+def test_a_broken_fused_path_fails_the_comparison(broken, monkeypatch):
+    """Power: the comparison above catches a sign error in the baseline's gradient and a dropped sigmoid(a_q)."""
+    fast, slow = pair()
+    if broken == "baseline_sign":
+        right = fused.baseline_loss_grad
+        monkeypatch.setattr(fused, "baseline_loss_grad", lambda s: -right(s))
+    else:
+        forward = fast.fused.forward
+
+        def no_sigmoid(x, generator):
+            f = forward(x, generator)
+            f.q_probs = [torch.zeros_like(p) for p in f.q_probs]  # dlog q/da = h instead of h - sigmoid(a)
+            return f
+
+        monkeypatch.setattr(fast.fused, "forward", no_sigmoid)
+    with pytest.raises(AssertionError):
+        assert_same_step(fast, slow, batches(1)[0])
+
+
+def assert_same_parameters(fast: NVIL, slow: NVIL, msg: str = "") -> None:
+    for (name, p), q in zip(fast.named_parameters(), slow.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-10, atol=1e-12, msg=f"{name} {msg}")
+
+
+@pytest.mark.parametrize("layers", LAYERS.values(), ids=LAYERS.keys())
+def test_plain_sgd_applied_in_the_gemm_takes_the_optimisers_steps(layers):
+    """Steps that log nothing, with plain SGD (the paper's preset): the fused path writes theta - lr g in the GEMM
+    that computes g and skips the optimiser; the parameters equal the autograd path's torch.optim.SGD steps."""
+    fast, slow = pair(layers)
+    assert fused.plain_sgd_rates(fast.optimizer) is not None
+    for t, x in enumerate(batches(5)):
+        fast.step(x), slow.step(x)
+        assert_same_parameters(fast, slow, f"after step {t + 1}")
+    fast, _ = pair(layers, switches=dict(ALL_ON, momentum=0.9))
+    assert fused.plain_sgd_rates(fast.optimizer) is None  # momentum: the optimiser keeps a buffer, so it steps
+
+
+def test_a_wrong_rate_in_the_gemm_fails_the_comparison(monkeypatch):
+    """Power: the same comparison catches a step applied at a rate off by a factor (e.g. a missing 1/N)."""
+    fast, slow = pair()
+    right = fused.plain_sgd_rates
+    monkeypatch.setattr("nvil.learners.nvil.plain_sgd_rates", lambda opt: {k: 1.1 * v for k, v in right(opt).items()})
+    fast.step(batches(1)[0]), slow.step(batches(1)[0])
+    with pytest.raises(AssertionError):
+        assert_same_parameters(fast, slow)
+
+
+@pytest.mark.parametrize("name, autoregressive_q", [("fdarn", False), ("sbn", True)], ids=["fdarn", "autoregressive_q"])
+def test_models_outside_the_fused_path_keep_autograd_and_train(name, autoregressive_q):
+    fast, _ = pair(name=name, autoregressive_q=autoregressive_q, dtype=torch.float32)
+    assert fast.fused is None
+    before = [p.detach().clone() for p in fast.model.parameters()]
+    for x in batches(3, dtype=torch.float32):
+        metrics = fast.step(x, diagnostics=True)
+    assert torch.isfinite(metrics["train/elbo"])
+    assert all(not torch.equal(a, b) for a, b in zip(before, fast.model.parameters()))
+
+
+def test_multinomial_visibles_are_not_covered():
+    assert not fused.covers(SBN(6, [4], visible="multinomial"), LayeredInference(6, [4]))
+    assert fused.covers(SBN(6, [4]), LayeredInference(6, [4]))
+
+
+def test_both_paths_write_the_same_checkpoint():
+    fast, slow = pair()
+    assert fast.accelerate("none") is fast and fast.fused is not None  # trainer.accel=none keeps the fused path
+    for x in batches(2):
+        fast.step(x), slow.step(x)
+    a, b = fast.learner_state(), slow.learner_state()
+    assert a.keys() == b.keys() and a["optimizer"].keys() == b["optimizer"].keys()
+    slow.load_learner_state(a)  # one path resumes from the other's checkpoint
