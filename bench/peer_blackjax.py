@@ -15,7 +15,9 @@ Both samplers run the same kernel: an identity mass matrix, ``--leapfrog`` leapf
 ``--step-size`` (the preset's 5 and Kingma 2013's 0.01), a Metropolis accept per chain, ``--iterations``
 transitions, from the same starting points (a prior draw under ``--seed``, the same for both), each transition
 costing L gradients (both cache the density and gradient at the current point). Ours: ``HMC.step`` with a
-per-chain step-size tensor, all chains in one batched call per transition (no loop over chains). BlackJAX:
+per-chain step-size tensor, all chains in one batched call per transition (no loop over chains), on the model's
+closed-form gradient (``model.posterior``, as MCEM and ais_hmc run it; ``--gradient autograd``: autograd through
+``model.log_joint``, the general path), which computes the log density at the end point only. BlackJAX:
 ``blackjax.hmc(logdensity_fn, step_size, inverse_mass_matrix=ones, num_integration_steps=L)`` for one chain, its
 log density the JAX port of our log joint (bench/jax_gbn.py) with the chain's own digit, ``jax.vmap`` over the
 chains, ``jax.lax.scan`` over the iterations, the whole run one ``jax.jit`` program. Before anything is timed, the
@@ -119,7 +121,9 @@ def parse_args() -> argparse.Namespace:
                    help="OMP_WAIT_POLICY for torch's OpenMP pool (default: left as the environment has it); passive "
                         "stops idle threads spinning, which matters when other processes share the cores")
     p.add_argument("--accel", choices=("none", "compile", "cudagraphs"), default="none",
-                   help="ours: HMC(accel=...) from nvil.accel, torch.compile of the log density (default none: eager)")
+                   help="ours: HMC(accel=...) from nvil.accel, torch.compile of the gradient (default none: eager)")
+    p.add_argument("--gradient", choices=("closed", "autograd"), default="closed",
+                   help="ours: the model's closed-form gradient (model.posterior, default) or autograd of log_joint")
     p.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--warmup", type=int, default=5, help="untimed warm-up transitions per side (default 5)")
@@ -181,11 +185,13 @@ def start_points(model, chains: int, form: str, seed: int, dtype) -> torch.Tenso
 
 # ---- the two samplers -----------------------------------------------------------------------------------
 
-def make_ours(model, x, form: str, L: int, accel: str) -> HMC:
-    """Our kernel on p(x_c, s) for every chain c at once; ``accel`` (nvil.accel) other than none compiles the log
-    density (the transition stays eager)."""
+def make_ours(model, x, form: str, L: int, accel: str, gradient: str) -> HMC:
+    """Our kernel on p(x_c, s) for every chain c at once: the model's closed-form gradient (``model.posterior``,
+    what MCEM and ais_hmc run) or autograd through ``model.log_joint``; ``accel`` (nvil.accel) other than none
+    compiles what computes the gradient (the transition stays eager)."""
     kwargs = {} if accel == "none" else {"accel": accel}
-    return HMC(lambda s: model.log_joint(x, s, form), L, **kwargs)
+    target = model.posterior(x, form) if gradient == "closed" else (lambda s: model.log_joint(x, s, form))
+    return HMC(target, L, **kwargs)
 
 
 @torch.no_grad()
@@ -270,7 +276,7 @@ def main() -> None:
           f"target: {type(model).__name__} {model.n_visible}-{'-'.join(str(n) for n in model.latent_sizes[::-1])} "
           f"({model.visible} visibles, {model.nonlinearity}), {form} form, {what}, dtype {args.dtype}\n"
           f"run: {chains} chains x {iters} iterations x L={L} leapfrog steps of {step_size}, warm-up {args.warmup}, "
-          f"repeat {args.repeat}, seed {args.seed}, ours accel={args.accel}", flush=True)
+          f"repeat {args.repeat}, seed {args.seed}, ours accel={args.accel}, gradient={args.gradient}", flush=True)
 
     # ---- the port equals our log joint (value and gradient) --------------------------------------------
     spec, params = jax_gbn.export(model, ndtype)
@@ -302,7 +308,7 @@ def main() -> None:
           f"(and the {args.warmup}-iteration warm-up program in {warm_compile_s:.2f} s)", flush=True)
 
     # ---- ours: warm up ------------------------------------------------------------------------------
-    hmc = make_ours(model, x, form, L, args.accel)
+    hmc = make_ours(model, x, form, L, args.accel, args.gradient)
     sync(device)
     t0 = time.perf_counter()
     run_ours(hmc, s0, step_size, args.warmup, args.seed)
@@ -328,7 +334,8 @@ def main() -> None:
     bj = [np.asarray(t, dtype=np.float64) for t in bj]
     work = chains * iters * L
     rows, summary = [], {}
-    ours_label = "ours (nvil HMC, torch" + ("" if args.accel == "none" else f", accel={args.accel}") + ")"
+    ours_label = (f"ours (nvil HMC, torch, {args.gradient} gradient"
+                  + ("" if args.accel == "none" else f", accel={args.accel}") + ")")
     for name, label, dev, res in (("ours", ours_label, str(device), ours),
                                   ("blackjax", "BlackJAX (hmc, vmap+scan+jit)", "cpu", bj)):
         sec, best = statistics.median(times[name]), min(times[name])

@@ -58,6 +58,10 @@ class ContinuousLatent:
     def log_joint(self, x, state):
         return self.model.log_joint(x, state, self.form)
 
+    def posterior(self, x):
+        """log p(s) + log p(x | s) with its closed-form gradient (``GaussianNet.posterior``); ``tempered(beta)``."""
+        return self.model.posterior(x, self.form)
+
     def sample_prior(self, n: int, generator, device):
         return self.model.sample_prior(n, generator, device, self.form)
 
@@ -80,6 +84,8 @@ class PriorPosteriorPath:
         self.max_step_size = max_step_size
         # Compiled (with accel) once per path, beta a tensor argument so that a new beta is not a new graph.
         self._tempered = accelerate(self._tempered_log_density, accel, x.device, "estimator.accel")
+        # Eager, the net's closed-form gradient instead of autograd (V^T x computed once per path).
+        self._posterior = lm.posterior(x) if accel == "none" else None
 
     def _tempered_log_density(self, s: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
         return self.lm.log_prior(s) + beta * self.lm.log_likelihood(self.x, s)
@@ -93,7 +99,8 @@ class PriorPosteriorPath:
 
     def transition(self, state: PathState, beta: float, generator=None) -> PathState:
         beta_t = torch.tensor(beta, dtype=state.position.dtype, device=state.position.device)
-        hmc = HMC(lambda s: self._tempered(s, beta_t), self.num_leapfrog)
+        target = (lambda s: self._tempered(s, beta_t)) if self._posterior is None else self._posterior.tempered(beta_t)
+        hmc = HMC(target, self.num_leapfrog)
         new, info = hmc.step(hmc.init(state.position), generator=generator, step_size=state.step_size)
         step = (multiplicative_adapt(state.step_size, info.accept_prob, self.target_accept, max_step=self.max_step_size)
                 if self.adapt else state.step_size)

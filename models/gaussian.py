@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from models.gaussian_grad import LogJoint
 from models.visible import LOG_2PI, VISIBLE, gaussian_log_prob
 from nvil.errors import ConfigError
 
@@ -163,6 +164,11 @@ class GaussianNet(nn.Module):
     def log_joint(self, x: torch.Tensor, state: torch.Tensor, form: str | None = None) -> torch.Tensor:
         """log p(x, state): the target of the E-step's HMC."""
         return self.log_prior(state, form) + self.log_likelihood(x, state, form)
+
+    def posterior(self, x: torch.Tensor, form: str | None = None, beta=1.0) -> LogJoint:
+        """s -> log p(s) + beta log p(x | s), one row of x per chain, as HMC's target: callable, with its gradient
+        wrt s in closed form (``models.gaussian_grad``), so that no leapfrog step needs autograd."""
+        return LogJoint(self, x, form or self.form, beta)
 
     def log_param_prior(self, prior_std: float) -> torch.Tensor:
         """log N(theta; 0, prior_std^2) over the weights and biases (MAP learning, Kingma 2013, Sec. 4.1);

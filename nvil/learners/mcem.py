@@ -29,7 +29,7 @@ from nvil.errors import ConfigError
 from nvil import distributed
 from nvil.learners.base import DataParallel, grad_norms
 from nvil.mcmc.adapt import DualAveraging
-from nvil.mcmc.hmc import HMC, value_and_grad
+from nvil.mcmc.hmc import HMC
 
 ADAPT = ("fixed", "dual_averaging")
 
@@ -91,7 +91,7 @@ class MCEM(DataParallel):
         return metrics
 
     def e_step(self, x: torch.Tensor, idx: torch.Tensor, diagnostics: bool = False) -> tuple[torch.Tensor, dict]:
-        hmc = HMC(lambda s: self.model.log_joint(x, s), self.num_leapfrog)
+        hmc = HMC(self.model.posterior(x), self.num_leapfrog)  # the net's closed-form gradient, no autograd
         adaptation = _rows(self.adaptation, idx)
         step_size = self.dual.step_size(adaptation) if self.adapt == "dual_averaging" else self.step_size
         state = hmc.init(self.chains[idx])  # theta moved since this chain's last visit: its density is recomputed
@@ -175,9 +175,9 @@ class MAPLatents(MCEM):
         self.latent_lr = positive_float(cfg.get("latent_lr", 0.01), "learner.latent_lr")
 
     def e_step(self, x: torch.Tensor, idx: torch.Tensor, diagnostics: bool = False) -> tuple[torch.Tensor, dict]:
-        s = self.chains[idx]
+        s, posterior = self.chains[idx], self.model.posterior(x)
         for _ in range(self.e_steps):
-            log_joint, grad = value_and_grad(lambda v: self.model.log_joint(x, v), s)
+            log_joint, grad = posterior.value_and_grad(s)
             s = s + self.latent_lr * grad
         self.chains[idx] = s
         self.grad_evals += self.e_steps

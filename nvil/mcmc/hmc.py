@@ -6,14 +6,18 @@ its own. With potential U(q) = -log p(q) and kinetic energy K(p) = 0.5 * sum(p^2
 mass matrix M), H(q, p) = U(q) + K(p). One transition (Neal 2011, Sec. 5.3.2) draws p ~ N(0, M), runs L
 leapfrog steps (Eq. 5.18-5.20) and accepts the end point with probability min(1, exp(-Delta H)); the
 final negation of p is dropped, as K is even and p is redrawn next time. The log density and its
-gradient at the current position are cached in the state, so each transition costs exactly L gradients.
+gradient at the current position are cached in the state, so each transition costs exactly L gradients, and the
+log density itself is needed only at the end point: L - 1 gradients and one value-and-gradient.
+
+The target is any log density, differentiated by autograd (``Autograd``), or one that gives its own gradient
+(``Differentiable``: a model's closed form, such as ``GaussianNet.posterior``), which is then used instead.
 
 Everything runs on the device of ``position`` and never syncs the host: rejection is a ``torch.where``.
 """
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from typing import Callable, NamedTuple, Protocol, runtime_checkable
 
 import torch
 
@@ -50,35 +54,90 @@ def value_and_grad(log_density: LogDensity, position: torch.Tensor) -> tuple[tor
     return log_p.detach(), grad.detach()
 
 
+@runtime_checkable
+class Differentiable(Protocol):
+    """A log density [chains, dim] -> [chains] that gives its own gradient wrt the position (detached, no
+    parameter's ``.grad`` touched): ``grad(q)`` [chains, dim] and ``value_and_grad(q)``."""
+
+    def __call__(self, q: torch.Tensor) -> torch.Tensor: ...
+
+    def grad(self, q: torch.Tensor) -> torch.Tensor: ...
+
+    def value_and_grad(self, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+class Autograd:
+    """Any log density as a ``Differentiable``: its gradient by autograd (the general fallback)."""
+
+    def __init__(self, log_density: LogDensity) -> None:
+        self.log_density = log_density
+
+    def __call__(self, q: torch.Tensor) -> torch.Tensor:
+        return self.log_density(q)
+
+    def grad(self, q: torch.Tensor) -> torch.Tensor:
+        return value_and_grad(self.log_density, q)[1]
+
+    def value_and_grad(self, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return value_and_grad(self.log_density, q)
+
+
+class Accelerated:
+    """A ``Differentiable`` whose ``grad`` and ``value_and_grad`` are compiled by ``nvil.accel``."""
+
+    def __init__(self, target: Differentiable, mode: str) -> None:
+        self.log_density = target
+        self.grad = accelerate(target.grad, mode)
+        self.value_and_grad = accelerate(target.value_and_grad, mode)
+
+    def __call__(self, q: torch.Tensor) -> torch.Tensor:
+        return self.log_density(q)
+
+
+def differentiable(log_density, accel: str = "none") -> Differentiable:
+    """``log_density`` with its gradient: its own where it is ``Differentiable``, else autograd's. ``accel``
+    compiles what computes the gradient: the target's own functions, or the log density autograd runs through."""
+    if isinstance(log_density, Differentiable):
+        return log_density if accel == "none" else Accelerated(log_density, accel)
+    return Autograd(accelerate(log_density, accel))
+
+
 def kinetic_energy(momentum: torch.Tensor, inv_mass: torch.Tensor | None = None) -> torch.Tensor:
     """K(p) = 0.5 * sum_i p_i^2 / m_i = p^T M^-1 p / 2 for a diagonal M, per chain: [chains]."""
     sq = momentum.square() if inv_mass is None else momentum.square() * inv_mass
     return 0.5 * sq.sum(-1)
 
 
-def leapfrog(log_density: LogDensity, position: torch.Tensor, momentum: torch.Tensor, grad: torch.Tensor,
-             step_size, num_steps: int, inv_mass: torch.Tensor | None = None, beta=1.0):
+def leapfrog(log_density: LogDensity | Differentiable, position: torch.Tensor, momentum: torch.Tensor,
+             grad: torch.Tensor, step_size, num_steps: int, inv_mass: torch.Tensor | None = None, beta=1.0):
     """``num_steps`` leapfrog steps of size eps from (q, p), given grad = grad log p(q) (Neal 2011, Eq. 5.18-5.20),
     under the tempered potential U = -beta log p (``beta`` a float or [chains, 1]).
 
     step_size: a float, or a [chains, 1] tensor (anything broadcastable to [chains, dim]). inv_mass: None
     (identity) or the diagonal of M^-1, [dim] or [chains, dim]. The inner momentum half-steps are merged
-    into full steps, so this costs ``num_steps`` gradient evaluations and no more.
+    into full steps, so this costs ``num_steps`` gradient evaluations and no more, and the log density is
+    evaluated at the end point only (``Differentiable.grad`` before it).
     Returns (position, momentum, log_density, grad) at the end point, log_density and grad untempered.
     """
     if num_steps < 1:
         raise ValueError(f"leapfrog needs num_steps >= 1, got {num_steps}")
-    q, p = position, momentum
-    force = (lambda g: g) if untempered(beta) else (lambda g: beta * g)  # -dU/dq of the tempered potential
-    p = p + 0.5 * step_size * force(grad)  # half step in momentum, Eq. 5.18: p -= eps/2 * dU/dq
+    target = differentiable(log_density)
+    kick = step_size if untempered(beta) else step_size * beta  # -dU/dq = beta grad log p, so p moves eps beta grad
+    q = position
+    p = _axpy(momentum, 0.5 * kick, grad)  # half step in momentum, Eq. 5.18 (a new tensor: p is ours from here on)
     for i in range(num_steps):
-        q = q + step_size * (p if inv_mass is None else p * inv_mass)  # full step in position, Eq. 5.19
-        log_p, grad = value_and_grad(log_density, q)
+        q = _axpy(q, step_size, p if inv_mass is None else p * inv_mass)  # full step in position, Eq. 5.19
         if i < num_steps - 1:
-            p = p + step_size * force(grad)  # two half steps in momentum (Eq. 5.20, then Eq. 5.18 of the next step)
+            _axpy(p, kick, target.grad(q), out=p)  # two half steps in momentum (Eq. 5.20, then Eq. 5.18 of the next)
         else:
-            p = p + 0.5 * step_size * force(grad)  # final half step in momentum, Eq. 5.20
+            log_p, grad = target.value_and_grad(q)
+            _axpy(p, 0.5 * kick, grad, out=p)  # final half step in momentum, Eq. 5.20
     return q, p, log_p, grad
+
+
+def _axpy(y: torch.Tensor, a, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """y + a x in one pass (``out=y``: in place), ``a`` a float or a tensor broadcasting against x."""
+    return torch.addcmul(y, a, x, out=out) if torch.is_tensor(a) else torch.add(y, x, alpha=a, out=out)
 
 
 class HMC:
@@ -86,7 +145,8 @@ class HMC:
     ``step(state, beta, generator, step_size=...) -> (state, info)``; reversible, so ``reverse()`` is itself.
 
     log_density: Callable[[Tensor [chains, dim]], Tensor [chains]], an unnormalised log density that
-    treats rows independently. inv_mass: None (M = I) or the diagonal of M^-1, [dim] or [chains, dim].
+    treats rows independently, differentiated by autograd unless it is ``Differentiable`` (gives its own gradient).
+    inv_mass: None (M = I) or the diagonal of M^-1, [dim] or [chains, dim].
     step_size: the default eps of ``step`` (a float or [chains]); a step may pass its own (MCEM adapts it).
     """
 
@@ -94,9 +154,9 @@ class HMC:
                  divergence_threshold: float = 1000.0, accel: str = "none", step_size=None) -> None:
         if num_leapfrog < 1:
             raise ValueError(f"num_leapfrog must be >= 1, got {num_leapfrog}")
-        # accel (nvil.accel) compiles the log density, forward and backward (the gradient is still taken by
-        # autograd, through the compiled graph); the transition itself, and its random draws, stay eager.
-        self.log_density = accelerate(log_density, accel)
+        # accel (nvil.accel) compiles the target's own gradient functions, or else the log density, forward and
+        # backward (autograd through the compiled graph); the transition itself, and its random draws, stay eager.
+        self.log_density = differentiable(log_density, accel)
         self.num_leapfrog = num_leapfrog
         self.inv_mass = inv_mass
         self.divergence_threshold = divergence_threshold
@@ -104,7 +164,7 @@ class HMC:
 
     def init(self, position: torch.Tensor, generator: torch.Generator | None = None) -> HMCState:
         """The state at ``position`` with its log density and gradient (no random draw)."""
-        log_p, grad = value_and_grad(self.log_density, position)
+        log_p, grad = self.log_density.value_and_grad(position)
         return HMCState(position.detach(), log_p, grad)
 
     def reverse(self) -> "HMC":
