@@ -78,7 +78,7 @@ class Chib(PerExample):
         """Progress in sweeps: each of the S steps is two (the move and the forced sweep of T(h* <- h)). The
         hill-climb's length is known only when it stops: it is planned at the previous batch's (``climb_sweeps``),
         and a longer one moves the bar on by less with each sweep rather than stalling it."""
-        gibbs = SequentialGibbs([(1.0, lm.joint(x))])
+        gibbs = SequentialGibbs([(1.0, lm.joint(x))], accel=self.accel)
         h_star = lm.sample_q(x, generator)
         later = 2 * self.num_steps
         if self.hill_climb:

@@ -41,7 +41,7 @@ class Harmonic(PerExample):
                   progress: BatchProgress = NO_PROGRESS) -> torch.Tensor:
         """Progress: one unit per sweep, burn-in included."""
         progress.plan(self.burn_in + self.num_samples)
-        gibbs = SequentialGibbs([(1.0, lm.joint(x))])
+        gibbs = SequentialGibbs([(1.0, lm.joint(x))], accel=self.accel)
         h = lm.sample_q(x, generator)
         for _ in range(self.burn_in):
             h, _ = gibbs.step(h, 1.0, generator)

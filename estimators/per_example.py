@@ -28,6 +28,7 @@ from estimators.certify import stored_particles
 from estimators.exact import split_layers
 from estimators.log_z import apply_log_z, top_log_z
 from models.binary_density import require_bernoulli_visibles
+from nvil.accel import check_mode
 from nvil.config import positive_int
 from nvil.data import take_rows
 from nvil.errors import ConfigError
@@ -81,6 +82,8 @@ class PerExample(Estimator):
         self.cfg = cfg
         self.num_runs = positive_int(cfg.get("num_runs", 1), "estimator.num_runs")
         self.batch_size = positive_int(cfg.get("batch_size", 100), "estimator.batch_size")
+        # the sequential-Gibbs sweeps' per-unit update compiled (nvil.mcmc.sequential_gibbs; ~10 s to compile)
+        self.accel = check_mode(cfg.get("accel", "none"), None, "estimator.accel")
 
     def latent_model(self, model, inference):
         """What ``run_batch`` works with (``LatentModel``; continuous-latent estimators override this)."""

@@ -18,6 +18,7 @@ which costs O(M + K) given the running fields a_f = h M_f + c_f: the incremental
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -33,6 +34,25 @@ class SoftplusFactor:
     sign: float
     lo: int
     hi: int
+    _tables: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def flip_tables(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """(exp(M), exp(-M), levels), cached per dtype (so M must not change afterwards): the factors by which
+        a flip of unit j multiplies exp(a), for the running-probability form of Delta_j in
+        ``nvil.mcmc.sequential_gibbs``, in ``dtype`` (float64 where exp(|M|) would leave ``dtype``'s range).
+        ``levels``: sum_k log(den_k) may take one log per product of 2^levels of its K terms (each den_k lies in
+        [exp(-|M_jk|), exp(|M_jk|)], so 2^levels of them stay well inside the dtype's range; at most 3, K
+        divisible by 2^levels)."""
+        if dtype not in self._tables:
+            reach = self.M.abs().max().item() if self.M.numel() else 0.0
+            work = dtype if reach < 0.5 * math.log(torch.finfo(dtype).max) else torch.float64
+            room = -0.5 * math.log(torch.finfo(work).tiny)
+            levels = 0
+            while levels < 3 and self.M.shape[1] % 2 ** (levels + 1) == 0 and 2 ** (levels + 1) * reach <= room:
+                levels += 1
+            M = self.M.to(work)
+            self._tables[dtype] = (torch.exp(M), torch.exp(-M), levels)
+        return self._tables[dtype]
 
 
 @dataclass

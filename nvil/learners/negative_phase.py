@@ -80,8 +80,10 @@ class NegativePhase:
 
     def accelerate(self, mode: str) -> None:
         """The block-Gibbs sweeps run on the fused kernels of ``BoltzmannMachine.gibbs_kernel`` (binary RBMs
-        without labels or lateral weights; other Boltzmann machines stay eager)."""
+        without labels or lateral weights); a semi-RBM's pixel sweep compiles its in-block updates
+        (``models.visible.LateralBernoulli``); other Boltzmann machines stay eager."""
         self.gibbs = BlockGibbs(self.model, reverse=self.reuse_hidden, accel=mode)
+        self.model.visible_layer.accelerate(mode, self.model.W.device)
 
     def state_dict(self) -> dict:
         return {"gibbs_sweeps": self.sweeps,

@@ -6,10 +6,18 @@ sweep visits the units in index order, j = 1..M, and draws h_j from
 
     P(h_j = 1 | h_-j) = sigmoid(sum_t scale_t Delta_tj(h)),
 
-with Delta_tj the change of log f_t when h_j flips (``models.binary_density``). The running fields
-(u + (J + J')h and a_f = h M_f + c_f) are updated by one rank-1 step per flip, so a sweep costs about one
-matmul per chain, never a re-evaluation of the whole density per unit; they are recomputed from h at the
-start of each sweep so float32 rounding cannot drift.
+with Delta_tj the change of log f_t when h_j flips (``models.binary_density``). The running fields are
+updated in place after each flip, batched over chains, so a sweep never re-evaluates a density per unit;
+they are recomputed from h at the start of each sweep so rounding cannot drift from one sweep to the next.
+The quadratic term keeps r = u + (J + J')h (a rank-1 step per flip). A softplus factor keeps, instead of its
+input a = h M + c, the probabilities p = sigmoid(a) and s = sigmoid(-a): a flip moving a_k by m_k changes
+softplus(a_k) by log(s_k + p_k e^{m_k}) (a sum of two positive terms, exact to rounding for any a), and
+moves p_k to p_k e^{m_k} / (s_k + p_k e^{m_k}), s_k to s_k / (s_k + p_k e^{m_k}). So Delta_j costs a
+multiply, an add and a fraction of a log per factor element, where softplus(a +- m) costs an exp and a log1p;
+the K logs are further cut to K / 2^levels by multiplying 2^levels of the den_k first (``flip_tables``).
+``unit_update`` is that whole single-site update (log-odds, choice, moves) as one function of tensors:
+eager by default (updating only the rows of the chains that are on / flipped), or with ``accel="compile"``
+(``nvil.accel``) one fused kernel per unit, compiled once per kind of sweep (sample, force, argmax).
 
 Each single-site update satisfies detailed balance, so the reverse operator T~ is the same updates in
 the opposite order (Murray & Salakhutdinov 2009, Sec. 2.3): ``reverse=True``, or a [chains] bool tensor
@@ -24,52 +32,99 @@ import torch
 import torch.nn.functional as F
 
 from models.binary_density import BinaryDensity
+from nvil.accel import accelerate
 from nvil.mcmc.base import untempered
 
 
+def log_prod_sum(den: torch.Tensor, levels: int) -> torch.Tensor:
+    """sum_k log(den_k) over the last dimension of a [chains, K] tensor, as the logs of products of 2^levels
+    terms, halving ``levels`` times (contiguous halves: compiled, this fuses into one loop, where a product over
+    a middle dimension of a view does not)."""
+    for _ in range(levels):
+        half = den.shape[-1] // 2
+        den = den[:, :half] * den[:, half:]
+    return torch.log(den).sum(-1)
+
+
+def unit_update(base, h_j, pick, mode: str, beta, coefs, ps, ss, ups, downs, levels: tuple):
+    """The single-site update of unit j in every chain: its log-odds base - sign_j sum_f coef_f gain_f (base: the
+    terms' weighted r_j; gain_f = sum_k softplus(a'_k) - softplus(a_k) = sum_k log(s_k + p_k e^{m_k}), m = M_j
+    where h_j = 0 and -M_j where h_j = 1, ``ups`` / ``downs`` the rows exp(+-M_j)), tempered by ``beta``; the new
+    h_j (``mode``: ``sample`` u < sigmoid(logit) with ``pick`` = u, ``force`` ``pick`` itself, ``argmax``); and
+    p, s moved where h_j flipped. Returns (new h_j, logit, ps, ss). A function of tensors (``nvil.accel``)."""
+    on = (h_j > 0)[:, None]
+    sign_j = 2 * h_j - 1  # +1 where h_j = 1: the flip turns unit j off
+    logit, moves = base, []
+    for i in range(len(ps)):
+        p_e = times_row(ps[i], on, downs[i], ups[i])
+        den = p_e + ss[i]
+        logit = logit - coefs[i] * sign_j * log_prod_sum(den, levels[i]).to(base.dtype)
+        moves.append((p_e, den))
+    if beta is not None:
+        logit = beta * logit
+    if mode == "force":
+        new = pick
+    elif mode == "argmax":
+        new = (logit > 0).to(h_j.dtype)
+    else:
+        new = (pick < torch.sigmoid(logit)).to(h_j.dtype)
+    flipped = (new != h_j)[:, None]
+    moved = [move_rows(flipped, ps[i], ss[i], p_e, den) for i, (p_e, den) in enumerate(moves)]
+    return new, logit, [p for p, _ in moved], [s for _, s in moved]
+
+
+def times_row(p: torch.Tensor, on: torch.Tensor, down: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """p * (down where ``on`` else up), ``on`` [chains, 1]: one fused select when compiled; eagerly, a product
+    with ``up`` redone for the chains that are on (a broadcast select is slow on the CPU)."""
+    if torch.compiler.is_compiling():
+        return p * torch.where(on, down, up)
+    out = p * up
+    rows = on.squeeze(1).nonzero().squeeze(1)
+    return out.index_copy_(0, rows, p.index_select(0, rows) * (down.index_select(0, rows) if down.dim() == 2 else down))
+
+
+def move_rows(flipped: torch.Tensor, p: torch.Tensor, s: torch.Tensor, p_e: torch.Tensor, den: torch.Tensor):
+    """(p, s) with p <- p e^m / den and s <- s / den in the chains that flipped (eagerly: in place, their rows)."""
+    if torch.compiler.is_compiling():
+        return torch.where(flipped, p_e / den, p), torch.where(flipped, s / den, s)
+    rows = flipped.squeeze(1).nonzero().squeeze(1)
+    den = den.index_select(0, rows)
+    return (p.index_copy_(0, rows, p_e.index_select(0, rows).div_(den)),
+            s.index_copy_(0, rows, s.index_select(0, rows).div_(den)))
+
+
+_UNIT_UPDATE = {"none": unit_update}
+
+
 class _Fields:
-    """The running fields of one density for the current h: r = u + (J + J')h, and per softplus factor its
-    input a = h M + c and total S = sum_k softplus(a_k). A flip of unit j moves a to a' = a + (1 - 2 h_j) M_j,
-    so Delta_j needs one softplus per factor element, sum softplus(a'), and S stands in for the other side."""
+    """The running fields of one density for the current h: r = u + (J + J')h, and per softplus factor
+    p = sigmoid(h M + c) and s = sigmoid(-(h M + c)), with its flip tables exp(+-M)."""
 
-    def __init__(self, d: BinaryDensity, h: torch.Tensor) -> None:
-        self.d = d
+    def __init__(self, scale: float, d: BinaryDensity, h: torch.Tensor) -> None:
+        self.scale, self.d = scale, d
         self.r = d.u + h @ d.J_sym if d.J_sym is not None else d.u
-        self.a = [h @ f.M + f.c for f in d.factors]
-        self.total = [F.softplus(a).sum(-1) for a in self.a]
-        self.pending: list = []
+        self.tables = [f.flip_tables(h.dtype) for f in d.factors]
+        a = [(h @ f.M + f.c).to(t[0].dtype) for f, t in zip(d.factors, self.tables)]
+        self.p = [torch.sigmoid(x) for x in a]
+        self.s = [torch.sigmoid(-x) for x in a]
 
-    def log_odds(self, j, h_j: torch.Tensor) -> torch.Tensor:
-        per_chain = torch.is_tensor(j)
-        delta = self.r.gather(1, j[:, None]).squeeze(1) if per_chain else self.r[:, j]
-        self.pending = []
-        sign_j = 2 * h_j - 1  # +1 where h_j = 1: a is the "on" input and a' the "off" one
-        for k, f in enumerate(self.d.factors):
-            if not per_chain and not f.lo <= j < f.hi:
-                continue
-            m = f.M[j]  # [K], or [chains, K] per chain
-            flipped_total = F.softplus(self.a[k] - sign_j[:, None] * m).sum(-1)
-            delta = delta + f.sign * sign_j * (self.total[k] - flipped_total)
-            self.pending.append((k, m, flipped_total))
-        return delta
-
-    def set(self, j, change: torch.Tensor, h_new: torch.Tensor) -> None:
-        if self.d.J_sym is not None:
-            col = self.d.J_sym[j]  # [M], or [chains, M]
-            self.r = self.r + change[:, None] * col
-        for k, m, flipped_total in self.pending:
-            self.a[k] = self.a[k] + change[:, None] * m
-            self.total[k] = torch.where(change != 0, flipped_total, self.total[k])
+    def active(self, j) -> list[int]:
+        """The factors unit j enters (every one when j differs between chains)."""
+        return [k for k, f in enumerate(self.d.factors) if torch.is_tensor(j) or f.lo <= j < f.hi]
 
 
 class SequentialGibbs:
     """The sweep as a kernel (``nvil.mcmc.base.ChibKernel``); its state is h itself, [chains, units].
     ``reverse``: the direction of ``step``, a bool or a [chains] bool tensor (True: T~, units M..1)."""
 
-    def __init__(self, terms: list[tuple[float, BinaryDensity]], reverse=False) -> None:
+    def __init__(self, terms: list[tuple[float, BinaryDensity]], reverse=False, accel: str = "none") -> None:
         self.terms = terms
         self.n_units = terms[0][1].n_units
         self.reversed = reverse
+        self.accel = accel
+        if accel not in _UNIT_UPDATE:
+            _UNIT_UPDATE[accel] = accelerate(unit_update, accel)
+        self.unit = _UNIT_UPDATE[accel]
 
     def init(self, x: torch.Tensor, generator=None) -> torch.Tensor:
         return x.clone()
@@ -79,7 +134,7 @@ class SequentialGibbs:
 
     def oriented(self, backward) -> "SequentialGibbs":
         """This sweep with chain c going backward (T~) where ``backward[c]``."""
-        return SequentialGibbs(self.terms, backward)
+        return SequentialGibbs(self.terms, backward, self.accel)
 
     def step(self, h: torch.Tensor, beta=1.0, generator=None) -> tuple[torch.Tensor, dict]:
         """h' ~ T(. <- h) at the tempered target f^beta, each chain in its own direction."""
@@ -96,32 +151,43 @@ class SequentialGibbs:
         (``beta`` a float or [chains])."""
         h = h.clone()
         n = self.n_units
-        fields = [(scale, _Fields(d, h)) for scale, d in self.terms if scale != 0]
-        uniform = None if force is not None or argmax else torch.rand(h.shape, generator=generator, device=h.device, dtype=h.dtype)
-        log_t = torch.zeros(h.shape[0], dtype=h.dtype, device=h.device)
+        fields = [_Fields(scale, d, h) for scale, d in self.terms if scale != 0]
+        mode = "force" if force is not None else "argmax" if argmax else "sample"
+        picks = force if force is not None else None if argmax else torch.rand(
+            h.shape, generator=generator, device=h.device, dtype=h.dtype)
+        beta = None if untempered(beta) else torch.as_tensor(beta, dtype=h.dtype, device=h.device)
+        coefs = {}  # per set of active factors: scale_t * sign_f, one tensor (no recompilation as scales change)
+        logits = torch.empty_like(h)  # log P(h_j = 1 | rest) - log P(h_j = 0 | rest), for log T at the end
         per_chain = torch.is_tensor(reverse)
         for i in range(n):
             j = torch.where(reverse, n - 1 - i, i) if per_chain else (n - 1 - i if reverse else i)
-            h_j = h.gather(1, j[:, None]).squeeze(1) if per_chain else h[:, j]
-            logit = sum(scale * fl.log_odds(j, h_j) for scale, fl in fields)
-            if not untempered(beta):
-                logit = beta * logit
-            if force is not None:
-                new = force.gather(1, j[:, None]).squeeze(1) if per_chain else force[:, j]
-            elif argmax:
-                new = (logit > 0).to(h.dtype)
-            else:
-                u = uniform.gather(1, j[:, None]).squeeze(1) if per_chain else uniform[:, j]
-                new = (u < torch.sigmoid(logit)).to(h.dtype)
-            log_t = log_t + torch.where(new > 0, F.logsigmoid(logit), F.logsigmoid(-logit))
-            change = new - h_j
-            for _, fl in fields:
-                fl.set(j, change, new)
+            col = j[:, None] if per_chain else None
+            at = (lambda t: t.gather(1, col).squeeze(1)) if per_chain else (lambda t: t[:, j])  # noqa: E731
+            row = (lambda t: t.index_select(0, j)) if per_chain else (lambda t: t[j])  # noqa: E731
+            active = [(fl, k) for fl in fields for k in fl.active(j)]
+            key = tuple((id(fl), k) for fl, k in active)
+            if key not in coefs:
+                coefs[key] = torch.tensor([fl.scale * fl.d.factors[k].sign for fl, k in active], dtype=h.dtype,
+                                          device=h.device)
+            h_j = at(h)
+            base = sum(fl.scale * at(fl.r) for fl in fields)
+            pick = None if picks is None else at(picks)
+            new, logit, ps, ss = self.unit(
+                base, h_j, pick, mode, beta, coefs[key], [fl.p[k] for fl, k in active], [fl.s[k] for fl, k in active],
+                [row(fl.tables[k][0]) for fl, k in active], [row(fl.tables[k][1]) for fl, k in active],
+                tuple(fl.tables[k][2] for fl, k in active))
+            for (fl, k), p, s in zip(active, ps, ss):
+                fl.p[k], fl.s[k] = p, s
+            for fl in fields:
+                if fl.d.J_sym is not None:
+                    fl.r = torch.addcmul(fl.r, (new - h_j)[:, None], row(fl.d.J_sym))
             if per_chain:
-                h.scatter_(1, j[:, None], new[:, None])
+                h.scatter_(1, col, new[:, None])
+                logits.scatter_(1, col, logit[:, None])
             else:
                 h[:, j] = new
-        return h, log_t
+                logits[:, j] = logit
+        return h, F.logsigmoid(torch.where(h > 0, logits, -logits)).sum(-1)
 
     def log_transition(self, to: torch.Tensor, frm: torch.Tensor) -> torch.Tensor:
         """log T(to <- frm) of one forward sweep (Murray & Salakhutdinov 2009, Eq. 11)."""

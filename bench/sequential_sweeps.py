@@ -1,0 +1,158 @@
+"""The two sequential Gibbs sweeps, timed on the CPU (issue 16), here and in a copy of the code from before:
+
+    git worktree add /tmp/before_seq HEAD        # the code to compare with
+    python bench/sequential_sweeps.py --before /tmp/before_seq --threads 1,2
+    python bench/sequential_sweeps.py --rows pixel_100 --accel compile   # the compiled in-block updates
+
+Rows (fixed seeds, random parameters of realistic scale: the cost does not depend on the values):
+
+- ``pixel_100``: one sequential sweep over the 784 pixels of a semi-RBM given h (``LateralBernoulli``), 100 chains;
+- ``sap_srbm500``: one SAP update of the ``sap_srbm500`` preset (semi-RBM 784-500 with 10 labels, 100 persistent
+  particles, minibatch 100, k = 1: the sweep, the hidden units, the labels, the gradient);
+- ``sbn200_50``, ``sbn200_500``: one ``SequentialGibbs`` sweep over the 200 latents of an SBN-200 given 784
+  binary pixels (one softplus factor of K = 784), 50 and 500 chains (Chib, per-example AIS);
+- ``dbn_500``: one sweep over h1 of a DBN 784-500-2000 (factors of K = 784 and 2,000), 500 chains.
+
+Each measurement is a fresh process (``--worker``) pinned to ``--threads`` threads; the two code trees are timed in
+alternation, ``--rounds`` times, and each gets the median of its rounds, so a shared machine slows them alike.
+The table gives wall-clock and process CPU ms per call (on a loaded machine the CPU time at 1 thread is the
+steadier figure), calls per second and the speed-ups of this tree over ``--before``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+ROWS = ("pixel_100", "sap_srbm500", "sbn200_50", "sbn200_500", "dbn_500")
+
+
+# ---- one measurement, in a worker process that imports the tree under test -----------------------------
+def density(torch, builder, chains: int, sizes: list[int], gen):
+    """log P(v, h1) of an SBN (``sizes`` = [784, H]) or of a DBN 784-H-top with the top RBM summed out."""
+    x = (torch.rand(chains, 784, generator=gen) < 0.13).float()
+    hidden = sizes[1]
+    d = builder(hidden, chains, x)
+    d.bernoulli(x, torch.randn(784, generator=gen), [(slice(0, hidden), 0.1 * torch.randn(784, hidden, generator=gen))])
+    if len(sizes) == 2:
+        d.bernoulli(slice(0, hidden), torch.randn(hidden, generator=gen))
+    else:
+        d.linear(slice(0, hidden), 0.1 * torch.randn(hidden, generator=gen))
+        d.softplus_factor(slice(0, hidden), 0.1 * torch.randn(hidden, sizes[2], generator=gen),
+                          0.1 * torch.randn(sizes[2], generator=gen), 1.0)
+    return d.build()
+
+
+def make_call(row: str, accel: str):
+    """A zero-argument callable that runs the row once."""
+    import torch
+    from omegaconf import OmegaConf
+
+    from models.binary_density import DensityBuilder
+    from models.rbm import BoltzmannMachine
+    from nvil.learners.sap import SAP
+    from nvil.mcmc.sequential_gibbs import SequentialGibbs
+
+    gen = torch.Generator().manual_seed(0)
+    if row in ("pixel_100", "sap_srbm500"):
+        torch.manual_seed(0)
+        model = BoltzmannMachine(784, 500, lateral=True, n_labels=10 if row == "sap_srbm500" else 0)
+        with torch.no_grad():
+            model.W.normal_(0, 0.05)
+            model.L.normal_(0, 0.02)
+        if accel != "none":
+            model.visible_layer.accelerate(accel)
+        if row == "pixel_100":
+            layer, lateral = model.visible_layer, model.lateral().detach()
+            field = torch.randn(100, 784, generator=gen)
+            v = (torch.rand(100, 784, generator=gen) < 0.2).float()
+            beta = torch.tensor(1.0)
+            return lambda: layer.sample_field(field, gen, beta=beta, lateral=lateral, start=v)
+        cfg = OmegaConf.create({"name": "sap", "lr": 0.05, "num_particles": 100, "k": 1,
+                                "schedule": {"t0": 50000, "a": 100.0, "b": 2000.0}})
+        sap = SAP(model, None, cfg, torch.device("cpu"), 0)
+        pixels = (torch.rand(100, 784, generator=gen) < 0.13).float()
+        labels = torch.nn.functional.one_hot(torch.randint(0, 10, (100,), generator=gen), 10).float()
+        x = torch.cat([pixels, labels], -1)
+        return lambda: sap.step(x)
+    chains = int(row.split("_")[1])
+    sizes = [784, 200] if row.startswith("sbn") else [784, 500, 2000]
+    kw = {} if accel == "none" else {"accel": accel}
+    gibbs = SequentialGibbs([(1.0, density(torch, DensityBuilder, chains, sizes, gen))], **kw)
+    h = (torch.rand(chains, sizes[1], generator=gen) < 0.3).float()
+    state = {"h": h}
+
+    def sweep():
+        state["h"] = gibbs.sweep(state["h"], generator=gen)[0]
+
+    return sweep
+
+
+def worker(args) -> None:
+    tree = Path(args.worker).resolve()
+    sys.path.insert(0, str(tree))
+    import torch
+
+    import nvil
+
+    assert Path(nvil.__file__).resolve().is_relative_to(tree), f"nvil imported from {nvil.__file__}, not {tree}"
+
+    torch.set_num_threads(int(args.threads))
+    call = make_call(args.row, args.accel)
+    call()  # warm-up (and compilation)
+    wall, cpu, start = [], [], time.perf_counter()
+    while len(wall) < args.calls and (len(wall) < 2 or time.perf_counter() - start < args.budget):
+        t0, c0 = time.perf_counter(), time.process_time()
+        call()
+        wall.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
+    print(json.dumps({"ms": 1e3 * statistics.median(wall), "cpu_ms": 1e3 * statistics.median(cpu)}))
+
+
+# ---- the driver ------------------------------------------------------------------------------------------
+def measure(tree: Path, row: str, threads: int, args, accel: str) -> dict:
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", str(tree), "--row", row, "--threads",
+           str(threads), "--calls", str(args.calls), "--budget", str(args.budget), "--accel", accel]
+    out = subprocess.run(cmd, capture_output=True, text=True, cwd=str(tree), timeout=3600)
+    if out.returncode:
+        raise RuntimeError(f"{row} in {tree} failed:\n{out.stderr[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rows", default=",".join(ROWS))
+    p.add_argument("--threads", default="1", help="comma-separated thread counts (torch.set_num_threads)")
+    p.add_argument("--before", default=None, help="a checkout of the code to compare with (git worktree add ...)")
+    p.add_argument("--rounds", type=int, default=3, help="alternating measurements per tree")
+    p.add_argument("--calls", type=int, default=5, help="timed calls per measurement (after one warm-up)")
+    p.add_argument("--budget", type=float, default=20.0, help="seconds per measurement before it stops early")
+    p.add_argument("--accel", default="none", help="none | compile: the pixel sweep's in-block updates (this tree)")
+    p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--row", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.worker:
+        return worker(args)
+    print("| row | threads | before ms | after ms | speed-up | before CPU ms | after CPU ms | CPU speed-up | after calls/s |\n"
+          "|---|---|---|---|---|---|---|---|---|", flush=True)
+    for row in args.rows.split(","):
+        for threads in (int(t) for t in args.threads.split(",")):
+            after, before = [], []
+            for _ in range(args.rounds):
+                if args.before:
+                    before.append(measure(Path(args.before), row, threads, args, "none"))
+                after.append(measure(ROOT, row, threads, args, args.accel))
+            a, b = ({key: statistics.median(m[key] for m in runs) if runs else float("nan") for key in ("ms", "cpu_ms")}
+                    for runs in (after, before))
+            print(f"| {row} | {threads} | {b['ms']:.1f} | {a['ms']:.1f} | {b['ms'] / a['ms']:.1f}x | {b['cpu_ms']:.1f} | "
+                  f"{a['cpu_ms']:.1f} | {b['cpu_ms'] / a['cpu_ms']:.1f}x | {1e3 / a['ms']:.1f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

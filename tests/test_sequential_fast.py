@@ -1,0 +1,264 @@
+"""The fast sequential sweeps make the same chains as the per-unit loops they replace (issue 16).
+
+- The semi-RBM's pixel sweep (``models.visible.blocked_sweep``: one matmul per block, then the in-block
+  updates with L's [B, B] block) against the per-pixel loop (one matvec per pixel), reproduced here as
+  ``reference_pixel_sweep``: the same states from the same generator, forward and reverse, at beta != 1 and
+  per-chain beta, with a block size that does not divide the pixels; the sweep with the in-block correction
+  left out fails the same check.
+- ``SequentialGibbs`` (running probabilities p, s of each softplus factor and pairwise log-products) against
+  the running-softplus loop it replaced, reproduced as ``ReferenceSweep``: the same states and log T
+  (Murray & Salakhutdinov 2009, Eq. 11) forward, reverse, per-chain directions, tempered, two weighted
+  terms, forced and argmax; with the probabilities not moved after a flip it fails the same check.
+
+All in float64 on small random models, where the two roundings cannot reach a different decision.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from omegaconf import OmegaConf
+
+from conftest import make_cfg
+from estimators.chib import Chib
+from estimators.harmonic import Harmonic
+from models.binary_density import DensityBuilder
+from models.rbm import BoltzmannMachine
+from models.visible import LateralBernoulli, blocked_sweep, lateral_block
+from nvil.errors import ConfigError
+from nvil.learners import build_learner
+from nvil.mcmc import sequential_gibbs
+from nvil.mcmc.sequential_gibbs import SequentialGibbs
+
+DT = torch.float64
+
+
+# ---- the per-unit loops (the code before issue 16) ---------------------------------------------------------
+def reference_pixel_sweep(field, start, u, lateral, beta, reverse=False):
+    """One matvec per pixel: v_i = [u_i < sigmoid(field_i + beta v L[:, i])], in order or reversed."""
+    v = start.clone()
+    beta_col = beta if beta.dim() == 0 else beta[..., 0]
+    n = field.shape[-1]
+    for i in (range(n - 1, -1, -1) if reverse else range(n)):
+        logit = field[..., i] + beta_col * (v @ lateral[:, i])
+        v[..., i] = (u[..., i] < torch.sigmoid(logit)).to(v.dtype)
+    return v
+
+
+class ReferenceSweep:
+    """The running-softplus sweep: a_f = h M_f + c_f and S_f = sum softplus(a_f), one softplus per element
+    per unit; log T summed unit by unit."""
+
+    def __init__(self, terms):
+        self.terms = terms
+
+    def sweep(self, h, *, reverse=False, generator=None, force=None, argmax=False, beta=1.0):
+        h = h.clone()
+        n = self.terms[0][1].n_units
+        fields = []
+        for scale, d in self.terms:
+            r = d.u + h @ d.J_sym if d.J_sym is not None else d.u
+            a = [h @ f.M + f.c for f in d.factors]
+            fields.append((scale, d, r, a, [F.softplus(x).sum(-1) for x in a]))
+        uniform = None if force is not None or argmax else torch.rand(h.shape, generator=generator, dtype=h.dtype)
+        log_t = torch.zeros(h.shape[0], dtype=h.dtype)
+        per_chain = torch.is_tensor(reverse)
+        pick = lambda t, j: t.gather(1, j[:, None]).squeeze(1) if per_chain else t[:, j]  # noqa: E731
+        for i in range(n):
+            j = torch.where(reverse, n - 1 - i, i) if per_chain else (n - 1 - i if reverse else i)
+            h_j = pick(h, j)
+            sign_j = 2 * h_j - 1
+            logit, moved = 0.0, []
+            for scale, d, r, a, total in fields:
+                delta = pick(r, j)
+                for k, f in enumerate(d.factors):
+                    flipped = F.softplus(a[k] - sign_j[:, None] * f.M[j]).sum(-1)
+                    delta = delta + f.sign * sign_j * (total[k] - flipped)
+                    moved.append((a, total, k, f.M[j], flipped))
+                logit = logit + scale * delta
+            logit = logit if not torch.is_tensor(beta) and beta == 1.0 else beta * logit
+            if force is not None:
+                new = pick(force, j)
+            elif argmax:
+                new = (logit > 0).to(h.dtype)
+            else:
+                new = (pick(uniform, j) < torch.sigmoid(logit)).to(h.dtype)
+            log_t = log_t + torch.where(new > 0, F.logsigmoid(logit), F.logsigmoid(-logit))
+            change = new - h_j
+            for n_field, (scale, d, r, a, total) in enumerate(fields):
+                if d.J_sym is not None:
+                    fields[n_field] = (scale, d, r + change[:, None] * d.J_sym[j], a, total)
+            for a, total, k, m, flipped in moved:
+                a[k] = a[k] + change[:, None] * m
+                total[k] = torch.where(change != 0, flipped, total[k])
+            if per_chain:
+                h.scatter_(1, j[:, None], new[:, None])
+            else:
+                h[:, j] = new
+        return h, log_t
+
+
+# ---- the semi-RBM's pixel sweep -----------------------------------------------------------------------------
+def pixel_case(chains=12, n=37, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    lateral = torch.randn(n, n, generator=g, dtype=DT)
+    lateral = 0.5 * (lateral + lateral.T)
+    lateral.fill_diagonal_(0)
+    field = 1.5 * torch.randn(chains, n, generator=g, dtype=DT)
+    start = (torch.rand(chains, n, generator=g, dtype=DT) < 0.4).to(DT)
+    return field, start, lateral
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("beta", [1.0, 0.35, "per_chain"])
+def test_pixel_sweep_matches_the_per_pixel_loop(reverse, beta):
+    field, start, lateral = pixel_case()
+    beta = torch.linspace(0.1, 1, 12, dtype=DT)[:, None] if beta == "per_chain" else torch.tensor(beta, dtype=DT)
+    layer = LateralBernoulli()
+    fast = layer.sample_field(field, torch.Generator().manual_seed(5), beta=beta, lateral=lateral, start=start,
+                              reverse=reverse)
+    u = torch.rand(field.shape, generator=torch.Generator().manual_seed(5), dtype=DT)
+    ref = reference_pixel_sweep(field, start, u, lateral, beta, reverse)
+    assert torch.equal(fast, ref)
+    assert 0.2 < fast.mean() < 0.8 and not torch.equal(fast, start)  # a real sweep: many units set, some moved
+
+
+@pytest.mark.parametrize("size", [1, 5, 16, 64])
+def test_any_block_size_gives_the_same_chain(size):
+    field, start, lateral = pixel_case(seed=1)
+    u = torch.rand(field.shape, generator=torch.Generator().manual_seed(2), dtype=DT)
+    beta = torch.tensor(0.8, dtype=DT)
+    fast = blocked_sweep(field, start.clone(), torch.log(u) - torch.log1p(-u), lateral, beta, size=size)
+    assert torch.equal(fast, reference_pixel_sweep(field, start, u, lateral, beta))
+
+
+def test_pixel_sweep_without_the_in_block_correction_fails(monkeypatch):
+    def uncorrected(fields, thresholds, old, lateral, beta):
+        return (fields > thresholds).to(fields.dtype)
+
+    field, start, lateral = pixel_case()
+    beta = torch.tensor(1.0, dtype=DT)
+    layer = LateralBernoulli()
+    layer.block = uncorrected
+    broken = layer.sample_field(field, torch.Generator().manual_seed(5), beta=beta, lateral=lateral, start=start)
+    u = torch.rand(field.shape, generator=torch.Generator().manual_seed(5), dtype=DT)
+    assert not torch.equal(broken, reference_pixel_sweep(field, start, u, lateral, beta))
+
+
+# ---- SequentialGibbs ------------------------------------------------------------------------------------------
+def density(chains=10, seed=0, scale=1.5):
+    """Two latent layers (7, 5) under 9 visibles: a -1 factor for the visibles, another for layer 1 given
+    layer 2 (with the pairwise terms it brings), an autoregressive prior on layer 2 and a +1 factor (a summed-out
+    RBM layer of 6 units), each example's visibles its own."""
+    g = torch.Generator().manual_seed(seed)
+    r = lambda *s: scale * torch.randn(*s, generator=g, dtype=DT)  # noqa: E731
+    x = (torch.rand(chains, 9, generator=g, dtype=DT) < 0.5).to(DT)
+    d = DensityBuilder(12, chains, x)
+    l1, l2 = slice(0, 7), slice(7, 12)
+    d.bernoulli(x, r(9), [(l1, r(9, 7))])
+    d.bernoulli(l1, r(7), [(l2, r(7, 5))])
+    d.bernoulli(l2, r(5), [(l2, torch.tril(r(5, 5), -1))])
+    d.softplus_factor(l2, r(5, 6), r(6), +1.0)
+    return d.build()
+
+
+def compare(terms, h, **kw):
+    """(fast, reference) sweeps from h with the same generator seed."""
+    fast = SequentialGibbs(terms).sweep(h, generator=torch.Generator().manual_seed(11), **kw)
+    ref = ReferenceSweep(terms).sweep(h, generator=torch.Generator().manual_seed(11), **kw)
+    return fast, ref
+
+
+def start(chains=10, seed=1):
+    return (torch.rand(chains, 12, generator=torch.Generator().manual_seed(seed), dtype=DT) < 0.5).to(DT)
+
+
+DIRECTIONS = {"forward": False, "reverse": True, "per_chain": torch.arange(10) % 3 == 0}
+
+
+@pytest.mark.parametrize("direction", list(DIRECTIONS))
+@pytest.mark.parametrize("mode", ["sample", "force", "argmax", "tempered", "two_terms"])
+def test_sequential_gibbs_matches_the_running_softplus_loop(direction, mode):
+    d = density()
+    h = start()
+    terms = [(0.3, density(seed=4)), (0.7, d)] if mode == "two_terms" else [(1.0, d)]
+    kw = {"reverse": DIRECTIONS[direction]}
+    if mode == "force":
+        kw["force"] = start(seed=2)
+    elif mode == "argmax":
+        kw["argmax"] = True
+    elif mode == "tempered":
+        kw["beta"] = torch.linspace(0.2, 1.0, 10, dtype=DT)
+    (h_fast, t_fast), (h_ref, t_ref) = compare(terms, h, **kw)
+    assert torch.equal(h_fast, h_ref)
+    torch.testing.assert_close(t_fast, t_ref, rtol=1e-10, atol=1e-10)
+    assert mode == "argmax" or not torch.equal(h_fast, h)
+
+
+def test_sequential_gibbs_with_saturated_and_wide_factors():
+    """Inputs a far into the softplus tails (|a| ~ 40) and a factor whose weights leave float32's exp range
+    (tables in float64, no pairwise products) still give the reference's chain."""
+    d = density(scale=12.0)
+    (h_fast, t_fast), (h_ref, t_ref) = compare([(1.0, d)], start(), force=start(seed=3))
+    torch.testing.assert_close(t_fast, t_ref, rtol=1e-9, atol=1e-9)
+    wide = density()
+    wide.factors[0].M[0, 0] = 100.0
+    assert wide.factors[0].flip_tables(torch.float32)[0].dtype == torch.float64
+    assert wide.factors[0].flip_tables(torch.float32)[2] == 0 and density().factors[1].flip_tables(DT)[2] == 0
+
+
+def test_sequential_gibbs_without_moving_the_probabilities_fails(monkeypatch):
+    def unmoved(base, h_j, pick, mode, beta, coefs, ps, ss, *rest):
+        kept_p, kept_s = [t.clone() for t in ps], [t.clone() for t in ss]
+        new, logit, _, _ = sequential_gibbs.unit_update(base, h_j, pick, mode, beta, coefs, ps, ss, *rest)
+        return new, logit, kept_p, kept_s
+
+    monkeypatch.setitem(sequential_gibbs._UNIT_UPDATE, "none", unmoved)
+    (h_fast, t_fast), (h_ref, t_ref) = compare([(1.0, density())], start(), force=start(seed=2))
+    assert not torch.allclose(t_fast, t_ref, rtol=1e-6)
+
+
+def test_the_acceleration_mode_follows_the_kernel():
+    """``oriented`` / ``reverse`` keep the kernel's ``accel``; ``none`` is the eager ``unit_update`` itself."""
+    gibbs = SequentialGibbs([(1.0, density())])
+    assert gibbs.unit is sequential_gibbs.unit_update
+    assert gibbs.reverse().accel == gibbs.oriented(torch.arange(10) % 2 == 0).accel == "none"
+
+
+def test_trainer_and_estimator_accel_reach_the_sweeps():
+    """``trainer.accel`` reaches a semi-RBM's pixel sweep through SAP's negative phase, and ``estimator.accel``
+    reaches Chib's and the harmonic mean's sweeps; a wrong value is refused in one line."""
+    srbm = BoltzmannMachine(6, 3, lateral=True)
+    sap = build_learner(make_cfg("train", ["learner=sap"]).learner, srbm, None, torch.device("cpu"), 0)
+    assert srbm.visible_layer.block is lateral_block
+    sap.accelerate("compile")
+    assert srbm.visible_layer.block is not lateral_block
+    for estimator in (Chib, Harmonic):
+        cfg = OmegaConf.create({"name": estimator.name, "num_steps": 2, "num_samples": 2, "accel": "compile"})
+        assert estimator(cfg).accel == "compile"
+        with pytest.raises(ConfigError, match="estimator.accel"):
+            estimator(OmegaConf.merge(cfg, {"accel": "fast"}))
+
+
+@pytest.mark.slow
+def test_the_compiled_sweeps_make_the_same_chains():
+    """``accel=compile``: the compiled per-unit update and in-block updates give the reference chains (about two
+    minutes of compilation, hence slow)."""
+    cases = ({}, {"force": start(seed=2)}, {"argmax": True}, {"reverse": torch.arange(10) % 3 == 0},
+             {"beta": torch.linspace(0.2, 1, 10, dtype=DT)})
+    for kw in cases:
+        for terms in ([(1.0, density())], [(0.3, density(seed=4)), (0.7, density())]):
+            h, log_t = SequentialGibbs(terms, accel="compile").sweep(start(), generator=torch.Generator().manual_seed(11), **kw)
+            h_ref, log_t_ref = ReferenceSweep(terms).sweep(start(), generator=torch.Generator().manual_seed(11), **kw)
+            assert torch.equal(h, h_ref), kw
+            torch.testing.assert_close(log_t, log_t_ref, rtol=1e-10, atol=1e-10)
+    field, s0, lateral = pixel_case()
+    layer = LateralBernoulli().accelerate("compile")
+    for reverse in (False, True):
+        for beta in (torch.tensor(0.6, dtype=DT), torch.linspace(0.1, 1, 12, dtype=DT)[:, None]):
+            v = layer.sample_field(field, torch.Generator().manual_seed(5), beta=beta, lateral=lateral, start=s0,
+                                   reverse=reverse)
+            u = torch.rand(field.shape, generator=torch.Generator().manual_seed(5), dtype=DT)
+            assert torch.equal(v, reference_pixel_sweep(field, s0, u, lateral, beta, reverse))
