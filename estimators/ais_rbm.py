@@ -28,7 +28,7 @@ from nvil.accel import accelerate, check_mode
 from nvil.config import positive_float, positive_int
 from nvil.data import take_rows
 from nvil.errors import ConfigError
-from nvil.mcmc.gibbs import BlockGibbs, forward_sweep
+from nvil.mcmc.gibbs import BlockGibbs, forward_sweep, forward_sweep_eager, sweep_uniforms
 from nvil.ops import chunks
 
 # ---- the base-rate model A: every switch on the kind of pixel -------------------------------------------------
@@ -126,14 +126,36 @@ class RBMState(NamedTuple):
     e_base: torch.Tensor | None = None  # E_A(x), likewise
 
 
+def softplus_difference(a: torch.Tensor, beta_lo, beta_hi) -> torch.Tensor:
+    """sum_j softplus(beta_hi a_j) - softplus(beta_lo a_j), 0 <= beta_lo <= beta_hi, term by term: with softplus(x)
+    = max(x, 0) + log1p(exp(-|x|)) and d = beta_hi - beta_lo, each term is
+    d max(a, 0) + log1p(expm1(-d |a|) sigmoid(-beta_lo |a|)): no overflow, and accurate to a few ulp of itself for
+    tiny d and large |a| (the difference of two float32 sums of softplus loses ~1e-4 a step at 784-500).
+    sum_j max(a_j, 0) is taken as (sum_j a_j + sum_j |a_j|) / 2, which saves a pass over a."""
+    t, d = a.abs(), beta_hi - beta_lo
+    log_terms = torch.mul(t, -d).expm1_().mul_(torch.mul(t, -beta_lo).sigmoid_()).log1p_()
+    return log_terms.sum(-1) + 0.5 * d * (a.sum(-1) + t.sum(-1))
+
+
+def log_ratio(a, e_vis, e_base, beta_lo, beta_hi, sign):
+    """log f_beta(x) - log f_beta_prev(x) in float64 from a(x), E_vis(x), E_A(x), given the betas in order and
+    sign = +1 if beta = beta_hi (forward), -1 if beta = beta_lo: with log f_beta = -beta E_vis
+    + sum_j softplus(beta a_j) - (1 - beta) E_A, it is sign (``softplus_difference`` - (beta_hi - beta_lo)
+    (E_vis - E_A))."""
+    d_energy = ((beta_hi - beta_lo) * (e_vis - e_base)).double()
+    return sign * (softplus_difference(a, beta_lo, beta_hi).double() - d_energy)
+
+
 class RBMPath:
     """The Boltzmann machine annealed from a base-rate model, h summed out in the weights; block Gibbs on
     ``TemperedRBM`` at each beta.
 
-    ``accel`` (``nvil.accel``): with ``compile`` or ``cudagraphs``, binary RBMs without labels or lateral weights
-    take each AIS step as ``fused_step``, one compiled kernel: the weight increment, the block-Gibbs sweep of
-    ``nvil.mcmc.gibbs`` (``forward_sweep``) and the new state's a(x), E_vis(x), E_A(x). The uniforms are drawn outside the kernels in the eager order, so the random stream is the
-    same in every mode."""
+    The weight increment is ``log_ratio`` (one pass over a(x)). For binary RBMs without labels or lateral
+    weights (``fused_gibbs``) each move is ``nvil.mcmc.gibbs.forward_sweep`` from ``sweep_uniforms`` (parallel
+    streams on the CPU), eager or, with ``accel`` (``compile``, ``cudagraphs``), inside ``fused_step``: one
+    compiled kernel for the increment, the sweep and the new state's a(x), E_vis(x), E_A(x). The uniforms are
+    drawn outside the kernels, so the random stream is the same in every mode. Other machines move with
+    ``BlockGibbs`` on ``TemperedRBM`` (the model's own conditionals)."""
 
     def __init__(self, model: BoltzmannMachine, base: BaseRate, accel: str = "none") -> None:
         self.model, self.base = model, base
@@ -153,33 +175,51 @@ class RBMPath:
 
     def state(self, x: torch.Tensor) -> RBMState:
         m = self.model
-        return RBMState(x, m.hidden_input(x), m.visible_energy(x), self.tempered.base_energy(x))
+        a = torch.addmm(m.c, x, m.W) if m.fused_gibbs else m.hidden_input(x)  # c + x'W with the bias in the matmul
+        return RBMState(x, a, m.visible_energy(x), self.tempered.base_energy(x))
 
     def log_f(self, state: RBMState, beta: float) -> torch.Tensor:
         return self.tempered.log_f(state.x, beta, state.a, state.e_vis, state.e_base)
 
+    def log_ratio(self, state: RBMState, beta_prev: float, beta: float) -> torch.Tensor:
+        """log f_beta(x) - log f_beta_prev(x) (Salakhutdinov & Murray 2008, Eq. 15 over Eq. 14) in one pass over
+        a(x) (``log_ratio``), for every kind of visible layer."""
+        return log_ratio(state.a, state.e_vis, state.e_base, *ordered(beta_prev, beta))
+
+    def uniforms(self, n: int, generator=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """u_h [n, H] and u_x [n, V] for one sweep (``sweep_uniforms``)."""
+        m = self.model
+        return sweep_uniforms(n, (m.n_hidden, m.n_pixels), generator, m.W.device, m.W.dtype)
+
     def transition(self, state: RBMState, beta: float, generator=None) -> RBMState:
         """Block Gibbs at beta: h ~ p_beta(h | x), then x ~ p_beta(x | h) (the sweep draws h afresh from x)."""
+        if self.model.fused_gibbs:
+            t = self.tempered
+            u_h, u_x = self.uniforms(state.x.shape[0], generator)
+            x, _ = forward_sweep_eager(state.x, state.a, u_h, u_x, beta, t.W, t.b, t.c, t.visible_offset)
+            return self.state(x)
         new, _ = self.gibbs.step(State(state.x, None), beta, generator, hidden_input=state.a)
         return self.state(new.x)
 
-    def _step_kernel(self, x, a, e_vis, e_base, u_h, u_x, beta_prev, beta):
-        """One AIS step from uniforms u_h, u_x: log f_beta(x) - log f_beta_prev(x) in float64, the sweep at beta, and
-        the new state's tensors (a function of tensors only, so it compiles to one kernel)."""
+    def _step_kernel(self, x, a, e_vis, e_base, u_h, u_x, beta_lo, beta_hi, sign, beta):
+        """One AIS step from uniforms u_h, u_x: the increment (``log_ratio``), the sweep at beta, and the new
+        state's tensors (a function of tensors only, so it compiles to one kernel)."""
         t = self.tempered
-        step = (t.log_f(x, beta, a, e_vis, e_base) - t.log_f(x, beta_prev, a, e_vis, e_base)).double()
+        step = log_ratio(a, e_vis, e_base, beta_lo, beta_hi, sign)
         x, _ = forward_sweep(x, a, u_h, u_x, beta, t.W, t.b, t.c, t.visible_offset)
         return (step, *self.state(x))
 
     def _fused_step(self, state: RBMState, beta_prev: float, beta: float, generator=None):
-        """(the weight increment, the state after the move at beta), the uniforms drawn in the eager sweep's order."""
-        x, m = state.x, self.model
-        n, dev, dt = x.shape[0], x.device, x.dtype
-        u_h = torch.rand((n, m.n_hidden), generator=generator, device=dev, dtype=dt)
-        u_x = torch.rand((n, m.n_pixels), generator=generator, device=dev, dtype=dt)
-        step, *new = self._kernel(x, state.a, state.e_vis, state.e_base, u_h, u_x, as_beta(beta_prev, x),
-                                  as_beta(beta, x))
+        """(the weight increment, the state after the move at beta), from the eager transition's uniforms."""
+        x = state.x
+        betas = [as_beta(v, x) for v in (*ordered(beta_prev, beta), beta)]
+        step, *new = self._kernel(x, state.a, state.e_vis, state.e_base, *self.uniforms(x.shape[0], generator), *betas)
         return step, RBMState(*new)
+
+
+def ordered(beta_prev: float, beta: float) -> tuple[float, float, float]:
+    """(beta_lo, beta_hi, sign) for ``log_ratio``: forward AIS has beta > beta_prev, reverse AIS beta < beta_prev."""
+    return (beta_prev, beta, 1.0) if beta >= beta_prev else (beta, beta_prev, -1.0)
 
 
 # ---- log Z ---------------------------------------------------------------------------------------------------

@@ -12,7 +12,8 @@ decreasing order from exact samples of f_1 / Z_1 (reverse AIS), exp(log w) is un
 Log-weights accumulate in float64; averages are log-sum-exps.
 
 A path is any object with ``log_f(state, beta) -> [chains]`` and ``transition(state, beta, generator) -> state``;
-it may add ``fused_step(state, beta_prev, beta, generator) -> (increment, state)``, the two in one call.
+it may add ``log_ratio(state, beta_prev, beta)``, the increment log f_beta - log f_beta_prev in one pass, and
+``fused_step(state, beta_prev, beta, generator) -> (increment, state)``, the increment and the move in one call.
 The paths: ``estimators.ais_rbm.RBMPath`` (a Boltzmann machine from its base-rate model), ``estimators.ais.
 PosteriorPath`` (Q(h | v) to the posterior), ``estimators.ais_hmc.PriorPosteriorPath`` (prior to posterior, HMC).
 
@@ -84,13 +85,14 @@ def ais(path, state, betas: torch.Tensor, generator=None, progress: bool = False
     b = betas.tolist()
     log_w = None
     fused = getattr(path, "fused_step", None) if resample is None else None
+    ratio = getattr(path, "log_ratio", None) or (lambda s, b0, b1: (path.log_f(s, b1) - path.log_f(s, b0)).double())
     for k in tqdm(range(1, len(b)), disable=not progress, desc=desc, leave=False, unit="beta",
                   mininterval=max(1.0, progress_interval())):
         moves = k < len(b) - 1
         if fused is not None and moves:
             step, state = fused(state, b[k - 1], b[k], generator)
         else:
-            step = (path.log_f(state, b[k]) - path.log_f(state, b[k - 1])).double()
+            step = ratio(state, b[k - 1], b[k])
         if on_step is not None:
             on_step(k, step)
         log_w = step if log_w is None else log_w + step
