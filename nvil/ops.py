@@ -96,13 +96,12 @@ class RunningMoments(torch.nn.Module):
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             batch_mean, batch_var = global_mean_var(x)
         else:
-            batch_mean = x.mean()
-            batch_var = x.var(unbiased=False) if x.numel() > 1 else torch.zeros_like(batch_mean)
-        # The first minibatch sets the statistics rather than being shrunk towards (0, 1): a = 0 until
-        # initialised, computed on the device (no host sync, no new tensor per step).
-        a = self.initialised.to(batch_mean.dtype) * self.alpha
-        self.mean.mul_(a).add_((1 - a) * batch_mean)
-        self.var.mul_(a).add_((1 - a) * batch_var)
+            batch_var, batch_mean = torch.var_mean(x, correction=0)
+        # The first minibatch sets the statistics rather than being shrunk towards (0, 1): the weight of the new
+        # minibatch is 1 until initialised, 1 - alpha after; chosen on the device (no host sync).
+        w = torch.where(self.initialised, 1.0 - self.alpha, 1.0)
+        self.mean.lerp_(batch_mean, w)
+        self.var.lerp_(batch_var, w)
         self.initialised.fill_(True)
 
 

@@ -22,6 +22,7 @@ from models.sbn import SBN
 from models.inference import LayeredInference
 from nvil.learners import fused
 from nvil.learners.nvil import NVIL
+from nvil.ops import RunningMoments
 
 ALL_ON = dict(input_baseline=True, constant_baseline=True, variance_normalisation=True, layerwise=True)
 SWITCHES = {
@@ -172,3 +173,26 @@ def test_both_paths_write_the_same_checkpoint():
     a, b = fast.learner_state(), slow.learner_state()
     assert a.keys() == b.keys() and a["optimizer"].keys() == b["optimizer"].keys()
     slow.load_learner_state(a)  # one path resumes from the other's checkpoint
+
+
+def expected_moments(xs, alpha):
+    """c and v by Algorithm 1's recursion, the first minibatch setting them."""
+    c = v = None
+    for x in xs:
+        mean, var = x.double().mean(), x.double().var(unbiased=False) if x.numel() > 1 else torch.zeros((), dtype=torch.float64)
+        c, v = (mean, var) if c is None else (alpha * c + (1 - alpha) * mean, alpha * v + (1 - alpha) * var)
+    return c, v
+
+
+@pytest.mark.parametrize("alpha, power", [(0.8, False), (0.5, True)])
+def test_running_moments_follow_algorithm_1(alpha, power):
+    """c <- alpha c + (1 - alpha) mean(l), v likewise with var(l), the first minibatch (and a one-element one) included;
+    the power variant checks the recursion against the wrong smoothing (0.8 vs 0.5), which must fail."""
+    g = torch.Generator().manual_seed(0)
+    xs = [torch.randn(20, generator=g) * 3 + 1 for _ in range(5)] + [torch.randn(1, generator=g)]
+    moments = RunningMoments(0.8)
+    for x in xs:
+        moments.update(x)
+    c, v = expected_moments(xs, alpha)
+    close = torch.allclose(moments.mean.double(), c, atol=1e-5) and torch.allclose(moments.var.double(), v, atol=1e-5)
+    assert close != power
