@@ -182,7 +182,7 @@ class LateralBernoulli(Bernoulli):
             return mu
         v = (start if start is not None else torch.zeros_like(field)).clone()
         u = torch.rand(field.shape, generator=generator, device=field.device, dtype=field.dtype)
-        thresholds = torch.log(u) - torch.log1p(-u)  # u < sigmoid(x) where x > logit(u)
+        thresholds = log_odds(u)  # u < sigmoid(x) where x > logit(u)
         if not reverse:
             return blocked_sweep(field, v, thresholds, lateral, beta, self.block)
         flip = lambda t: t.flip(-1)  # noqa: E731  (the reverse sweep: the forward one over reversed units)
