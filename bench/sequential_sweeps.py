@@ -3,6 +3,7 @@
     git worktree add /tmp/before_seq HEAD        # the code to compare with
     python bench/sequential_sweeps.py --before /tmp/before_seq --threads 1,2
     python bench/sequential_sweeps.py --rows pixel_100 --accel compile   # the compiled in-block updates
+    python bench/sequential_sweeps.py --before /tmp/before_seq --accel native   # the C sweeps (nvil.native)
 
 Rows (fixed seeds, random parameters of realistic scale: the cost does not depend on the values):
 
@@ -133,7 +134,8 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3, help="alternating measurements per tree")
     p.add_argument("--calls", type=int, default=5, help="timed calls per measurement (after one warm-up)")
     p.add_argument("--budget", type=float, default=20.0, help="seconds per measurement before it stops early")
-    p.add_argument("--accel", default="none", help="none | compile: the pixel sweep's in-block updates (this tree)")
+    p.add_argument("--accel", default="none",
+                   help="none | compile | native: the sweeps of this tree (the --before tree runs its eager default)")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     p.add_argument("--row", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()

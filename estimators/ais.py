@@ -32,10 +32,11 @@ class PosteriorState(NamedTuple):
 
 
 class PosteriorPath:
-    """f_beta(h) = Q(h | v)^(1 - beta) P*(v, h)^beta for each chain's own v; sequential Gibbs moves."""
+    """f_beta(h) = Q(h | v)^(1 - beta) P*(v, h)^beta for each chain's own v; sequential Gibbs moves (``accel``:
+    ``nvil.accel``; ``native`` / ``auto`` run each sweep as one C call, so a new beta costs nothing extra)."""
 
-    def __init__(self, joint, q) -> None:
-        self.joint, self.q = joint, q
+    def __init__(self, joint, q, accel: str = "none") -> None:
+        self.joint, self.q, self.accel = joint, q, accel
 
     def state(self, h: torch.Tensor) -> PosteriorState:
         return PosteriorState(h, self.joint.log_prob(h), self.q.log_prob(h))
@@ -44,5 +45,6 @@ class PosteriorPath:
         return (1 - beta) * state.log_q + beta * state.log_p
 
     def transition(self, state: PosteriorState, beta: float, generator=None) -> PosteriorState:
-        h, _ = SequentialGibbs([(1 - beta, self.q), (beta, self.joint)]).sweep(state.h, generator=generator)
+        h, _ = SequentialGibbs([(1 - beta, self.q), (beta, self.joint)], accel=self.accel).sweep(
+            state.h, generator=generator)
         return self.state(h)

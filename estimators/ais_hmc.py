@@ -24,7 +24,7 @@ from estimators.base import NO_PROGRESS, BatchProgress
 from estimators.per_example import PerExample
 from models.gaussian import FORMS
 from nvil.config import positive_float, positive_int
-from nvil.accel import accelerate, check_mode
+from nvil.accel import accelerate, check_mode, compiled
 from nvil.errors import ConfigError
 from nvil.mcmc.adapt import multiplicative_adapt
 from nvil.mcmc.hmc import HMC
@@ -85,7 +85,7 @@ class PriorPosteriorPath:
         # Compiled (with accel) once per path, beta a tensor argument so that a new beta is not a new graph.
         self._tempered = accelerate(self._tempered_log_density, accel, x.device, "estimator.accel")
         # Eager, the net's closed-form gradient instead of autograd (V^T x computed once per path).
-        self._posterior = lm.posterior(x) if accel == "none" else None
+        self._posterior = None if compiled(accel) else lm.posterior(x)
 
     def _tempered_log_density(self, s: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
         return self.lm.log_prior(s) + beta * self.lm.log_likelihood(self.x, s)

@@ -24,7 +24,7 @@ import torch
 
 from estimators.annealing import LogZ, ais, check_schedule
 from models.rbm import BaseRate, BoltzmannMachine, State, as_beta
-from nvil.accel import accelerate, check_mode
+from nvil.accel import accelerate, check_mode, compiled
 from nvil.config import positive_float, positive_int
 from nvil.data import take_rows
 from nvil.errors import ConfigError
@@ -163,7 +163,7 @@ class RBMPath:
         self.tempered = TemperedRBM(model, base)
         self.gibbs = BlockGibbs(self.tempered, accel=self.accel)
         self.fused_step = None
-        if accel != "none" and model.fused_gibbs:
+        if compiled(accel) and model.fused_gibbs:
             self._kernel = accelerate(self._step_kernel, accel, model.W.device, "estimator.accel")
             self.fused_step = self._fused_step
 

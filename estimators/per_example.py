@@ -221,7 +221,7 @@ class AISPosterior(PerExample):
         """Progress: one unit per AIS step, the pilot's and the main run's (each a sequential-Gibbs sweep)."""
         progress.plan(pilot_steps(self.schedule, self.num_betas, self.pilot_fraction) + self.num_betas)
         step = lambda k, increment: progress.advance()  # noqa: E731
-        path = PosteriorPath(lm.joint(x), lm.q_density(x))
+        path = PosteriorPath(lm.joint(x), lm.q_density(x), self.accel)
         ladder = posterior_ladder(path, lm, x, self.schedule, self.num_betas, self.num_runs, generator,
                                   self.pilot_fraction, on_step=step)
         self.pilot_steps = ladder.pilot_steps

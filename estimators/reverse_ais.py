@@ -181,7 +181,7 @@ class BDMC(Estimator):
         step = lambda k, increment: progress.advance()  # noqa: E731
         if not self.continuous(lm):
             progress.plan(pilot_steps(self.schedule, self.num_betas) + 2 * self.num_betas)
-            path = PosteriorPath(lm.joint(v), lm.q_density(v))
+            path = PosteriorPath(lm.joint(v), lm.q_density(v), self.accel)
             betas = self.betas
             if betas is None:
                 betas = posterior_ladder(path, lm, v, self.schedule, self.num_betas, self.num_runs, generator,

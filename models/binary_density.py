@@ -54,6 +54,16 @@ class SoftplusFactor:
             self._tables[dtype] = (torch.exp(M), torch.exp(-M), levels)
         return self._tables[dtype]
 
+    def products_per_log(self, dtype: torch.dtype, most: int = 64) -> int:
+        """How many den_k of one flip (each in [exp(-|M|), exp(|M|)]) may be multiplied before taking a log with the
+        product still well inside ``dtype``'s normal range (the native sweep's running products; at most ``most``)."""
+        key = ("products_per_log", dtype)
+        if key not in self._tables:
+            reach = self.M.abs().max().item() if self.M.numel() else 0.0
+            room = 0.9 * min(math.log(torch.finfo(dtype).max), -math.log(torch.finfo(dtype).tiny))
+            self._tables[key] = int(max(1, min(most, room // reach if reach > 0 else most)))
+        return self._tables[key]
+
 
 @dataclass
 class BinaryDensity:

@@ -25,6 +25,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from nvil import native
 from nvil.accel import accelerate
 from nvil.errors import ConfigError
 from nvil.ops import bernoulli_log_prob
@@ -151,6 +152,19 @@ def blocked_sweep(field, v, thresholds, lateral, beta, block=lateral_block, size
     return v
 
 
+def native_sweep(field, v, thresholds, lateral, beta, reverse: bool = False) -> torch.Tensor:
+    """The same sweep as one C call (``nvil.native``, ``accel=native``): the fields r = field + beta v L kept current
+    by a rank-1 step beta (v_j' - v_j) L_j after each change, unit j on where r_j > its threshold; ``reverse``: units
+    in the opposite order. Writes into and returns v."""
+    chains = field.shape[0]
+    jscale = torch.as_tensor(beta, dtype=field.dtype).reshape(-1).expand(chains).contiguous()
+    direction = torch.full((chains,), int(reverse), dtype=torch.uint8)
+    native.sequential_sweep(v, field.clone(memory_format=torch.contiguous_format), mode="threshold",
+                            picks=thresholds.contiguous(), jscale=jscale, reverse=direction, J=lateral.contiguous(),
+                            add_hJ=True)
+    return v
+
+
 class LateralBernoulli(Bernoulli):
     """Binary units joined by symmetric lateral weights L with a zero diagonal: the semi-restricted BM's pixels
     (Osindero & Hinton 2008; Salakhutdinov 2009, Sec. 4). Given h they form a pairwise MRF, so ``sample_field``
@@ -161,16 +175,19 @@ class LateralBernoulli(Bernoulli):
 
     The sweep is blocked (``blocked_sweep``): one matmul per ``BLOCK`` pixels instead of one matvec per pixel,
     and all uniforms drawn first, as their logits. ``accelerate("compile")`` compiles the in-block updates
-    (``nvil.accel``; a few seconds' compilation per chain count, so opt-in)."""
+    (``nvil.accel``; a few seconds' compilation per chain count, so opt-in); ``accelerate("native")`` runs the whole
+    sweep as one C call on the CPU (``native_sweep``)."""
 
     fused_gibbs = False
 
     def __init__(self, update: str = "sequential") -> None:
         self.update = update
         self.block = lateral_block
+        self.sweep_mode = "none"  # trainer.accel: native / auto run the sweep in C (nvil.native)
 
     def accelerate(self, mode: str, device=None) -> "LateralBernoulli":
         self.block = accelerate(lateral_block, mode, device, "trainer.accel")
+        self.sweep_mode = mode
         return self
 
     def sample_field(self, field: torch.Tensor, generator=None, *, beta: torch.Tensor, lateral: torch.Tensor,
@@ -183,6 +200,8 @@ class LateralBernoulli(Bernoulli):
         v = (start if start is not None else torch.zeros_like(field)).clone()
         u = torch.rand(field.shape, generator=generator, device=field.device, dtype=field.dtype)
         thresholds = log_odds(u)  # u < sigmoid(x) where x > logit(u)
+        if native.wanted(self.sweep_mode, field.device):
+            return native_sweep(field, v, thresholds, lateral, beta, reverse)
         if not reverse:
             return blocked_sweep(field, v, thresholds, lateral, beta, self.block)
         flip = lambda t: t.flip(-1)  # noqa: E731  (the reverse sweep: the forward one over reversed units)

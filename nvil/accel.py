@@ -5,6 +5,14 @@
   a few vectorised kernels, on CPU and CUDA).
 - ``cudagraphs``: ``torch.compile(mode="reduce-overhead")``, which also records the compiled kernels in CUDA
   graphs and replays them, removing the per-kernel launch cost. CUDA only.
+- ``native``: the sequential (single-site) Gibbs sweeps as one C call per sweep (``nvil.native``: the semi-RBM's
+  pixel sweep, ``SequentialGibbs`` for Chib, the harmonic mean and per-example AIS); every other function stays
+  eager. CPU only; compiled once per machine with the system C compiler.
+- ``auto``: ``native`` for the sequential sweeps of CPU tensors where the C kernels build (else, after one warning,
+  the eager sweeps); ``none`` for everything else and on CUDA. The estimators' default.
+
+``compiled(mode)`` says whether a mode compiles anything with ``torch.compile`` (``compile``, ``cudagraphs``): the
+fused-kernel and autograd paths switch on that, never on ``native`` or ``auto``.
 
 Our samplers draw their random numbers from an explicit ``torch.Generator``, which ``torch.compile`` cannot
 trace (a graph break at every ``torch.rand(..., generator=g)``). So what is compiled is always a deterministic
@@ -28,7 +36,12 @@ import torch
 
 from nvil.errors import ConfigError
 
-MODES = ("none", "compile", "cudagraphs")
+MODES = ("none", "compile", "cudagraphs", "native", "auto")
+
+
+def compiled(mode: str) -> bool:
+    """Whether ``mode`` runs functions through ``torch.compile``."""
+    return mode in ("compile", "cudagraphs")
 
 
 def check_mode(mode: str, device=None, what: str = "accel") -> str:
@@ -42,6 +55,9 @@ def check_mode(mode: str, device=None, what: str = "accel") -> str:
             where = "this machine has no CUDA device" if device is None else f"the device is {torch.device(device).type}"
             raise ConfigError(f"{what}=cudagraphs captures CUDA graphs and needs a CUDA device, but {where}; "
                               f"use {what}=compile or {what}=none")
+    if mode == "native" and device is not None and torch.device(device).type != "cpu":
+        raise ConfigError(f"{what}=native runs the sequential sweeps as C code on the CPU, but the device is "
+                          f"{torch.device(device).type}; use {what}=compile or {what}=cudagraphs there")
     return mode
 
 
@@ -49,18 +65,18 @@ def accelerate(fn: Callable, mode: str = "none", device=None, what: str = "accel
     """``fn`` compiled according to ``mode`` (``fn`` itself for ``none``). ``fn`` must be a function of tensors
     (and Python constants) that draws no random numbers."""
     check_mode(mode, device, what)
-    if mode == "none":
+    if not compiled(mode):  # native, auto: only the sequential sweeps have C kernels (nvil.native)
         return fn
     if mode == "compile":
         return torch.compile(fn)
-    compiled = torch.compile(fn, mode="reduce-overhead")
+    graphed = torch.compile(fn, mode="reduce-overhead")
 
     @functools.wraps(fn)
     def replay(*args, **kwargs):
         # Outputs of a CUDA-graph replay live in memory the next replay overwrites: mark the step, and clone
         # them so that callers may keep them (a state carried to the next step, a log-weight) safely.
         torch.compiler.cudagraph_mark_step_begin()
-        out = compiled(*args, **kwargs)
+        out = graphed(*args, **kwargs)
         return torch.utils._pytree.tree_map(lambda t: t.clone() if torch.is_tensor(t) else t, out)
 
     return replay

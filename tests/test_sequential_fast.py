@@ -262,3 +262,137 @@ def test_the_compiled_sweeps_make_the_same_chains():
                                    reverse=reverse)
             u = torch.rand(field.shape, generator=torch.Generator().manual_seed(5), dtype=DT)
             assert torch.equal(v, reference_pixel_sweep(field, s0, u, lateral, beta, reverse))
+
+
+# ---- accel=native: the whole sweep as one C call (nvil.native) ---------------------------------------------------
+def wide_density(chains=24, seed=0, scale=1.0):
+    """Factors wider than the kernel's 16 lanes and not a multiple of them (K = 37 visibles, 21 + 19 units), with a
+    summed-out layer; 2 latent layers (9, 6)."""
+    g = torch.Generator().manual_seed(seed)
+    r = lambda *s: scale * torch.randn(*s, generator=g, dtype=DT)  # noqa: E731
+    x = (torch.rand(chains, 37, generator=g, dtype=DT) < 0.5).to(DT)
+    d = DensityBuilder(15, chains, x)
+    l1, l2 = slice(0, 9), slice(9, 15)
+    d.bernoulli(x, r(37), [(l1, r(37, 9))])
+    d.bernoulli(l1, r(9), [(l2, r(9, 6)), (l1, torch.tril(r(9, 9), -1))])
+    d.softplus_factor(l2, r(6, 40), r(40), +1.0)
+    return d.build()
+
+
+def native_case(terms, h, accel="native", **kw):
+    return SequentialGibbs(terms, accel=accel).sweep(h, generator=torch.Generator().manual_seed(11), **kw)
+
+
+@pytest.mark.parametrize("direction", list(DIRECTIONS))
+@pytest.mark.parametrize("mode", ["sample", "force", "argmax", "tempered", "two_terms"])
+def test_native_sweep_matches_the_running_softplus_loop(direction, mode):
+    d = density()
+    terms = [(0.3, density(seed=4)), (0.7, d)] if mode == "two_terms" else [(1.0, d)]
+    kw = {"reverse": DIRECTIONS[direction]}
+    if mode == "force":
+        kw["force"] = start(seed=2)
+    elif mode == "argmax":
+        kw["argmax"] = True
+    elif mode == "tempered":
+        kw["beta"] = torch.linspace(0.2, 1.0, 10, dtype=DT)
+    h_fast, t_fast = native_case(terms, start(), **kw)
+    h_ref, t_ref = ReferenceSweep(terms).sweep(start(), generator=torch.Generator().manual_seed(11), **kw)
+    assert torch.equal(h_fast, h_ref)
+    torch.testing.assert_close(t_fast, t_ref, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("products", [1, 3, 64])
+def test_native_sweep_on_wide_factors_in_two_threads(products, monkeypatch):
+    """K past the 16 lanes and not a multiple of them, products of 1, 3 or 64 terms per log, chains split over two
+    threads, per-chain directions and tempering: the reference's chain and log T."""
+    from models.binary_density import SoftplusFactor
+
+    monkeypatch.setattr(SoftplusFactor, "products_per_log", lambda self, dtype, most=64: products)
+    terms = [(0.4, wide_density(seed=3)), (0.6, wide_density())]
+    h0 = (torch.rand(24, 15, generator=torch.Generator().manual_seed(1), dtype=DT) < 0.5).to(DT)
+    kw = {"reverse": torch.arange(24) % 3 == 0, "beta": torch.linspace(0.3, 1.0, 24, dtype=DT)}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        h_fast, t_fast = native_case(terms, h0, **kw)
+    finally:
+        torch.set_num_threads(threads)
+    h_ref, t_ref = ReferenceSweep(terms).sweep(h0, generator=torch.Generator().manual_seed(11), **kw)
+    assert torch.equal(h_fast, h_ref) and not torch.equal(h_fast, h0)
+    torch.testing.assert_close(t_fast, t_ref, rtol=1e-10, atol=1e-10)
+
+
+def test_native_sweep_in_float32_agrees_with_the_eager_sweep():
+    """float32 (the default dtype): the same decisions as the eager sweep but for rounding ties, log T to float
+    rounding."""
+    d32 = wide_density(chains=200, scale=0.7)
+    d32 = type(d32)(d32.n_units, d32.u.float(), d32.const.float(), d32.J.float(),
+                    [type(f)(f.M.float(), f.c.float(), f.sign, f.lo, f.hi) for f in d32.factors])
+    h0 = (torch.rand(200, 15, generator=torch.Generator().manual_seed(1)) < 0.5).float()
+    h_fast, t_fast = native_case([(1.0, d32)], h0, force=h0.flip(0))
+    h_ref, t_ref = SequentialGibbs([(1.0, d32)]).sweep(h0, force=h0.flip(0))
+    assert torch.equal(h_fast, h_ref)
+    torch.testing.assert_close(t_fast, t_ref, rtol=1e-5, atol=1e-4)
+    h_fast, _ = native_case([(1.0, d32)], h0)
+    h_ref, _ = SequentialGibbs([(1.0, d32)]).sweep(h0, generator=torch.Generator().manual_seed(11))
+    assert (h_fast != h_ref).float().mean() < 1e-3
+
+
+def test_native_sweep_with_a_wrong_sign_fails():
+    """Power: the C sweep given the factors' coefficients with the wrong sign is not the reference's chain."""
+    h0 = (torch.rand(24, 15, generator=torch.Generator().manual_seed(1), dtype=DT) < 0.5).to(DT)
+    wrong = wide_density()
+    for f in wrong.factors:
+        f.sign = -f.sign
+    h_bad, _ = native_case([(1.0, wrong)], h0)
+    h_ref, _ = ReferenceSweep([(1.0, wide_density())]).sweep(h0, generator=torch.Generator().manual_seed(11))
+    assert not torch.equal(h_bad, h_ref)
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("beta", [1.0, 0.35, "per_chain"])
+@pytest.mark.parametrize("mode", ["native", "auto"])
+def test_native_pixel_sweep_matches_the_per_pixel_loop(reverse, beta, mode):
+    field, s0, lateral = pixel_case()
+    beta = torch.linspace(0.1, 1, 12, dtype=DT)[:, None] if beta == "per_chain" else torch.tensor(beta, dtype=DT)
+    layer = LateralBernoulli().accelerate(mode, "cpu")
+    fast = layer.sample_field(field, torch.Generator().manual_seed(5), beta=beta, lateral=lateral, start=s0,
+                              reverse=reverse)
+    u = torch.rand(field.shape, generator=torch.Generator().manual_seed(5), dtype=DT)
+    assert torch.equal(fast, reference_pixel_sweep(field, s0, u, lateral, beta, reverse))
+
+
+def test_native_pixel_sweep_without_the_lateral_field_fails():
+    """Power: the C pixel sweep started from the field alone (no beta v L) is not the per-pixel chain."""
+    from nvil import native
+
+    field, s0, lateral = pixel_case()
+    u = torch.rand(field.shape, generator=torch.Generator().manual_seed(5), dtype=DT)
+    v = s0.clone()
+    native.sequential_sweep(v, field.clone(), mode="threshold", picks=torch.log(u) - torch.log1p(-u),
+                            jscale=torch.ones(12, dtype=DT), J=lateral.contiguous(), add_hJ=False)
+    assert not torch.equal(v, reference_pixel_sweep(field, s0, u, lateral, torch.tensor(1.0, dtype=DT)))
+
+
+def test_native_mode_errors_and_fallback(monkeypatch):
+    """accel=native off the CPU, or where no C compiler works, is a one-line ConfigError; accel=auto there warns once
+    and runs the eager sweep (the same chain)."""
+    from nvil import native
+    from nvil.accel import check_mode
+
+    with pytest.raises(ConfigError, match="estimator.accel=native .* CPU"):
+        check_mode("native", "cuda", "estimator.accel")
+    assert check_mode("auto", "cuda") == "auto"
+    with pytest.raises(ConfigError, match="on the CPU"):
+        native.wanted("native", torch.device("cuda"))
+    assert not native.wanted("auto", torch.device("cuda")) and not native.wanted("none", "cpu")
+    monkeypatch.setattr(native, "_library", None)
+    monkeypatch.setattr(native, "_warned", False)
+    monkeypatch.setenv("CC", "/nonexistent/cc")
+    monkeypatch.setenv("NVIL_NATIVE_CACHE", "/tmp/nvil-native-test-empty")
+    with pytest.raises(ConfigError, match="compile"):
+        native.wanted("native", "cpu")
+    with pytest.warns(UserWarning, match="eagerly"):
+        h_auto, t_auto = native_case([(1.0, density())], start(), accel="auto")
+    h_ref, t_ref = ReferenceSweep([(1.0, density())]).sweep(start(), generator=torch.Generator().manual_seed(11))
+    assert torch.equal(h_auto, h_ref)

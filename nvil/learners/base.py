@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from nvil import distributed
-from nvil.accel import accelerate, check_mode
+from nvil.accel import accelerate, check_mode, compiled
 from nvil.config import positive_float
 from nvil.errors import ConfigError
 
@@ -148,7 +148,7 @@ class SurrogateLearner(DataParallel):
         """``surrogate`` replaced by its compiled version (an instance attribute). Dynamo splits it at each
         sampling call (torch.rand with the learner's generator, which it cannot trace) and compiles the pieces
         between them, forward and backward; the draws stay eager. ``step`` is unchanged."""
-        if check_mode(mode, device, "trainer.accel") != "none":
+        if compiled(check_mode(mode, device, "trainer.accel")):
             self.surrogate = accelerate(self.surrogate, mode, device, "trainer.accel")
         return self
 

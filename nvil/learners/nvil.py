@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from nvil.accel import check_mode
+from nvil.accel import check_mode, compiled
 from nvil.learners.base import SurrogateLearner, build_optimizer, directed_groups, grad_norms
 from nvil.learners.baselines import (InputDependentBaseline, LearningSignal, SignalFlags, baseline_loss,
                                      layerwise_signals, learning_signal, signal_metrics)
@@ -109,7 +109,7 @@ class NVIL(SurrogateLearner):
 
     def accelerate(self, mode: str, device=None) -> "NVIL":
         """A compiled ``surrogate`` (``trainer.accel``) runs on the autograd path."""
-        if check_mode(mode, device, "trainer.accel") != "none":
+        if compiled(check_mode(mode, device, "trainer.accel")):
             self.fused = None
         return super().accelerate(mode, device)
 

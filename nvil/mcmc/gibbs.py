@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from models.rbm import State, as_beta
-from nvil.accel import accelerate, check_mode
+from nvil.accel import accelerate, check_mode, compiled
 from nvil.ops import chunks
 
 
@@ -74,7 +74,7 @@ class BlockGibbs:
         self.reversed = reverse
         self.accel = check_mode(accel, model.W.device)
         self._kernel = None
-        if accel != "none" and model.fused_gibbs:
+        if compiled(accel) and model.fused_gibbs:
             self._kernel = accelerate(reverse_sweep if reverse else forward_sweep, accel, model.W.device)
             self._offset = model.visible_offset
 

@@ -21,7 +21,7 @@ from typing import Callable, NamedTuple, Protocol, runtime_checkable
 
 import torch
 
-from nvil.accel import accelerate
+from nvil.accel import accelerate, compiled
 from nvil.mcmc.base import per_chain, untempered
 
 LogDensity = Callable[[torch.Tensor], torch.Tensor]  # [chains, dim] -> [chains]
@@ -98,7 +98,7 @@ def differentiable(log_density, accel: str = "none") -> Differentiable:
     """``log_density`` with its gradient: its own where it is ``Differentiable``, else autograd's. ``accel``
     compiles what computes the gradient: the target's own functions, or the log density autograd runs through."""
     if isinstance(log_density, Differentiable):
-        return log_density if accel == "none" else Accelerated(log_density, accel)
+        return Accelerated(log_density, accel) if compiled(accel) else log_density
     return Autograd(accelerate(log_density, accel))
 
 

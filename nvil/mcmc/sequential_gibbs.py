@@ -17,7 +17,8 @@ multiply, an add and a fraction of a log per factor element, where softplus(a +-
 the K logs are further cut to K / 2^levels by multiplying 2^levels of the den_k first (``flip_tables``).
 ``unit_update`` is that whole single-site update (log-odds, choice, moves) as one function of tensors:
 eager by default (updating only the rows of the chains that are on / flipped), or with ``accel="compile"``
-(``nvil.accel``) one fused kernel per unit, compiled once per kind of sweep (sample, force, argmax).
+(``nvil.accel``) one fused kernel per unit, compiled once per kind of sweep (sample, force, argmax), or with
+``accel="native"`` the whole sweep as one C call (``nvil.native``, CPU; ``native_sweep``), the same arithmetic.
 
 Each single-site update satisfies detailed balance, so the reverse operator T~ is the same updates in
 the opposite order (Murray & Salakhutdinov 2009, Sec. 2.3): ``reverse=True``, or a [chains] bool tensor
@@ -32,6 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from models.binary_density import BinaryDensity
+from nvil import native
 from nvil.accel import accelerate
 from nvil.mcmc.base import untempered
 
@@ -96,6 +98,36 @@ def move_rows(flipped: torch.Tensor, p: torch.Tensor, s: torch.Tensor, p_e: torc
 _UNIT_UPDATE = {"none": unit_update}
 
 
+def native_sweep(fields: list["_Fields"], h: torch.Tensor, reverse, picks, mode: str, beta) -> torch.Tensor | None:
+    """The sweep of ``SequentialGibbs.sweep`` as one call of ``nvil.native``: the terms' quadratic fields summed
+    (r = sum_t scale_t (u_t + J_t h), J = sum_t scale_t J_t), every active softplus factor with coef = scale_t
+    sign_f. Updates h in place and returns the per-unit logits; None where a flip table is kept in a wider dtype
+    than h (|M| too large for it), or with no terms, which the eager sweep handles."""
+    if not fields:
+        return None
+    factors = []
+    for fl in fields:
+        for k, f in enumerate(fl.d.factors):
+            up, down, _ = fl.tables[k]
+            if up.dtype != h.dtype:
+                return None
+            factors.append((fl.p[k], fl.s[k], up, down, f.lo, f.hi, f.products_per_log(h.dtype), fl.scale * f.sign))
+    r = sum(fl.scale * fl.r for fl in fields).expand_as(h).contiguous()
+    Js = [fl.scale * fl.d.J_sym for fl in fields if fl.d.J_sym is not None]
+    chains = h.shape[0]
+    if torch.is_tensor(reverse):
+        reverse = reverse.to(torch.uint8).expand(chains).contiguous()
+    else:
+        reverse = torch.full((chains,), int(bool(reverse)), dtype=torch.uint8)
+    if beta is not None:
+        beta = beta.to(h.dtype).expand(chains).contiguous()
+    logits = torch.empty_like(h)
+    native.sequential_sweep(h, r, mode=mode, picks=None if picks is None else picks.to(h.dtype).contiguous(),
+                            beta=beta, reverse=reverse, logits=logits, J=sum(Js).contiguous() if Js else None,
+                            factors=factors)
+    return logits
+
+
 class _Fields:
     """The running fields of one density for the current h: r = u + (J + J')h, and per softplus factor
     p = sigmoid(h M + c) and s = sigmoid(-(h M + c)), with its flip tables exp(+-M)."""
@@ -156,6 +188,10 @@ class SequentialGibbs:
         picks = force if force is not None else None if argmax else torch.rand(
             h.shape, generator=generator, device=h.device, dtype=h.dtype)
         beta = None if untempered(beta) else torch.as_tensor(beta, dtype=h.dtype, device=h.device)
+        if native.wanted(self.accel, h.device):
+            logits = native_sweep(fields, h, reverse, picks, mode, beta)
+            if logits is not None:
+                return h, F.logsigmoid(torch.where(h > 0, logits, -logits)).sum(-1)
         coefs = {}  # per set of active factors: scale_t * sign_f, one tensor (no recompilation as scales change)
         logits = torch.empty_like(h)  # log P(h_j = 1 | rest) - log P(h_j = 0 | rest), for log T at the end
         per_chain = torch.is_tensor(reverse)

@@ -1,0 +1,178 @@
+"""Native CPU kernels for the loops that PyTorch cannot batch: the sequential (single-site) Gibbs sweeps.
+
+A sweep over M units has M dependent steps, each a few small vector operations per chain; eagerly that is M
+rounds of kernel launches, compiled (``accel=compile``) one launch per unit. ``sequential.c`` runs the whole
+sweep in one call, the units in a loop inside, the chains in blocks that share each unit's table rows, the inner
+loops over factor elements at SIMD width. ``accel=native`` selects it (``nvil.accel``); it is CPU only.
+
+The C file is compiled on first use with the system C compiler (``cc``, or ``$CC``) into a cache directory
+(``$NVIL_NATIVE_CACHE``, else ``~/.cache/nvil/native``), keyed by the source, the flags and the CPU, written
+atomically so concurrent processes never load a half-written library, and loaded with ctypes (which releases the
+GIL, so chain ranges run in parallel threads: ``torch.get_num_threads()`` of them). Where no compiler works the
+caller gets ``NativeUnavailable`` with the compiler's message; ``wanted`` turns that into a one-line ConfigError
+(``accel=native``) or one warning and the eager sweeps (``accel=auto``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+
+from nvil.errors import ConfigError
+
+SOURCE = Path(__file__).with_name("sequential.c")
+FLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-fPIC", "-shared", "-std=c11")
+MODES = {"sample": 0, "force": 1, "argmax": 2, "threshold": 3}
+_SUFFIX = {torch.float32: "f32", torch.float64: "f64"}
+_lock = threading.Lock()
+_library: ctypes.CDLL | None = None
+_pool: ThreadPoolExecutor | None = None
+_warned = False
+
+
+class NativeUnavailable(RuntimeError):
+    """The native kernels could not be built or loaded here (no C compiler, an unsupported dtype or device)."""
+
+
+def _cpu_key() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line for line in f if line.startswith("flags")), "")
+    except OSError:
+        return ""
+
+
+def _cache_dir() -> Path:
+    """$NVIL_NATIVE_CACHE, else ~/.cache/nvil/native, else (not writable) a folder in the temporary directory."""
+    if os.environ.get("NVIL_NATIVE_CACHE"):
+        return Path(os.environ["NVIL_NATIVE_CACHE"])
+    for root in (Path.home() / ".cache" / "nvil" / "native", Path(tempfile.gettempdir()) / f"nvil-native-{os.getuid()}"):
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            if os.access(root, os.W_OK):
+                return root
+        except OSError:
+            continue
+    raise NativeUnavailable("accel=native found no writable folder for its compiled kernels (set NVIL_NATIVE_CACHE)")
+
+
+def library() -> ctypes.CDLL:
+    """The compiled kernels (built on first use, then loaded from the cache)."""
+    global _library
+    with _lock:
+        if _library is not None:
+            return _library
+        cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+        if cc is None:
+            raise NativeUnavailable("accel=native needs a C compiler (cc or $CC) and none was found")
+        key = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode() + cc.encode() + _cpu_key().encode())
+        try:
+            target = _cache_dir() / f"sequential-{key.hexdigest()[:16]}.so"
+            if not target.exists():
+                target.parent.mkdir(parents=True, exist_ok=True)
+                fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+                os.close(fd)
+                try:
+                    done = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", tmp, "-lm"], capture_output=True, text=True)
+                    message = (done.stderr.strip().splitlines() or ["(no message)"])[0] if done.returncode else None
+                except OSError as e:
+                    message = str(e)
+                if message is not None:
+                    os.unlink(tmp)
+                    raise NativeUnavailable(f"accel=native could not compile {SOURCE.name} with {cc}: {message}")
+                os.replace(tmp, target)  # atomic: a concurrent process sees no library or a whole one
+            lib = ctypes.CDLL(str(target))
+        except OSError as e:
+            raise NativeUnavailable(f"accel=native could not build or load its kernels: {e}") from None
+        for suffix in _SUFFIX.values():
+            fn = getattr(lib, f"sequential_sweep_{suffix}")
+            fn.restype = None
+            fn.argtypes = ([ctypes.c_int64] * 3 + [ctypes.c_void_p] * 2 + [ctypes.c_int] + [ctypes.c_void_p] * 6
+                           + [ctypes.c_int, ctypes.c_int64] + [ctypes.c_void_p] * 9)
+        _library = lib
+        return lib
+
+
+def wanted(mode: str, device) -> bool:
+    """Whether a sequential sweep on ``device`` runs here as C: with ``accel=native`` (a ConfigError where the kernels
+    cannot be built, or off the CPU), with ``accel=auto`` on a CPU where they build (else one warning, then eager)."""
+    global _warned
+    if mode not in ("native", "auto") or torch.device(device).type != "cpu":
+        if mode == "native":
+            raise ConfigError(f"accel=native runs the sequential sweeps on the CPU, but the tensors are on {device}")
+        return False
+    try:
+        library()
+        return True
+    except NativeUnavailable as e:
+        if mode == "native":
+            raise ConfigError(str(e)) from None
+        if not _warned:
+            warnings.warn(f"{e}; the sequential sweeps run eagerly (slower)", stacklevel=2)
+            _warned = True
+        return False
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+def _array(ctype, values):
+    return (ctype * max(len(values), 1))(*values)
+
+
+def _checked(t: torch.Tensor | None, dtype: torch.dtype, what: str) -> torch.Tensor | None:
+    if t is None:
+        return None
+    if t.device.type != "cpu":
+        raise NativeUnavailable(f"accel=native runs on the CPU; {what} is on {t.device}")
+    if t.dtype != dtype or not t.is_contiguous():
+        raise ValueError(f"native sweep: {what} must be a contiguous {dtype} tensor, got {t.dtype}")
+    return t
+
+
+def sequential_sweep(h: torch.Tensor, r: torch.Tensor, *, mode: str, picks=None, beta=None, jscale=None,
+                     reverse=None, logits=None, J=None, add_hJ=False, factors=()) -> None:
+    """One sweep over the units of every chain, in place: h [chains, M] (the state), r [chains, M] (the quadratic
+    field u + J h, scaled, kept current; with ``add_hJ`` r = u on entry and the call adds jscale h J), and per factor (p, s, up, down, lo, hi, R, coef) its running p, s
+    [chains, K], flip tables [M, K], units lo..hi-1, products per log R and coefficient (``sequential.c``). ``picks`` [chains, M]: uniforms
+    (``sample``), the forced values (``force``) or the uniforms' logits (``threshold``); ``beta``, ``jscale``
+    [chains] or None; ``reverse`` [chains] uint8 or None (forward); ``logits`` [chains, M] filled when given."""
+    dtype = h.dtype
+    if dtype not in _SUFFIX:
+        raise NativeUnavailable(f"accel=native supports float32 and float64, not {dtype}")
+    fn = getattr(library(), f"sequential_sweep_{_SUFFIX[dtype]}")
+    chains, M = h.shape
+    for name, t in (("h", h), ("r", r), ("picks", picks), ("beta", beta), ("jscale", jscale), ("logits", logits),
+                    ("J", J)):
+        _checked(t, dtype, name)
+    if reverse is not None:
+        _checked(reverse, torch.uint8, "reverse")
+    tensors = [[_checked(t, dtype, "a factor's tensors") for t in f[:4]] for f in factors]
+    ptrs = [_array(ctypes.c_void_p, [t[i].data_ptr() for t in tensors]) for i in range(4)]
+    ints = [_array(ctypes.c_int64, values) for values in (
+        [t[0].shape[1] for t in tensors], [f[4] for f in factors], [f[5] for f in factors],
+        [f[6] for f in factors])]
+    coef = _array(ctypes.c_double, [float(f[7]) for f in factors])
+    common = (M, _ptr(h), _ptr(picks), MODES[mode], _ptr(beta), _ptr(jscale), _ptr(reverse), _ptr(logits), _ptr(r),
+              _ptr(J), int(add_hJ), len(factors), *ptrs, *ints, coef)
+    threads = max(1, min(torch.get_num_threads(), chains // 8))
+    if threads == 1:
+        fn(0, chains, *common)
+        return
+    global _pool
+    if _pool is None or _pool._max_workers < threads:
+        _pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="nvil-native")
+    bounds = [chains * i // threads for i in range(threads + 1)]
+    for future in [_pool.submit(fn, lo, hi, *common) for lo, hi in zip(bounds[:-1], bounds[1:])]:
+        future.result()
