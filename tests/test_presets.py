@@ -29,11 +29,17 @@ def test_preset_composes_and_builds(name):
         return
     if name == "nvil_mnist_paper":
         return
-    if name == "dbn_mnist":  # Murray & Salakhutdinov 2009, Sec. 5.1: 784-500-2000, greedy CD
-        assert (cfg.model.name, model.sizes, cfg.learner.name, cfg.learner.layer_learner) == ("dbn", [500, 2000], "greedy", "cd")
-        assert (cfg.trainer.batch_size, cfg.learner.layer_steps, cfg.trainer.max_steps) == (100, 25000, 75000)
-        first, top = cfg.learner.per_layer
-        assert (first.layer_learner, first.k, first.k_final, top.layer_learner) == ("cd", 1, 25, "sap")
+    if name in ("dbn_mnist", "rbm500_cd25"):  # Salakhutdinov & Murray 2008 / rbm.m: CD, k = ceil(epoch / 20), 0.05 / k
+        c = cfg.learner
+        assert (c.lr, c.lr_over_k, c.k, c.k_final, c.k_every, c.momentum, c.momentum_initial, c.momentum_switch,
+                c.weight_decay) == (0.05, True, 1, 25, 20 * 599, 0.9, 0.5, 5 * 599, 0.0002)
+        assert (cfg.trainer.batch_size, cfg.data.binarize, cfg.data.holdout_valid) == (100, "dynamic", 100)
+        if name == "rbm500_cd25":
+            assert (cfg.model.name, model.n_hidden, c.name, cfg.trainer.max_steps) == ("rbm", 500, "cd", 500 * 599)
+            return
+        assert (cfg.model.name, model.sizes, c.name, c.layer_learner, c.propagate) == \
+            ("dbn", [500, 2000], "greedy", "cd", "sample")
+        assert (c.layer_steps, cfg.trainer.max_steps) == (200 * 599, 2 * 200 * 599)
         assert cfg.final_eval.estimator.name == "dbn_bound"
         return
     if name == "eval_chib_vs_ais":  # an evaluate.py preset

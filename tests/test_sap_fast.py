@@ -19,6 +19,7 @@ import torch
 from omegaconf import OmegaConf
 
 from models.rbm_grad import free_energy_grad
+from nvil.errors import ConfigError
 from nvil.learners.sap import SAP
 from tests.test_rbm import CHI2_999, State, exact_draws, joint_log_p, make_bm, pearson, state_index
 
@@ -188,7 +189,8 @@ def test_the_update_check_catches_negatives_taken_from_the_data(monkeypatch):
 @pytest.mark.parametrize("name", ["binary", "lateral_labels"])
 def test_reused_hidden_input_is_the_negatives_at_the_updates_parameters(name, mode):
     """After each step the phase's a(x) must be a(particles) at the parameters before the step, and the gradient
-    left in .grad autograd's gradient of the surrogate at those particles and parameters."""
+    left in .grad autograd's gradient of the surrogate at those particles and parameters, plus the weight cost
+    (1e-3 W on the weights, nothing on the biases)."""
     m = MACHINES[name]()
     sap = learner(m, mode, reuse_hidden=True)
     x = rows(m, 4, 3)
@@ -200,8 +202,9 @@ def test_reused_hidden_input_is_the_negatives_at_the_updates_parameters(name, mo
             continue
         torch.testing.assert_close(sap.phase.hidden_input, before.hidden_input(sap.particles.x), rtol=1e-12, atol=1e-12)
         want = autograd_grads(before, torch.cat([x, sap.particles.x]), surrogate_weights(4, 6))
-        for k, p in m.named_parameters():
-            torch.testing.assert_close(p.grad, want[k], rtol=1e-10, atol=1e-12, msg=k)
+        for (k, p), old in zip(m.named_parameters(), before.parameters()):
+            cost = 1e-3 * old.detach() if p.dim() >= 2 else 0.0
+            torch.testing.assert_close(p.grad, want[k] + cost, rtol=1e-10, atol=1e-12, msg=k)
 
 
 def test_pt_phase_leaves_no_hidden_input_to_reuse():
@@ -258,3 +261,59 @@ def test_reuse_hidden_resumes_exactly():
     assert all(torch.equal(p, q) for p, q in zip(m.parameters(), m3.parameters()))
     assert torch.equal(straight.particles.x, resumed.particles.x)
     assert torch.equal(straight.particles.h, resumed.particles.h)
+
+
+# ---- the paper's recipe: the rate schedule and the weight cost (issue 17) ---------------------------------------
+def test_the_rate_schedule_counts_t_from_the_switch():
+    """0.01 for 10,000 updates then 10 / (1000 + t), and 0.05 then 100 / (2000 + t) (Salakhutdinov 2009): continuous
+    at the switch, then decaying as a / (b + t - t0); t counted from 0 would drop the rate 11x and 26x there."""
+    from nvil.learners.sap import paper_schedule
+
+    for lr, t0, a, b in ((0.01, 10_000, 10.0, 1000.0), (0.05, 50_000, 100.0, 2000.0)):
+        rate = lambda t: lr * paper_schedule(lr, t0, a, b)(t)  # noqa: E731
+        assert rate(t0 - 1) == lr and rate(t0) == pytest.approx(lr, rel=1e-12)
+        assert rate(t0 + 1000) == pytest.approx(a / (b + 1000))
+        assert lr / (a / (b + t0)) > 10  # what counting t from 0 did at the switch
+    with pytest.raises(ConfigError, match="b > 0"):
+        paper_schedule(0.01, 10, 1.0, 0.0)
+
+
+def test_the_weight_cost_reaches_the_weights_only():
+    """learner.weight_decay adds w * W to the weights' gradients (rbm.m's weightcost * vishid), never to the biases:
+    one update with and without it differs by -lr w W in W, U and L and by nothing in b, c, d."""
+    models, params = [], []
+    for cost in (0.5, 0.0):
+        m = MACHINES["lateral_labels"]()
+        before = {k: p.detach().clone() for k, p in m.named_parameters()}
+        sap = learner(m, "sap", momentum=0.0, weight_decay=cost)
+        sap.step(rows(m, 4, 3))
+        models.append(dict(m.named_parameters()))
+        params.append(before)
+    for k, p in models[0].items():
+        delta = p - models[1][k]
+        if p.dim() >= 2:
+            torch.testing.assert_close(delta, -0.05 * 0.5 * params[0][k], rtol=1e-9, atol=1e-12)
+        else:
+            assert torch.equal(delta, torch.zeros_like(delta)), k
+
+
+def test_the_cd_recipe_schedules_k_rate_and_momentum():
+    """Salakhutdinov & Murray 2008 / rbm.m: k = 1 + t // k_every up to k_final, the rate lr / k, momentum 0.5 for the
+    first momentum_switch updates then 0.9; the rates and momenta the optimiser actually used."""
+    m = MACHINES["binary"]()
+    cd = learner(m, "cd", schedule={"t0": None}, k=1, k_final=3, k_every=2, lr_over_k=True, momentum=0.9,
+                 momentum_initial=0.5, momentum_switch=3)
+    ks, rates, momenta = [], [], []
+    x = rows(m, 4, 3)
+    for _ in range(7):
+        ks.append(cd.sweeps_now())
+        rates.append(cd.optimizer.param_groups[0]["lr"])
+        cd.step(x)
+        momenta.append(cd.optimizer.param_groups[0]["momentum"])
+    assert ks == [1, 1, 2, 2, 3, 3, 3]
+    assert rates == pytest.approx([0.05 / k for k in ks])
+    assert momenta == [0.5, 0.5, 0.5, 0.9, 0.9, 0.9, 0.9]
+    with pytest.raises(ConfigError, match="k_final"):
+        learner(MACHINES["binary"](), "cd", k_every=2)
+    with pytest.raises(ConfigError, match="momentum_switch"):
+        learner(MACHINES["binary"](), "cd", momentum_initial=0.5)

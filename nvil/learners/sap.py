@@ -14,7 +14,11 @@ Where the negatives come from is ``nvil.learners.negative_phase`` (``PHASES``, k
 - ``exact_ml``: the exact gradient, E_model by enumeration through log Z (models with <= 20 units to sum).
 
 The learner keeps the optimiser, the schedule of k and of the learning rate, fixed for ``schedule.t0``
-updates, then a / (b + t) (the paper's schedule).
+updates, then a / (b + t) with t counted from the switch (the paper's schedule: 0.01 then 10 / (1000 + t) is
+continuous at t0 only so), and the weight cost (``learner.weight_decay``), added to the gradient of the weights
+W, U, L and never of the biases, as Salakhutdinov's ``rbm.m`` does (``weightcost * vishid``). The DBN recipe of
+Salakhutdinov & Murray 2008 adds a staircase for k (``k_every``), a rate divided by k (``lr_over_k``) and rbm.m's
+momentum switch (``momentum_initial`` for the first ``momentum_switch`` updates, then ``momentum``).
 
 The surrogate's gradient is taken in closed form, from the sufficient statistics of the data and the negatives
 (``models.rbm_grad``: <v p'>, <p>, <v>, ... with p = p(h | x)), for every machine that has them
@@ -37,12 +41,13 @@ from nvil.learners.negative_phase import PHASES
 
 
 def paper_schedule(lr: float, t0: int | None, a: float | None, b: float | None):
-    """LambdaLR factor: lr for t < t0, then a / (b + t) (Salakhutdinov 2009, Sec. 4)."""
+    """LambdaLR factor: lr for t < t0, then a / (b + t - t0), t counted from the switch (Salakhutdinov 2009,
+    Sec. 4: 0.01 for 10,000 updates, then 10 / (1000 + t); 0.05, then 100 / (2000 + t): each continuous at t0)."""
     if t0 is None:
         return lambda t: 1.0
-    if a is None or b is None or a <= 0 or b < 0:
-        raise ConfigError("learner.schedule needs a > 0 and b >= 0 when t0 is set")
-    return lambda t: 1.0 if t < t0 else (a / (b + t)) / lr
+    if a is None or b is None or a <= 0 or b <= 0:
+        raise ConfigError("learner.schedule needs a > 0 and b > 0 when t0 is set (the rate is a / b at the switch)")
+    return lambda t: 1.0 if t < t0 else (a / (b + t - t0)) / lr
 
 
 def filter_grid(w: torch.Tensor, n: int = 64) -> torch.Tensor:
@@ -61,25 +66,46 @@ class SAP(DataParallel):
             raise ConfigError(f"learner={cfg.name} trains Boltzmann machines (model=rbm or srbm), not this model")
         self.model, self.cfg, self.mode = model, cfg, cfg.name
         lr = positive_float(cfg.get("lr"), "learner.lr")
-        self.optimizer = torch.optim.SGD([{"params": list(model.parameters()), "name": "model"}], lr=lr, momentum=float(cfg.get("momentum", 0.0)),
-                                         weight_decay=float(cfg.get("weight_decay", 0.0)))
-        sched = cfg.get("schedule") or {}
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, paper_schedule(lr, sched.get("t0"), sched.get("a"), sched.get("b")))
+        self.optimizer = torch.optim.SGD([{"params": list(model.parameters()), "name": "model"}], lr=lr,
+                                         momentum=float(cfg.get("momentum", 0.0)))
+        self.weight_cost = float(cfg.get("weight_decay", 0.0))
+        if self.weight_cost < 0:
+            raise ConfigError(f"learner.weight_decay must be >= 0, got {self.weight_cost}")
+        self.weights = [p for p in model.parameters() if p.dim() >= 2]  # W, U, L: the biases take no weight cost
+        self.momentum = float(cfg.get("momentum", 0.0))
+        self.momentum_initial = cfg.get("momentum_initial")  # rbm.m: 0.5 for the first 5 epochs, then momentum
+        self.momentum_switch = positive_int(cfg.get("momentum_switch"), "learner.momentum_switch", allow_none=True)
+        if (self.momentum_initial is None) != (self.momentum_switch is None):
+            raise ConfigError("learner.momentum_initial and learner.momentum_switch go together (the momentum for the "
+                              "first momentum_switch updates)")
         self.generator = torch.Generator(device=device).manual_seed(seed)
         self.k = positive_int(cfg.get("k", 1), "learner.k")
         self.k_final = positive_int(cfg.get("k_final"), "learner.k_final", allow_none=True)
         self.k_ramp = positive_int(cfg.get("k_ramp", 1), "learner.k_ramp")
+        self.k_every = positive_int(cfg.get("k_every"), "learner.k_every", allow_none=True)
+        if self.k_every is not None and self.k_final is None:
+            raise ConfigError("learner.k_every steps k up to learner.k_final, which is not set")
+        self.lr_over_k = bool(cfg.get("lr_over_k", False))
+        sched = cfg.get("schedule") or {}
+        paper = paper_schedule(lr, sched.get("t0"), sched.get("a"), sched.get("b"))
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, (lambda t: paper(t) / self.sweeps_at(t)) if self.lr_over_k else paper)
         self.phase = PHASES[self.mode](model, cfg, self.generator)
         self.updates = 0  # parameter updates so far (the schedule's t and the TT clock)
         self.closed_form = bool(cfg.get("closed_form", True)) and model.closed_form_grad
 
     def sweeps_now(self) -> int:
-        """k at this update: fixed, or rising linearly from ``k`` to ``k_final`` over ``k_ramp`` updates
-        (Salakhutdinov & Murray 2008 raised CD's k gradually from 1 to 25)."""
+        return self.sweeps_at(self.updates)
+
+    def sweeps_at(self, t: int) -> int:
+        """k at update t: fixed; rising linearly from ``k`` to ``k_final`` over ``k_ramp`` updates (Salakhutdinov &
+        Murray 2008 raised CD's k gradually from 1 to 25); or with ``k_every`` one more every k_every updates up to
+        ``k_final`` (k = ceil(epoch / 20) with k_every = 20 epochs)."""
         if self.k_final is None:
             return self.k
-        frac = min(1.0, self.updates / self.k_ramp)
+        if self.k_every is not None:
+            return min(self.k_final, self.k + t // self.k_every)
+        frac = min(1.0, t / self.k_ramp)
         return self.k + int(frac * (self.k_final - self.k))
 
     # ---- the negative phase's state, read by tests and tools ------------------------------------------------
@@ -178,6 +204,13 @@ class SAP(DataParallel):
             metrics["mcmc/gibbs_sweeps"] = torch.tensor(float(self.gibbs_sweeps))
             metrics["mcmc/k"] = torch.tensor(float(self.sweeps_now()))
             metrics.update(self.phase.report())
+        if self.weight_cost:
+            for p in self.weights:
+                p.grad.add_(p, alpha=self.weight_cost)
+        if self.momentum_switch is not None:
+            momentum = float(self.momentum_initial) if self.updates < self.momentum_switch else self.momentum
+            for group in self.optimizer.param_groups:
+                group["momentum"] = momentum
         self.optimizer.step()
         self.scheduler.step()
         self.updates += 1
