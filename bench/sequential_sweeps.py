@@ -5,9 +5,11 @@
     python bench/sequential_sweeps.py --rows pixel_100 --accel compile   # the compiled in-block updates
     python bench/sequential_sweeps.py --before /tmp/before_seq --accel native   # the C sweeps (nvil.native)
 
-Rows (fixed seeds, random parameters of realistic scale: the cost does not depend on the values):
+Rows (fixed seeds, random parameters of realistic scale):
 
-- ``pixel_100``: one sequential sweep over the 784 pixels of a semi-RBM given h (``LateralBernoulli``), 100 chains;
+- ``pixel_100``: one sequential sweep over the 784 pixels of a semi-RBM given h (``LateralBernoulli``), 100 chains,
+  fields N(0, 1) (half the pixels on); ``pixel_100_sparse``: the same with fields N(-2, 1), about 15% of the pixels on
+  as in MNIST (the C sweep's cost grows with the number of pixels that are on; the eager sweep's does not);
 - ``sap_srbm500``: one SAP update of the ``sap_srbm500`` preset (semi-RBM 784-500 with 10 labels, 100 persistent
   particles, minibatch 100, k = 1: the sweep, the hidden units, the labels, the gradient);
 - ``sbn200_50``, ``sbn200_500``: one ``SequentialGibbs`` sweep over the 200 latents of an SBN-200 given 784
@@ -31,7 +33,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-ROWS = ("pixel_100", "sap_srbm500", "sbn200_50", "sbn200_500", "dbn_500")
+ROWS = ("pixel_100", "pixel_100_sparse", "sap_srbm500", "sbn200_50", "sbn200_500", "dbn_500")
 
 
 # ---- one measurement, in a worker process that imports the tree under test -----------------------------
@@ -61,7 +63,7 @@ def make_call(row: str, accel: str):
     from nvil.mcmc.sequential_gibbs import SequentialGibbs
 
     gen = torch.Generator().manual_seed(0)
-    if row in ("pixel_100", "sap_srbm500"):
+    if row in ("pixel_100", "pixel_100_sparse", "sap_srbm500"):
         torch.manual_seed(0)
         model = BoltzmannMachine(784, 500, lateral=True, n_labels=10 if row == "sap_srbm500" else 0)
         with torch.no_grad():
@@ -69,9 +71,9 @@ def make_call(row: str, accel: str):
             model.L.normal_(0, 0.02)
         if accel != "none":
             model.visible_layer.accelerate(accel)
-        if row == "pixel_100":
+        if row.startswith("pixel_100"):
             layer, lateral = model.visible_layer, model.lateral().detach()
-            field = torch.randn(100, 784, generator=gen)
+            field = torch.randn(100, 784, generator=gen) - (2.0 if row.endswith("sparse") else 0.0)
             v = (torch.rand(100, 784, generator=gen) < 0.2).float()
             beta = torch.tensor(1.0)
             return lambda: layer.sample_field(field, gen, beta=beta, lateral=lateral, start=v)

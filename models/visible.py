@@ -153,15 +153,12 @@ def blocked_sweep(field, v, thresholds, lateral, beta, block=lateral_block, size
 
 
 def native_sweep(field, v, thresholds, lateral, beta, reverse: bool = False) -> torch.Tensor:
-    """The same sweep as one C call (``nvil.native``, ``accel=native``): the fields r = field + beta v L kept current
-    by a rank-1 step beta (v_j' - v_j) L_j after each change, unit j on where r_j > its threshold; ``reverse``: units
-    in the opposite order. Writes into and returns v."""
+    """The same sweep as one C call (``nvil.native.lateral_sweep``, ``accel=native``): per block of units their fields
+    field + beta v L from the current v, then the block's decisions in order; ``reverse``: units in the opposite
+    order. Writes into and returns v."""
     chains = field.shape[0]
     jscale = torch.as_tensor(beta, dtype=field.dtype).reshape(-1).expand(chains).contiguous()
-    direction = torch.full((chains,), int(reverse), dtype=torch.uint8)
-    native.sequential_sweep(v, field.clone(memory_format=torch.contiguous_format), mode="threshold",
-                            picks=thresholds.contiguous(), jscale=jscale, reverse=direction, J=lateral.contiguous(),
-                            add_hJ=True)
+    native.lateral_sweep(v, field.contiguous(), thresholds.contiguous(), jscale, reverse, lateral.contiguous())
     return v
 
 

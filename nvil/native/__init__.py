@@ -31,6 +31,7 @@ import torch
 from nvil.errors import ConfigError
 
 SOURCE = Path(__file__).with_name("sequential.c")
+HEADERS = (Path(__file__).with_name("lateral_sweep.h"),)
 FLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-fPIC", "-shared", "-std=c11")
 MODES = {"sample": 0, "force": 1, "argmax": 2, "threshold": 3}
 _SUFFIX = {torch.float32: "f32", torch.float64: "f64"}
@@ -75,7 +76,8 @@ def library() -> ctypes.CDLL:
         cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
         if cc is None:
             raise NativeUnavailable("accel=native needs a C compiler (cc or $CC) and none was found")
-        key = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode() + cc.encode() + _cpu_key().encode())
+        source = SOURCE.read_bytes() + b"".join(h.read_bytes() for h in HEADERS)
+        key = hashlib.sha256(source + " ".join(FLAGS).encode() + cc.encode() + _cpu_key().encode())
         try:
             target = _cache_dir() / f"sequential-{key.hexdigest()[:16]}.so"
             if not target.exists():
@@ -84,7 +86,8 @@ def library() -> ctypes.CDLL:
                 os.close(fd)
                 try:
                     done = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", tmp, "-lm"], capture_output=True, text=True)
-                    message = (done.stderr.strip().splitlines() or ["(no message)"])[0] if done.returncode else None
+                    lines = done.stderr.strip().splitlines() or ["(no message)"]
+                    message = next((x for x in lines if "error" in x), lines[0]) if done.returncode else None
                 except OSError as e:
                     message = str(e)
                 if message is not None:
@@ -99,6 +102,9 @@ def library() -> ctypes.CDLL:
             fn.restype = None
             fn.argtypes = ([ctypes.c_int64] * 3 + [ctypes.c_void_p] * 2 + [ctypes.c_int] + [ctypes.c_void_p] * 6
                            + [ctypes.c_int, ctypes.c_int64] + [ctypes.c_void_p] * 9)
+            fn = getattr(lib, f"lateral_sweep_{suffix}")
+            fn.restype = None
+            fn.argtypes = [ctypes.c_int64] * 3 + [ctypes.c_void_p] * 4 + [ctypes.c_int] + [ctypes.c_void_p] * 4
         _library = lib
         return lib
 
@@ -166,13 +172,41 @@ def sequential_sweep(h: torch.Tensor, r: torch.Tensor, *, mode: str, picks=None,
     coef = _array(ctypes.c_double, [float(f[7]) for f in factors])
     common = (M, _ptr(h), _ptr(picks), MODES[mode], _ptr(beta), _ptr(jscale), _ptr(reverse), _ptr(logits), _ptr(r),
               _ptr(J), int(add_hJ), len(factors), *ptrs, *ints, coef)
+    _in_ranges(chains, lambda lo, hi: fn(lo, hi, *common))
+
+
+def lateral_sweep(v: torch.Tensor, field: torch.Tensor, thresholds: torch.Tensor, jscale: torch.Tensor | None,
+                  reverse: bool, lateral: torch.Tensor) -> None:
+    """One sequential sweep over laterally coupled binary units, in place on v [chains, M]: unit j on where
+    field_j + jscale (v L)_j > thresholds_j, in index order (``reverse``: the opposite), blocked
+    (``lateral_sweep.h``). v holds 0 / 1; L [M, M] symmetric with a zero diagonal."""
+    dtype = v.dtype
+    if dtype not in _SUFFIX:
+        raise NativeUnavailable(f"accel=native supports float32 and float64, not {dtype}")
+    fn = getattr(library(), f"lateral_sweep_{_SUFFIX[dtype]}")
+    for name, t in (("v", v), ("field", field), ("thresholds", thresholds), ("jscale", jscale), ("L", lateral)):
+        _checked(t, dtype, name)
+    chains, M = v.shape
+
+    def run(lo: int, hi: int) -> None:
+        on, place = torch.empty(2, hi - lo, M, dtype=torch.int32)  # each chain's units that are on, their places
+        count = torch.empty(hi - lo, dtype=torch.int32)
+        fn(lo, hi, M, _ptr(v), _ptr(field), _ptr(thresholds), _ptr(jscale), int(reverse), _ptr(lateral), _ptr(on),
+           _ptr(place), _ptr(count))
+
+    _in_ranges(chains, run)
+
+
+def _in_ranges(chains: int, run) -> None:
+    """``run(lo, hi)`` over the chains, split into torch.get_num_threads() ranges of at least 8 chains, in parallel
+    threads (ctypes releases the GIL)."""
+    global _pool
     threads = max(1, min(torch.get_num_threads(), chains // 8))
     if threads == 1:
-        fn(0, chains, *common)
+        run(0, chains)
         return
-    global _pool
     if _pool is None or _pool._max_workers < threads:
         _pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="nvil-native")
     bounds = [chains * i // threads for i in range(threads + 1)]
-    for future in [_pool.submit(fn, lo, hi, *common) for lo, hi in zip(bounds[:-1], bounds[1:])]:
+    for future in [_pool.submit(run, lo, hi) for lo, hi in zip(bounds[:-1], bounds[1:])]:
         future.result()

@@ -185,3 +185,19 @@ void sequential_sweep_##SUFFIX(int64_t c0, int64_t c1, int64_t M, REAL *h, const
 
 DEFINE_SWEEP(float, f32, log_f32, expf)
 DEFINE_SWEEP(double, f64, log_f64, exp)
+
+#define REAL float
+#define NAME(x) x##_f32
+#define WIDTH 64
+#include "lateral_sweep.h"
+#undef REAL
+#undef NAME
+#undef WIDTH
+
+#define REAL double
+#define NAME(x) x##_f64
+#define WIDTH 32
+#include "lateral_sweep.h"
+#undef REAL
+#undef NAME
+#undef WIDTH
