@@ -109,14 +109,14 @@ def test_a_broken_fused_path_fails_the_comparison(broken, monkeypatch):
         right = fused.baseline_loss_grad
         monkeypatch.setattr(fused, "baseline_loss_grad", lambda s: -right(s))
     else:
-        forward = fast.fused.forward
+        forward = fast.fused.forward_from
 
-        def no_sigmoid(x, generator):
-            f = forward(x, generator)
+        def no_sigmoid(x, uniforms):
+            f = forward(x, uniforms)
             f.q_probs = [torch.zeros_like(p) for p in f.q_probs]  # dlog q/da = h instead of h - sigmoid(a)
             return f
 
-        monkeypatch.setattr(fast.fused, "forward", no_sigmoid)
+        monkeypatch.setattr(fast.fused, "forward_from", no_sigmoid)
     with pytest.raises(AssertionError):
         assert_same_step(fast, slow, batches(1)[0])
 
@@ -196,3 +196,18 @@ def test_running_moments_follow_algorithm_1(alpha, power):
     c, v = expected_moments(xs, alpha)
     close = torch.allclose(moments.mean.double(), c, atol=1e-5) and torch.allclose(moments.var.double(), v, atol=1e-5)
     assert close != power
+
+
+@pytest.mark.slow
+def test_the_compiled_fused_step_takes_the_same_updates():
+    """trainer.accel=compile compiles the hand-derived step (forward, signals, backward with plain SGD's step in the
+    GEMMs) and keeps the fused path: the same parameters and c, v as the eager fused step, in float64 (~20 s of
+    compilation, hence slow)."""
+    fast, _ = pair(switches=ALL_ON)
+    eager, _ = pair(switches=ALL_ON)
+    assert fast.accelerate("compile") is fast and fast.fused is not None
+    for x in batches(4):
+        fast.step(x), eager.step(x)
+    assert_same_parameters(fast, eager)
+    for a, b in zip(fast.moments, eager.moments):
+        torch.testing.assert_close(a.mean, b.mean, rtol=1e-10, atol=1e-12)

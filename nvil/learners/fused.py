@@ -27,7 +27,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.visible import bernoulli_sample
 from nvil.learners.baselines import LearningSignal, baseline_loss_grad
 from nvil.ops import bernoulli_log_prob
 
@@ -60,12 +59,24 @@ class LayeredBernoulliGradients:
 
     @torch.no_grad()
     def forward(self, x: torch.Tensor, generator: torch.Generator) -> Forward:
+        return self.forward_from(x, self.uniforms(x, generator))
+
+    def uniforms(self, x: torch.Tensor, generator: torch.Generator) -> list[torch.Tensor]:
+        """The uniforms the forward pass compares with, one [N, units] tensor per inference layer, drawn in the order
+        and shapes of ``LayeredInference.sample`` (so the same stream for one seed)."""
+        return [torch.rand(x.shape[0], enc.out_features, generator=generator, device=x.device, dtype=x.dtype)
+                for enc in self.inference.encoders]
+
+    @torch.no_grad()
+    def forward_from(self, x: torch.Tensor, uniforms: list[torch.Tensor]) -> Forward:
+        """The forward pass given its uniforms: h = [u < sigmoid(logits)] layer by layer. A function of tensors (and
+        the modules' parameters), so ``trainer.accel`` may compile it together with the backward pass."""
         inputs, hs, q_probs, log_q = [], [], [], []
         v = self.inference.centre(x)
-        for enc in self.inference.encoders:
+        for enc, u in zip(self.inference.encoders, uniforms):
             logits = F.linear(v, enc.weight, enc.bias)
             prob = torch.sigmoid(logits)
-            h = bernoulli_sample(prob, generator)
+            h = (u < prob).to(prob.dtype)
             inputs.append(v), hs.append(h), q_probs.append(prob), log_q.append(bernoulli_log_prob(logits, h))
             v = h
         p_logits = [F.linear(h, dec.weight, dec.bias) for dec, h in zip(self.model.decoders, hs)]
@@ -87,19 +98,35 @@ class LayeredBernoulliGradients:
         With ``rates`` ({id(parameter): lr}, from ``plain_sgd_rates``) the parameters take plain SGD's step
         theta <- theta - lr dL/dtheta instead, each written by the GEMM that computes its gradient (``.grad`` is
         left alone): no gradient buffer written and read back, no optimiser pass over the weights."""
+        self.apply(self.output_grads(f, x, signals), rates)
+
+    @torch.no_grad()
+    def output_grads(self, f: Forward, x: torch.Tensor, signals: list[LearningSignal]) -> list[tuple]:
+        """dL/d(output) of every affine layer, as (layer, d_out [N, out], its input v [N, in], mean), and of the
+        prior logits, as (prior, d_prior, None, None): everything of the backward pass but the weight GEMMs."""
+        out = []
         for dec, a, h, value in zip(self.model.decoders, f.p_logits, f.hs, [x] + f.hs[:-1]):
-            _affine_grads(dec, torch.sigmoid(a).sub_(value), h, rates)
+            out.append((dec, torch.sigmoid(a).sub_(value), h, True))
         prior = self.model.prior_logits
-        d_prior = torch.sigmoid(prior).sub_(f.hs[-1].mean(0))
-        _sink(prior, d_prior, rates)
+        out.append((prior, torch.sigmoid(prior).sub_(f.hs[-1].mean(0)), None, None))
         for enc, s, prob, h, v in zip(self.inference.encoders, signals, f.q_probs, f.hs, f.inputs):
-            _affine_grads(enc, (prob - h).mul_(s.a.unsqueeze(-1)), v, rates)
+            out.append((enc, (prob - h).mul_(s.a.unsqueeze(-1)), v, True))
         for baseline, s, t, v in zip(self.baselines, signals, f.hidden, f.inputs):
             first, last = baseline.net[0], baseline.net[2]
             d_b = baseline_loss_grad(s).unsqueeze(-1)     # [N, 1], already divided by N
             d_hidden = (d_b * last.weight).mul_(1 - t * t)  # tanh' = 1 - tanh^2, at the weights before this step
-            _affine_grads(last, d_b, t, rates, mean=False)
-            _affine_grads(first, d_hidden, v, rates, mean=False)
+            out += [(last, d_b, t, False), (first, d_hidden, v, False)]
+        return out
+
+    @staticmethod
+    @torch.no_grad()
+    def apply(grads: list[tuple], rates: dict | None) -> None:
+        """Each layer's weight gradient d_out' v by one GEMM, into ``.grad`` or (``rates``) the SGD step itself."""
+        for layer, d_out, v, mean in grads:
+            if v is None:
+                _sink(layer, d_out, rates)
+            else:
+                _affine_grads(layer, d_out, v, rates, mean=mean)
 
 
 def plain_sgd_rates(optimizer: torch.optim.Optimizer) -> dict[int, float] | None:

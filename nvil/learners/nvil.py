@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from nvil.accel import check_mode, compiled
+from nvil.accel import accelerate, check_mode, compiled
 from nvil.learners.base import SurrogateLearner, build_optimizer, directed_groups, grad_norms
 from nvil.learners.baselines import (InputDependentBaseline, LearningSignal, SignalFlags, baseline_loss,
                                      layerwise_signals, learning_signal, signal_metrics)
@@ -97,20 +97,36 @@ class NVIL(SurrogateLearner):
         with the gradients set by hand (no ``zero_grad``: every gradient is overwritten)."""
         if self.fused is None:
             return super().step(x, diagnostics)
-        f = self.fused.forward(x, self.generator)
-        signals, metrics = self.signals(f.log_p, f.log_q, f.b, True, diagnostics)
         rates = None if diagnostics else plain_sgd_rates(self.optimizer)  # a logging step reports gradient norms
-        self.fused.backward(f, x, signals, rates)
+        uniforms = self.fused.uniforms(x, self.generator)
+        grads, metrics = self.fused_signals(x, uniforms, diagnostics) if diagnostics else self.fused_step(x, uniforms)
+        self.fused.apply(grads, rates)
         if rates is None:
             if diagnostics:
                 metrics.update(grad_norms(self.optimizer))
             self.optimizer.step()
         return metrics
 
+    @torch.no_grad()
+    def fused_signals(self, x: torch.Tensor, uniforms: list[torch.Tensor], diagnostics: bool = False) -> tuple:
+        """The hand-derived step up to its weight GEMMs, from the forward pass's uniforms: forward, signals (c and v
+        updated), every layer's dL/d(output) (``LayeredBernoulliGradients.output_grads``). Returns (grads, metrics)."""
+        f = self.fused.forward_from(x, uniforms)
+        signals, metrics = self.signals(f.log_p, f.log_q, f.b, True, diagnostics)
+        return self.fused.output_grads(f, x, signals), metrics
+
+    def fused_step(self, x: torch.Tensor, uniforms: list[torch.Tensor]) -> tuple:
+        """``fused_signals`` on a step that logs nothing: compiled with ``trainer.accel=compile`` (one graph, the
+        small elementwise ops fused around the forward GEMMs; the weight GEMMs stay outside, writing in place),
+        else eager."""
+        return self.fused_signals(x, uniforms)
+
     def accelerate(self, mode: str, device=None) -> "NVIL":
-        """A compiled ``surrogate`` (``trainer.accel``) runs on the autograd path."""
-        if compiled(check_mode(mode, device, "trainer.accel")):
-            self.fused = None
+        """``trainer.accel=compile`` compiles the hand-derived step (``fused_step``) where it applies, else the
+        ``surrogate`` of the autograd path."""
+        if compiled(check_mode(mode, device, "trainer.accel")) and self.fused is not None:
+            self.fused_step = accelerate(self.fused_step, mode, device, "trainer.accel")
+            return self
         return super().accelerate(mode, device)
 
     def distribute(self, d, device: torch.device) -> None:
