@@ -164,9 +164,11 @@ class BoltzmannMachine(nn.Module):
         """Whether ``free_energy_grad`` covers this machine (its visible layer's dE_vis/db is in ``BIAS_GRAD``)."""
         return type(self.visible_layer) in BIAS_GRAD
 
-    def free_energy_grad(self, x: torch.Tensor, w: torch.Tensor, hidden_probs: torch.Tensor) -> dict[str, torch.Tensor]:
-        """{name: sum_n w_n dF(x_n)/dtheta} in closed form, given p(h = 1 | x) (``models.rbm_grad``)."""
-        return free_energy_grad(self, x, w, hidden_probs)
+    def free_energy_grad(self, x: torch.Tensor, w: torch.Tensor, hidden_probs: torch.Tensor,
+                         lr: float | None = None) -> dict[str, torch.Tensor] | None:
+        """{name: sum_n w_n dF(x_n)/dtheta} in closed form, given p(h = 1 | x), or with ``lr`` plain SGD's step along
+        it applied in place (``models.rbm_grad``)."""
+        return free_energy_grad(self, x, w, hidden_probs, lr)
 
     @property
     def hidden_marginal_tractable(self) -> bool:

@@ -36,14 +36,27 @@ def gaussian_bias_grad(v: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> tor
 BIAS_GRAD = {Bernoulli: bernoulli_bias_grad, LateralBernoulli: bernoulli_bias_grad, Gaussian: gaussian_bias_grad}
 
 
-def free_energy_grad(model, x: torch.Tensor, w: torch.Tensor, hidden_probs: torch.Tensor) -> dict[str, torch.Tensor]:
+def free_energy_grad(model, x: torch.Tensor, w: torch.Tensor, hidden_probs: torch.Tensor,
+                     lr: float | None = None) -> dict[str, torch.Tensor] | None:
     """{parameter name: sum_n w_n dF(x_n)/dtheta} for a ``models.rbm.BoltzmannMachine`` whose visible layer is in
-    ``BIAS_GRAD``. ``hidden_probs`` is p(h = 1 | x) = sigmoid(a(x)) at the current parameters, [rows, n_hidden]."""
+    ``BIAS_GRAD``. ``hidden_probs`` is p(h = 1 | x) = sigmoid(a(x)) at the current parameters, [rows, n_hidden].
+
+    With ``lr``, plain SGD's step theta <- theta - lr * gradient is applied to the parameters in place instead (each
+    weight matrix's by the GEMM that computes its gradient: no gradient buffer, no optimiser pass), returning None."""
     v, y = model.split(x)
     minus_wp = -w.unsqueeze(-1) * hidden_probs  # each row's -w_n p_n: the sign folded in before the products
-    grads = {"W": v.T @ minus_wp, "b": BIAS_GRAD[type(model.visible_layer)](v, w, model.b), "c": minus_wp.sum(0)}
+    products = {"W": (v, minus_wp)}  # gradient = left' @ right
+    vectors = {"b": BIAS_GRAD[type(model.visible_layer)](v, w, model.b), "c": minus_wp.sum(0)}
     if y is not None:
-        grads["U"], grads["d"] = y.T @ minus_wp, -(w @ y)
+        products["U"], vectors["d"] = (y, minus_wp), -(w @ y)
     if model.L is not None:
-        grads["L"] = -0.5 * (v.T @ (w.unsqueeze(-1) * v)) * model.off_diagonal
-    return grads
+        vectors["L"] = -0.5 * (v.T @ (w.unsqueeze(-1) * v)) * model.off_diagonal
+    if lr is None:
+        return {**{k: left.T @ right for k, (left, right) in products.items()}, **vectors}
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for k, (left, right) in products.items():
+            params[k].addmm_(left.T, right, alpha=-lr)
+        for k, g in vectors.items():
+            params[k].sub_(g, alpha=lr)
+    return None

@@ -96,6 +96,7 @@ def surrogate_gradient(learner: SAP, x: torch.Tensor) -> torch.Tensor:
     """The gradient estimate of one learner.step (minus the surrogate's gradient), with the parameters put
     back afterwards so every estimate is taken at the same model."""
     saved = {k: v.clone() for k, v in learner.model.state_dict().items()}
+    learner.sgd_in_products = False  # the gradient left in .grad (plain SGD would apply it inside the products)
     learner.step(x)
     g = -flat_grad(learner.model).clone()
     with torch.no_grad():

@@ -317,3 +317,35 @@ def test_the_cd_recipe_schedules_k_rate_and_momentum():
         learner(MACHINES["binary"](), "cd", k_every=2)
     with pytest.raises(ConfigError, match="momentum_switch"):
         learner(MACHINES["binary"](), "cd", momentum_initial=0.5)
+
+
+@pytest.mark.parametrize("mode", list(PHASE_CFG))
+@pytest.mark.parametrize("name", ["binary", "gaussian", "lateral_labels"])
+def test_plain_sgd_inside_the_products_takes_the_optimisers_steps(name, mode):
+    """With plain SGD (no momentum, no weight cost) the gradient's GEMMs apply the step themselves: the same
+    parameters and chains as the optimiser's steps, across the schedule's switch and a logging step."""
+    def trained(in_products: bool, sign: float = 1.0):
+        m = MACHINES[name]()
+        sap = learner(m, mode, momentum=0.0, weight_decay=0.0)
+        sap.sgd_in_products = in_products
+        x = rows(m, 8, 3)
+        for i in range(5):
+            sap.step(x[(i % 2) * 4:(i % 2) * 4 + 4], diagnostics=i == 2)
+        return m
+
+    fast, slow = trained(True), trained(False)
+    for (k, p), q in zip(fast.named_parameters(), slow.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-10, atol=1e-12, msg=k)
+
+
+def test_plain_sgd_inside_the_products_with_the_wrong_sign_fails(monkeypatch):
+    import models.rbm as rbm
+
+    right = rbm.free_energy_grad
+    monkeypatch.setattr(rbm, "free_energy_grad", lambda m, x, w, p, lr=None: right(m, x, w, p, None if lr is None else -lr))
+    m_fast, m_slow = MACHINES["binary"](), MACHINES["binary"]()
+    fast, slow = learner(m_fast, "sap", momentum=0.0, weight_decay=0.0), learner(m_slow, "sap", momentum=0.0, weight_decay=0.0)
+    slow.sgd_in_products = False
+    x = rows(m_fast, 4, 3)
+    fast.step(x), slow.step(x)
+    assert not torch.allclose(m_fast.W, m_slow.W)

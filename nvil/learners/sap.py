@@ -29,6 +29,8 @@ data-parallel runs (whose gradients DistributedDataParallel averages in backward
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from models.rbm import State
@@ -93,6 +95,7 @@ class SAP(DataParallel):
         self.phase = PHASES[self.mode](model, cfg, self.generator)
         self.updates = 0  # parameter updates so far (the schedule's t and the TT clock)
         self.closed_form = bool(cfg.get("closed_form", True)) and model.closed_form_grad
+        self.sgd_in_products = True  # plain SGD applied by the gradient's GEMMs (tests switch it off to compare)
 
     def sweeps_now(self) -> int:
         return self.sweeps_at(self.updates)
@@ -177,6 +180,10 @@ class SAP(DataParallel):
         rows = torch.cat([x, neg])
         a = m.hidden_input(rows) if a_neg is None else torch.cat([m.hidden_input(x), a_neg])
         w = torch.cat([x.new_full((x.shape[0],), 1.0 / x.shape[0]), x.new_full((neg.shape[0],), -1.0 / neg.shape[0])])
+        lr = self.sgd_rate(diagnostics)
+        if lr is not None:  # plain SGD on a step that logs nothing: the step applied by the products themselves
+            m.free_energy_grad(rows, w, torch.sigmoid(a), lr=lr)
+            return {}
         grads = m.free_energy_grad(rows, w, torch.sigmoid(a))
         for name, p in m.named_parameters():
             p.grad = grads[name]
@@ -184,9 +191,24 @@ class SAP(DataParallel):
             return {}
         return {"train/free_energy_gap": -(w @ m.free_energy(rows, hidden_input=a))}
 
+    def sgd_rate(self, diagnostics: bool) -> float | None:
+        """The current rate when this update may apply plain SGD inside the gradient's products: no momentum, no
+        weight cost, a step that reports no gradient norms; else None (the optimiser takes the step)."""
+        if diagnostics or not self.sgd_in_products or self.weight_cost or self.momentum_switch is not None:
+            return None
+        group = self.optimizer.param_groups[0]
+        return None if group["momentum"] else group["lr"]
+
     def step(self, x: torch.Tensor, diagnostics: bool = False) -> dict[str, torch.Tensor]:
         metrics: dict = {}
         neg = self.negatives(x)
+        if neg is not None and self.closed_form and not self.data_parallel and self.sgd_rate(diagnostics) is not None:
+            self.set_closed_form_grads(x, neg, diagnostics)  # plain SGD inside the products: no .grad, no optimiser
+            with warnings.catch_warnings():  # torch warns once if the schedule moves before any optimizer.step()
+                warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
+                self.scheduler.step()
+            self.updates += 1
+            return metrics
         self.optimizer.zero_grad(set_to_none=True)
         if neg is not None and self.closed_form and not self.data_parallel:
             metrics.update(self.set_closed_form_grads(x, neg, diagnostics))
