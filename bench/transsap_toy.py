@@ -60,19 +60,19 @@ def compose_cfg(overrides: list[str]) -> DictConfig:
         return compose(config_name="train", overrides=list(overrides))
 
 
-def scaled_overrides(preset: DictConfig, steps: int) -> list[str]:
-    """Overrides that run ``preset``'s schedule in ``steps`` updates instead of its max_steps, keeping its
-    shape (see the module docstring). Empty when ``steps`` is the preset's own."""
-    full = int(preset.trainer.max_steps)
-    if steps == full:
+def scaled_overrides(preset: DictConfig, steps: int, reference: int) -> list[str]:
+    """Overrides that run ``preset``'s schedule scaled by f = steps / reference (``reference``: the paper's length
+    of the SAP rows), keeping its shape (see the module docstring): the preset's max_steps becomes f times its own
+    (a Trans-SAP row at equal Gibbs steps stays shorter than SAP's). Empty when f = 1."""
+    if steps == reference:
         return []
-    f = steps / full
+    f = steps / reference
     t, sch = preset.trainer, preset.learner.schedule
 
     def scale(n: int) -> int:
         return max(1, round(n * f))
 
-    out = [f"trainer.max_steps={steps}", f"trainer.val_every={scale(t.val_every)}",
+    out = [f"trainer.max_steps={scale(int(t.max_steps))}", f"trainer.val_every={scale(t.val_every)}",
            f"trainer.ckpt_every={scale(t.ckpt_every)}", f"trainer.sample_every={scale(t.sample_every)}",
            f"trainer.log_every={max(1, min(t.log_every, scale(t.log_every)))}"]
     if sch.get("t0") is not None:
@@ -80,8 +80,9 @@ def scaled_overrides(preset: DictConfig, steps: int) -> list[str]:
                 f"learner.schedule.b={float(sch.b) * f!r}"]
     tt = preset.learner.get("tt")
     if tt is not None:
-        start = min(steps - 1, round(int(tt.start_step) * f))
-        every = max(1, min(int(tt.every), (steps - start) // 10))
+        length = scale(int(t.max_steps))
+        start = min(length - 1, round(int(tt.start_step) * f))
+        every = max(1, min(int(tt.every), (length - start) // 10))
         out += [f"learner.tt.start_step={start}", f"learner.tt.every={every}"]
     return out
 
@@ -91,7 +92,7 @@ def row_cfg(base: list[str], run_dir: Path, args: argparse.Namespace) -> DictCon
     ``args.device``, quiet, with ``--tt-betas`` on Trans-SAP rows, resuming when ``run_dir`` holds a run;
     ``--extra-override`` last."""
     preset = compose_cfg(base)
-    overrides = [*base, *scaled_overrides(preset, args.steps), f"trainer.device={args.device}",
+    overrides = [*base, *scaled_overrides(preset, args.steps, args.reference_steps), f"trainer.device={args.device}",
                  "trainer.progress=false", "print_config=false"]
     if args.tt_betas is not None and "tt" in preset.learner:
         overrides.append(f"learner.tt.num_betas={args.tt_betas}")
@@ -205,7 +206,9 @@ def plot(curves: list[tuple[str, dict, dict]], tt_start: int | None, path: Path,
 def add_args(p: argparse.ArgumentParser, *, default_steps: int, default_out: Path, rows) -> None:
     p.add_argument("--rows", default=",".join(rows), help=f"comma list of rows (default: all): {', '.join(rows)}")
     p.add_argument("--steps", type=int, default=default_steps,
-                   help=f"parameter updates per row; the schedule scales with it (default {default_steps:,}, the paper's)")
+                   help=f"parameter updates of the SAP rows; the schedule scales with it (default {default_steps:,}, the "
+                        "paper's; a Trans-SAP row at equal Gibbs steps makes proportionally fewer)")
+    p.set_defaults(reference_steps=default_steps)
     p.add_argument("--device", choices=("cpu", "cuda", "auto"), default="auto")
     p.add_argument("--out", default=str(default_out),
                    help=f"directory of the run directories, one per row (default {common.rel(default_out)})")
