@@ -3,6 +3,7 @@ budget. For each model, log-likelihood against wall time and against gradient ev
 
     python bench/auxiliary_vs_centred.py                                  # mnist2, mnist3, dynamic on the CPU
     python bench/auxiliary_vs_centred.py --models mnist2 --iterations 3000 --device cuda
+    python bench/auxiliary_vs_centred.py --models mnist2,mnist3 --settings paper,equal_accept,sigma1   # issue 17
 
 Models (presets): ``mnist2`` = experiment=mcem_gbn_mnist (784-64-64, 10,000 training digits), ``mnist3`` the
 same with three latent layers, ``dynamic`` = experiment=mcem_dbn_dynamic (length 10, 10-dim latents, 100
@@ -34,6 +35,10 @@ MODELS = {"mnist2": ["experiment=mcem_gbn_mnist"],
           "mnist3": ["experiment=mcem_gbn_mnist", "model.layers=[64,64,64]"],
           "dynamic": ["experiment=mcem_dbn_dynamic"]}
 FORMS = ("auxiliary", "centred")
+# How the two forms are compared (issue 17): the paper's one fixed step for both; each form's step adapted to the
+# same acceptance rate (dual averaging per chain, towards learner.target_accept); and sigma = 1, where the auxiliary
+# form's unit-scale eps and the centred z have the same conditional scale.
+SETTINGS = {"paper": [], "equal_accept": ["learner.adapt=dual_averaging"], "sigma1": ["model.sigma=1.0"]}
 
 
 def run(overrides: list[str], args) -> dict:
@@ -146,6 +151,8 @@ def report(results: dict, args, out: Path) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", default="mnist2,mnist3,dynamic")
+    p.add_argument("--settings", default="paper",
+                   help=f"comma list of comparisons: {', '.join(SETTINGS)} (default paper: the preset's fixed step)")
     p.add_argument("--iterations", type=int, default=2000)
     p.add_argument("--eval-every", type=int, default=100)
     p.add_argument("--eval-examples", type=int, default=100)
@@ -171,10 +178,15 @@ def main() -> None:
     unknown = [m for m in models if m not in MODELS]
     if unknown:
         p.error(f"unknown models {unknown}; known: {list(MODELS)}")
+    settings = [s for s in args.settings.split(",") if s]
+    if any(s not in SETTINGS for s in settings):
+        p.error(f"unknown settings {[s for s in settings if s not in SETTINGS]}; known: {list(SETTINGS)}")
     results = {}
     for name in models:
-        print(f"== {name}", flush=True)
-        results[name] = {form: run(MODELS[name] + [f"model.form={form}"], args) for form in FORMS}
+        for setting in settings:
+            key = name if setting == "paper" else f"{name}, {setting}"
+            print(f"== {key}", flush=True)
+            results[key] = {form: run(MODELS[name] + SETTINGS[setting] + [f"model.form={form}"], args) for form in FORMS}
     (out / "results.json").write_text(json.dumps({"args": vars(args), "results": results}, indent=1))
     report(results, vars(args), out)
 

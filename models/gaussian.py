@@ -34,7 +34,11 @@ from nvil.errors import ConfigError
 
 FORMS = ("auxiliary", "centred")
 VISIBLES = ("bernoulli", "gaussian")
-NONLINEARITIES = {"tanh": torch.tanh, "sigmoid": torch.sigmoid, "hard_tanh": F.hardtanh, "identity": lambda a: a}
+# hard_sigmoid: the piecewise-linear sigmoid (0 below -3, 1 above 3, a / 6 + 1 / 2 between): Kingma 2013's "piecewise
+# sigmoid nonlinearity" (Sec. 4.1). Written through hardtanh, whose gradient is exact in float64 (F.hardsigmoid's
+# backward scales by a float32 1/6).
+NONLINEARITIES = {"tanh": torch.tanh, "sigmoid": torch.sigmoid, "hard_tanh": F.hardtanh,
+                  "hard_sigmoid": lambda a: F.hardtanh(a / 6 + 0.5, 0.0, 1.0), "identity": lambda a: a}
 
 
 class GaussianNet(nn.Module):

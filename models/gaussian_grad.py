@@ -30,9 +30,10 @@ import torch.nn.functional as F
 
 from models.visible import gaussian_log_prob
 
-# f'(a) given a and mu = f(a); hard_tanh's is 0 at the kinks, as autograd's.
+# f'(a) given a and mu = f(a); hard_tanh's and hard_sigmoid's are 0 at the kinks, as autograd's.
 DERIVATIVES = {"tanh": lambda a, mu: 1 - mu * mu, "sigmoid": lambda a, mu: mu * (1 - mu),
                "hard_tanh": lambda a, mu: ((a > -1) & (a < 1)).to(a.dtype),
+               "hard_sigmoid": lambda a, mu: ((a > -3) & (a < 3)).to(a.dtype) / 6,
                "identity": lambda a, mu: torch.ones_like(a)}
 
 

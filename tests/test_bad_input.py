@@ -76,7 +76,7 @@ def test_a_bare_number_for_model_layers_names_the_list_it_needs(name):
     ("srbm", {"visible_update": "parallel"}, "model.visible_update must be sequential or mean_field"),
     ("gbn", {"form": "centered"}, "model.form must be one of ['auxiliary', 'centred'], got 'centered'"),
     ("gbn", {"visible": "multinomial"}, "model.visible must be one of ['bernoulli', 'gaussian']"),
-    ("gbn", {"nonlinearity": "relu"}, "model.nonlinearity must be one of ['tanh', 'sigmoid', 'hard_tanh', 'identity']"),
+    ("gbn", {"nonlinearity": "relu"}, "model.nonlinearity must be one of ['tanh', 'sigmoid', 'hard_tanh', 'hard_sigmoid', 'identity']"),
     ("gbn", {"nonlinearity": ["tanh"]}, "model.nonlinearity must be one of"),
     ("gbn", {"sigma": 0}, "model.sigma must be a positive number, got 0"),
     ("gbn", {"sigma": float("inf")}, "model.sigma must be a positive number, got inf"),

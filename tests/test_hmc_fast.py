@@ -17,7 +17,7 @@ from nvil.mcmc.hmc import HMC, Autograd, value_and_grad
 DT = torch.float64
 NETS = [(form, visible, nonlinearity, layers)
         for form, visible, nonlinearity, layers in itertools.product(
-            ("auxiliary", "centred"), ("bernoulli", "gaussian"), ("tanh", "sigmoid", "hard_tanh", "identity"),
+            ("auxiliary", "centred"), ("bernoulli", "gaussian"), ("tanh", "sigmoid", "hard_tanh", "hard_sigmoid", "identity"),
             ([4], [5, 3], [6, 4, 3]))]
 
 
