@@ -44,7 +44,7 @@ class SoftplusFactor:
         [exp(-|M_jk|), exp(|M_jk|)], so 2^levels of them stay well inside the dtype's range; at most 3, K
         divisible by 2^levels)."""
         if dtype not in self._tables:
-            reach = self.M.abs().max().item() if self.M.numel() else 0.0
+            reach = self.reach()
             work = dtype if reach < 0.5 * math.log(torch.finfo(dtype).max) else torch.float64
             room = -0.5 * math.log(torch.finfo(work).tiny)
             levels = 0
@@ -54,12 +54,18 @@ class SoftplusFactor:
             self._tables[dtype] = (torch.exp(M), torch.exp(-M), levels)
         return self._tables[dtype]
 
+    def reach(self) -> float:
+        """max |M|: how far one flip can move any a_k (cached, so M must not change afterwards)."""
+        if "reach" not in self._tables:
+            self._tables["reach"] = self.M.abs().max().item() if self.M.numel() else 0.0
+        return self._tables["reach"]
+
     def products_per_log(self, dtype: torch.dtype, most: int = 64) -> int:
         """How many den_k of one flip (each in [exp(-|M|), exp(|M|)]) may be multiplied before taking a log with the
         product still well inside ``dtype``'s normal range (the native sweep's running products; at most ``most``)."""
         key = ("products_per_log", dtype)
         if key not in self._tables:
-            reach = self.M.abs().max().item() if self.M.numel() else 0.0
+            reach = self.reach()
             room = 0.9 * min(math.log(torch.finfo(dtype).max), -math.log(torch.finfo(dtype).tiny))
             self._tables[key] = int(max(1, min(most, room // reach if reach > 0 else most)))
         return self._tables[key]

@@ -90,20 +90,11 @@ class LayeredBernoulliGradients:
         return Forward(inputs, hs, q_probs, p_logits, hidden, log_p, log_q, b or [torch.zeros_like(q) for q in log_q])
 
     @torch.no_grad()
-    def backward(self, f: Forward, x: torch.Tensor, signals: list[LearningSignal], rates: dict | None = None) -> None:
-        """Set ``.grad`` of every parameter of the model, the inference network and the baselines to the gradient
-        of NVIL's surrogate loss (what ``loss.backward()`` gives on the autograd path). Each dL/da below is N times
-        the gradient of the minibatch mean (``_affine_grads`` divides by N), except the baseline's.
-
-        With ``rates`` ({id(parameter): lr}, from ``plain_sgd_rates``) the parameters take plain SGD's step
-        theta <- theta - lr dL/dtheta instead, each written by the GEMM that computes its gradient (``.grad`` is
-        left alone): no gradient buffer written and read back, no optimiser pass over the weights."""
-        self.apply(self.output_grads(f, x, signals), rates)
-
-    @torch.no_grad()
     def output_grads(self, f: Forward, x: torch.Tensor, signals: list[LearningSignal]) -> list[tuple]:
         """dL/d(output) of every affine layer, as (layer, d_out [N, out], its input v [N, in], mean), and of the
-        prior logits, as (prior, d_prior, None, None): everything of the backward pass but the weight GEMMs."""
+        prior logits, as (prior, d_prior, None, None): the backward pass of NVIL's surrogate loss (what
+        ``loss.backward()`` gives on the autograd path) but its weight GEMMs, which ``apply`` makes. Each dL/da below
+        is N times the gradient of the minibatch mean (``_affine_grads`` divides by N), except the baseline's."""
         out = []
         for dec, a, h, value in zip(self.model.decoders, f.p_logits, f.hs, [x] + f.hs[:-1]):
             out.append((dec, torch.sigmoid(a).sub_(value), h, True))
@@ -121,7 +112,9 @@ class LayeredBernoulliGradients:
     @staticmethod
     @torch.no_grad()
     def apply(grads: list[tuple], rates: dict | None) -> None:
-        """Each layer's weight gradient d_out' v by one GEMM, into ``.grad`` or (``rates``) the SGD step itself."""
+        """Each layer's weight gradient d_out' v by one GEMM, into ``.grad``; or with ``rates`` ({id(parameter): lr},
+        from ``plain_sgd_rates``) plain SGD's step theta <- theta - lr dL/dtheta, written by the GEMM that computes
+        the gradient (``.grad`` left alone): no gradient buffer written and read back, no optimiser pass."""
         for layer, d_out, v, mean in grads:
             if v is None:
                 _sink(layer, d_out, rates)
@@ -131,7 +124,7 @@ class LayeredBernoulliGradients:
 
 def plain_sgd_rates(optimizer: torch.optim.Optimizer) -> dict[int, float] | None:
     """{id(parameter): lr} when ``optimizer`` is plain SGD (no momentum, weight decay, nesterov or maximize), whose
-    step theta <- theta - lr g ``backward(rates=...)`` can apply itself; None for any other optimiser."""
+    step theta <- theta - lr g ``apply(grads, rates)`` can apply itself; None for any other optimiser."""
     if not isinstance(optimizer, torch.optim.SGD):
         return None
     rates = {}

@@ -36,8 +36,8 @@ class NVIL(SurrogateLearner):
     ``surrogate`` (every model), and for layered Bernoulli models (``nvil.learners.fused.covers``) the hand-derived
     gradients of ``nvil.learners.fused`` (1.4x fewer seconds per update than autograd for SBN-200 at the paper's
     minibatch of 20 on one CPU thread; bench/peer_pyro.py). For one seed both take the same updates.
-    ``trainer.accel`` and data parallelism (whose gradients DDP averages during ``backward``) run the autograd path.
-    """
+    Data parallelism (whose gradients DDP averages during ``backward``) runs the autograd path; ``trainer.accel=compile``
+    compiles whichever path runs (``accelerate``)."""
 
     def __init__(self, model: nn.Module, inference: nn.Module, cfg, device: torch.device, seed: int) -> None:
         super().__init__()

@@ -170,18 +170,19 @@ class SAP(DataParallel):
         return f_data - self.model.free_energy(neg).mean()
 
     @torch.no_grad()
-    def set_closed_form_grads(self, x: torch.Tensor, neg: torch.Tensor, diagnostics: bool) -> dict[str, torch.Tensor]:
+    def set_closed_form_grads(self, x: torch.Tensor, neg: torch.Tensor, diagnostics: bool,
+                              lr: float | None = None) -> dict[str, torch.Tensor]:
         """Set each parameter's .grad to d/dtheta [mean F(data) - mean F(negatives)] from the sufficient
         statistics (``models.rbm_grad``), the data's rows weighted 1/B and the negatives' -1/M, stacked so each
         statistic is one matrix product; p(h | negatives) comes from the phase's last sweep when it computed
-        a(negatives) (``learner.reuse_hidden``), else afresh. Returns the gap mean F(negatives) - mean F(data)
-        at a logging step (the only step that reads it), else nothing."""
+        a(negatives) (``learner.reuse_hidden``), else afresh. With ``lr`` (``sgd_rate``) plain SGD's step is applied
+        by the products themselves instead. Returns the gap mean F(negatives) - mean F(data) at a logging step (the
+        only step that reads it), else nothing."""
         m, a_neg = self.model, self.phase.hidden_input
         rows = torch.cat([x, neg])
         a = m.hidden_input(rows) if a_neg is None else torch.cat([m.hidden_input(x), a_neg])
         w = torch.cat([x.new_full((x.shape[0],), 1.0 / x.shape[0]), x.new_full((neg.shape[0],), -1.0 / neg.shape[0])])
-        lr = self.sgd_rate(diagnostics)
-        if lr is not None:  # plain SGD on a step that logs nothing: the step applied by the products themselves
+        if lr is not None:
             m.free_energy_grad(rows, w, torch.sigmoid(a), lr=lr)
             return {}
         grads = m.free_energy_grad(rows, w, torch.sigmoid(a))
@@ -200,17 +201,26 @@ class SAP(DataParallel):
         return None if group["momentum"] else group["lr"]
 
     def step(self, x: torch.Tensor, diagnostics: bool = False) -> dict[str, torch.Tensor]:
-        metrics: dict = {}
         neg = self.negatives(x)
-        if neg is not None and self.closed_form and not self.data_parallel and self.sgd_rate(diagnostics) is not None:
-            self.set_closed_form_grads(x, neg, diagnostics)  # plain SGD inside the products: no .grad, no optimiser
-            with warnings.catch_warnings():  # torch warns once if the schedule moves before any optimizer.step()
-                warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
-                self.scheduler.step()
-            self.updates += 1
-            return metrics
+        closed = neg is not None and self.closed_form and not self.data_parallel
+        lr = self.sgd_rate(diagnostics) if closed else None
+        if lr is not None:  # plain SGD inside the products: no .grad, no optimiser pass
+            metrics = self.set_closed_form_grads(x, neg, diagnostics, lr)
+        else:
+            metrics = self.optimizer_step(x, neg, closed, diagnostics)
+        with warnings.catch_warnings():  # torch warns once if the schedule moves before any optimizer.step()
+            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
+            self.scheduler.step()
+        self.updates += 1
+        return metrics
+
+    def optimizer_step(self, x: torch.Tensor, neg: torch.Tensor | None, closed: bool,
+                       diagnostics: bool) -> dict[str, torch.Tensor]:
+        """The update through the optimiser: gradients (closed form or autograd), the weight cost on the weights,
+        the momentum of this update, ``optimizer.step()``; the metrics of a logging step."""
+        metrics: dict = {}
         self.optimizer.zero_grad(set_to_none=True)
-        if neg is not None and self.closed_form and not self.data_parallel:
+        if closed:
             metrics.update(self.set_closed_form_grads(x, neg, diagnostics))
         else:
             loss = self.loss_module()(x, neg)
@@ -234,8 +244,6 @@ class SAP(DataParallel):
             for group in self.optimizer.param_groups:
                 group["momentum"] = momentum
         self.optimizer.step()
-        self.scheduler.step()
-        self.updates += 1
         return metrics
 
     # ---- TensorBoard images --------------------------------------------------------------------------

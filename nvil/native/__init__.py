@@ -33,7 +33,7 @@ from nvil.errors import ConfigError
 SOURCE = Path(__file__).with_name("sequential.c")
 HEADERS = (Path(__file__).with_name("lateral_sweep.h"),)
 FLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-fPIC", "-shared", "-std=c11")
-MODES = {"sample": 0, "force": 1, "argmax": 2, "threshold": 3}
+MODES = {"sample": 0, "force": 1, "argmax": 2}
 _SUFFIX = {torch.float32: "f32", torch.float64: "f64"}
 _lock = threading.Lock()
 _library: ctypes.CDLL | None = None
@@ -100,8 +100,8 @@ def library() -> ctypes.CDLL:
         for suffix in _SUFFIX.values():
             fn = getattr(lib, f"sequential_sweep_{suffix}")
             fn.restype = None
-            fn.argtypes = ([ctypes.c_int64] * 3 + [ctypes.c_void_p] * 2 + [ctypes.c_int] + [ctypes.c_void_p] * 6
-                           + [ctypes.c_int, ctypes.c_int64] + [ctypes.c_void_p] * 9)
+            fn.argtypes = ([ctypes.c_int64] * 3 + [ctypes.c_void_p] * 2 + [ctypes.c_int] + [ctypes.c_void_p] * 5
+                           + [ctypes.c_int64] + [ctypes.c_void_p] * 9)
             fn = getattr(lib, f"lateral_sweep_{suffix}")
             fn.restype = None
             fn.argtypes = [ctypes.c_int64] * 3 + [ctypes.c_void_p] * 4 + [ctypes.c_int] + [ctypes.c_void_p] * 4
@@ -147,20 +147,19 @@ def _checked(t: torch.Tensor | None, dtype: torch.dtype, what: str) -> torch.Ten
     return t
 
 
-def sequential_sweep(h: torch.Tensor, r: torch.Tensor, *, mode: str, picks=None, beta=None, jscale=None,
-                     reverse=None, logits=None, J=None, add_hJ=False, factors=()) -> None:
+def sequential_sweep(h: torch.Tensor, r: torch.Tensor, *, mode: str, picks=None, beta=None, reverse=None, logits=None,
+                     J=None, factors=()) -> None:
     """One sweep over the units of every chain, in place: h [chains, M] (the state), r [chains, M] (the quadratic
-    field u + J h, scaled, kept current; with ``add_hJ`` r = u on entry and the call adds jscale h J), and per factor (p, s, up, down, lo, hi, R, coef) its running p, s
-    [chains, K], flip tables [M, K], units lo..hi-1, products per log R and coefficient (``sequential.c``). ``picks`` [chains, M]: uniforms
-    (``sample``), the forced values (``force``) or the uniforms' logits (``threshold``); ``beta``, ``jscale``
-    [chains] or None; ``reverse`` [chains] uint8 or None (forward); ``logits`` [chains, M] filled when given."""
+    field u + J h, kept current), and per factor (p, s, up, down, lo, hi, R, coef) its running p, s [chains, K], flip
+    tables [M, K], units lo..hi-1, products per log R and coefficient (``sequential.c``). ``picks`` [chains, M]: the
+    uniforms (``sample``) or the forced values (``force``); ``beta`` [chains] or None; ``reverse`` [chains] uint8 or
+    None (forward); ``logits`` [chains, M] filled when given."""
     dtype = h.dtype
     if dtype not in _SUFFIX:
         raise NativeUnavailable(f"accel=native supports float32 and float64, not {dtype}")
     fn = getattr(library(), f"sequential_sweep_{_SUFFIX[dtype]}")
     chains, M = h.shape
-    for name, t in (("h", h), ("r", r), ("picks", picks), ("beta", beta), ("jscale", jscale), ("logits", logits),
-                    ("J", J)):
+    for name, t in (("h", h), ("r", r), ("picks", picks), ("beta", beta), ("logits", logits), ("J", J)):
         _checked(t, dtype, name)
     if reverse is not None:
         _checked(reverse, torch.uint8, "reverse")
@@ -170,8 +169,8 @@ def sequential_sweep(h: torch.Tensor, r: torch.Tensor, *, mode: str, picks=None,
         [t[0].shape[1] for t in tensors], [f[4] for f in factors], [f[5] for f in factors],
         [f[6] for f in factors])]
     coef = _array(ctypes.c_double, [float(f[7]) for f in factors])
-    common = (M, _ptr(h), _ptr(picks), MODES[mode], _ptr(beta), _ptr(jscale), _ptr(reverse), _ptr(logits), _ptr(r),
-              _ptr(J), int(add_hJ), len(factors), *ptrs, *ints, coef)
+    common = (M, _ptr(h), _ptr(picks), MODES[mode], _ptr(beta), _ptr(reverse), _ptr(logits), _ptr(r), _ptr(J),
+              len(factors), *ptrs, *ints, coef)
     _in_ranges(chains, lambda lo, hi: fn(lo, hi, *common))
 
 

@@ -7,14 +7,12 @@
    with r = u + J h the quadratic field, p = sigmoid(a_f), s = sigmoid(-a_f) the running probabilities of each softplus
    factor f, and e^{m} its flip table row exp(+-M_fj) (``up`` where h_j = 0, ``down`` where h_j = 1), for the factors
    that unit j enters (lo_f <= j < hi_f). The logit is tempered by beta[c]; the new h_j is drawn (mode 0:
-   pick < sigmoid(logit)), forced (1: pick), the argmax (2: logit > 0) or thresholded (3: logit > pick, pick the
-   uniform's logit); where it flips, r moves by jscale[c] (h_j' - h_j) J_j (at the units this sweep has still to
-   visit: the caller recomputes r from h before each sweep) and each factor's p, s move to
+   pick < sigmoid(logit)), forced (1: pick) or the argmax (2: logit > 0); where it flips, r moves by (h_j' - h_j) J_j
+   (at the units this sweep has still to visit: the caller recomputes r from h before each sweep) and each factor's
+   p, s move to
    p e^m / den, s / den (den = s + p e^m). The same arithmetic as the eager path, so the chains agree with it up to
    rounding; sum_k log(den_k) takes one log per product of R terms (R from the table's reach, up to 64), so the
    logs are a small part of the work.
-
-   With add_hJ the call first adds jscale[c] h J to r (the caller passes r = u), one row of J per nonzero h_j.
 
    Chains are independent: this call does chains c0..c1-1 (the caller runs ranges in parallel threads), in blocks
    of up to BLOCK chains with the same direction, so a unit's table rows are read once per block. Two precisions,
@@ -25,15 +23,8 @@
 #include <stdint.h>
 #include <string.h>
 
-#ifndef BLOCK
-#define BLOCK 8
-#endif
-#ifndef TILE
-#define TILE 256
-#endif
-#ifndef LANES
-#define LANES 16
-#endif
+#define BLOCK 8  /* chains per block of the SequentialGibbs sweep */
+#define LANES 16 /* running products per log in gain_* */
 
 static inline float log_f32(float x) {
     /* x = 2^k m, m in [sqrt(1/2), sqrt(2)); log m = 2 atanh(t), t = (m - 1) / (m + 1), |t| <= 0.1716 (musl's split). */
@@ -106,23 +97,9 @@ static void move_##SUFFIX(REAL *p, REAL *s, const REAL *e, int64_t K) {         
 }                                                                                                                   \
                                                                                                                     \
 static void block_##SUFFIX(const int64_t *chains, int64_t B, int reverse, int64_t M, REAL *h, const REAL *picks,    \
-                           int mode, const REAL *beta, const REAL *jscale, REAL *logits, REAL *r, const REAL *J,    \
-                           int add_hJ, int64_t F, REAL **p, REAL **s, REAL **up, REAL **down, const int64_t *K,                 \
+                           int mode, const REAL *beta, REAL *logits, REAL *r, const REAL *J, int64_t F, REAL **p,    \
+                           REAL **s, REAL **up, REAL **down, const int64_t *K,                                      \
                            const int64_t *lo, const int64_t *hi, const int64_t *R, const double *coef) {            \
-    if (J && add_hJ) /* r += jscale h J: a row of J per unit that is on, in column tiles that stay in L1 */        \
-        for (int64_t k0 = 0; k0 < M; k0 += TILE) {                                                                  \
-            int64_t k1 = k0 + TILE < M ? k0 + TILE : M;                                                             \
-            for (int64_t j = 0; j < M; j++)                                                                         \
-                for (int64_t b = 0; b < B; b++) {                                                                   \
-                    int64_t c = chains[b];                                                                          \
-                    REAL w = h[c * M + j] * (jscale ? jscale[c] : 1);                                               \
-                    if (w == 0) continue;                                                                           \
-                    REAL *rc = r + c * M;                                                                           \
-                    const REAL *Jj = J + j * M;                                                                     \
-                    _Pragma("omp simd")                                                                             \
-                    for (int64_t k = k0; k < k1; k++) rc[k] += w * Jj[k];                                           \
-                }                                                                                                   \
-        }                                                                                                           \
     for (int64_t i = 0; i < M; i++) {                                                                               \
         int64_t j = reverse ? M - 1 - i : i;                                                                        \
         for (int64_t b = 0; b < B; b++) {                                                                           \
@@ -141,8 +118,7 @@ static void block_##SUFFIX(const int64_t *chains, int64_t B, int reverse, int64_
             REAL next;                                                                                              \
             if (mode == 0) next = pick < (REAL)1 / ((REAL)1 + EXP(-logit)) ? 1 : 0;                                 \
             else if (mode == 1) next = pick;                                                                        \
-            else if (mode == 2) next = logit > 0 ? 1 : 0;                                                           \
-            else next = logit > pick ? 1 : 0;                                                                       \
+            else next = logit > 0 ? 1 : 0;                                                                          \
             if (logits) logits[c * M + j] = logit;                                                                  \
             if (next == h_j) continue;                                                                              \
             for (int64_t f = 0; f < F; f++) {                                                                       \
@@ -150,7 +126,7 @@ static void block_##SUFFIX(const int64_t *chains, int64_t B, int reverse, int64_
                 move_##SUFFIX(p[f] + c * K[f], s[f] + c * K[f], (on ? down[f] : up[f]) + j * K[f], K[f]);          \
             }                                                                                                       \
             if (J) {                                                                                                \
-                REAL delta = jscale ? jscale[c] * (next - h_j) : next - h_j;                                        \
+                REAL delta = next - h_j;                                                                            \
                 REAL *rc = r + c * M;                                                                               \
                 const REAL *Jj = J + j * M;                                                                         \
                 int64_t k0 = reverse ? 0 : j + 1, k1 = reverse ? j : M; /* only the units still to visit */         \
@@ -163,8 +139,8 @@ static void block_##SUFFIX(const int64_t *chains, int64_t B, int reverse, int64_
 }                                                                                                                   \
                                                                                                                     \
 void sequential_sweep_##SUFFIX(int64_t c0, int64_t c1, int64_t M, REAL *h, const REAL *picks, int mode,             \
-                               const REAL *beta, const REAL *jscale, const uint8_t *reverse, REAL *logits, REAL *r, \
-                               const REAL *J, int add_hJ, int64_t F, REAL **p, REAL **s, REAL **up, REAL **down,    \
+                               const REAL *beta, const uint8_t *reverse, REAL *logits, REAL *r, const REAL *J,      \
+                               int64_t F, REAL **p, REAL **s, REAL **up, REAL **down,                               \
                                const int64_t *K, const int64_t *lo, const int64_t *hi, const int64_t *R,            \
                                const double *coef) {                                                                \
     for (int dir = 0; dir < 2; dir++) {                                                                             \
@@ -173,12 +149,12 @@ void sequential_sweep_##SUFFIX(int64_t c0, int64_t c1, int64_t M, REAL *h, const
             if ((reverse ? reverse[c] != 0 : 0) != dir) continue;                                                   \
             chains[B++] = c;                                                                                        \
             if (B == BLOCK) {                                                                                       \
-                block_##SUFFIX(chains, B, dir, M, h, picks, mode, beta, jscale, logits, r, J, add_hJ, F, p, s, up, down,    \
+                block_##SUFFIX(chains, B, dir, M, h, picks, mode, beta, logits, r, J, F, p, s, up, down,    \
                                K, lo, hi, R, coef);                                                                 \
                 B = 0;                                                                                              \
             }                                                                                                       \
         }                                                                                                           \
-        if (B) block_##SUFFIX(chains, B, dir, M, h, picks, mode, beta, jscale, logits, r, J, add_hJ, F, p, s, up, down, K,  \
+        if (B) block_##SUFFIX(chains, B, dir, M, h, picks, mode, beta, logits, r, J, F, p, s, up, down, K,  \
                               lo, hi, R, coef);                                                                     \
     }                                                                                                               \
 }
