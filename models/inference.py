@@ -52,14 +52,19 @@ class LayeredInference(nn.Module):
             return enc(self.centre(x[0])).expand(x.shape[0], -1, -1)
         return enc(self.centre(x))
 
+    def layer_logits(self, i: int, below: torch.Tensor) -> torch.Tensor:
+        """The logits of layer i (0-based) given the layer below it (x for i = 0, centred here): U_i h_{i-1} + c_i,
+        or with autoregressive layers the part that does not depend on the layer's own units."""
+        return self._first_logits(below) if i == 0 else self.encoders[i](below)
+
     def sample(
         self, x: torch.Tensor, generator: torch.Generator | None = None
     ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """(h_layers, log_q_layers): binary samples (no gradient) and log q(h_i | h_{i-1}) (with gradient)."""
         h = x
         hs, log_qs = [], []
-        for i, enc in enumerate(self.encoders):
-            base = self._first_logits(x) if i == 0 else enc(h)
+        for i in range(len(self.encoders)):
+            base = self.layer_logits(i, x if i == 0 else h)
             with torch.no_grad():
                 if self.within is None:
                     u = torch.rand(base.shape, generator=generator, device=base.device, dtype=base.dtype)

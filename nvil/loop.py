@@ -32,6 +32,7 @@ from nvil.data import MinibatchStream, take_rows
 from nvil.divergence import DivergenceMonitor
 from nvil.errors import ConfigError, Interrupted, TrainingDiverged
 from nvil.interrupt import InterruptFlag
+from nvil.learners.diagnostics import log_gradient_diagnostics
 from nvil.logging import NullLogger, RunLogger, to_floats
 from nvil.resume import restore, resumes
 from nvil.validation import score_tag, validate
@@ -56,6 +57,11 @@ def check_trainer_config(t) -> None:
         positive_int(t.get(key), f"trainer.{key}")
     positive_int(t.get("val_ais_betas", 100), "trainer.val_ais_betas")
     positive_int(t.get("patience"), "trainer.patience", allow_none=True)
+    positive_int(t.get("grad_diag_every"), "trainer.grad_diag_every", allow_none=True)
+    for key in ("grad_diag_repeats", "grad_diag_examples"):
+        positive_int(t.get(key, 2), f"trainer.{key}")
+        if t.get(key, 2) < 2:
+            raise ConfigError(f"trainer.{key} must be at least 2 (a variance needs two draws), got {t.get(key)}")
     if t.get("divergence") is not None:
         positive_float(t.get("divergence"), "trainer.divergence")
 
@@ -107,8 +113,8 @@ def fit(cfg, run_dir: Path, check=None) -> dict:
                 done = state.step == max_steps
                 if log_now:
                     latest = checked_scores(metrics, state.step, monitor, d, last_path)
-                    latest["train/steps_per_second"] = (state.step - first_step) / (time.perf_counter() - started)
-                    log_training(logger, bar, state.step, latest)
+                    log_training(logger, bar, state.step, latest, first_step, started)
+                log_gradient_diagnostics(logger, run, t, cfg.seed, state.step, device)
                 if (state.step % val_every == 0 or done) and tag is None:  # e.g. greedy DBN: no single score
                     logger.scalars(state.step, run.learner.validate(valid, train_subset))
                 elif state.step % val_every == 0 or done:
@@ -192,7 +198,10 @@ def checked_scores(metrics: dict, step: int, monitor: DivergenceMonitor, d: dist
     return latest
 
 
-def log_training(logger, bar: tqdm, step: int, latest: dict[str, float]) -> None:
+def log_training(logger, bar: tqdm, step: int, latest: dict[str, float], first_step: int, started: float) -> None:
+    """Log a step's scalars (``latest`` gains ``train/steps_per_second`` since ``first_step``, timed from ``started``)
+    and show one in the progress bar."""
+    latest["train/steps_per_second"] = (step - first_step) / (time.perf_counter() - started)
     logger.scalars(step, latest)
     shown = next((k for k in PROGRESS_KEYS if k in latest), None)
     if shown:

@@ -18,6 +18,8 @@ RUNS = {
     "nvil_sbn": ["model.layers=[4,3]"],
     "nvil_fdarn_ar_q": ["model=fdarn", "model.n_latent=5", "model.inference.autoregressive=true"],
     "wake_sleep": ["learner=wake_sleep", "model.layers=[4,3]"],
+    **{name: [f"learner={name}", "model.layers=[4,3]", "trainer.grad_diag_every=20", "trainer.grad_diag_repeats=4"]
+       for name in ("vimco", "rloo", "arm", "disarm", "rebar", "relax", "gumbel_st")},
     "sap": ["model=rbm", "model.n_hidden=6", "learner=sap"],
     "trans_sap": ["model=rbm", "model.n_hidden=6", "learner=trans_sap", "learner.tt.every=10", "learner.tt.num_betas=5"],
     "pt_sap": ["model=rbm", "model.n_hidden=6", "learner=pt_sap", "learner.pt.num_temps=3"],

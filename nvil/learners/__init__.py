@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from nvil.errors import ConfigError
+from nvil.learners.discrete import ESTIMATORS
 from nvil.learners.greedy import Greedy
 from nvil.learners.mcem import MCEM, MAPLatents
 from nvil.learners.nvil import NVIL
@@ -10,8 +11,8 @@ from nvil.learners.sap import SAP
 from nvil.learners.wake_sleep import WakeSleep
 
 LEARNERS = {"nvil": NVIL, "wake_sleep": WakeSleep, "greedy": Greedy, "mcem_hmc": MCEM, "map_latents": MAPLatents,
-            **{mode: SAP for mode in SAP.MODES}}
-DIRECTED = ("nvil", "wake_sleep")
+            **{mode: SAP for mode in SAP.MODES}, **ESTIMATORS}
+DIRECTED = ("nvil", "wake_sleep", *ESTIMATORS)
 
 
 def build_learner(cfg, model, inference, device, seed: int):

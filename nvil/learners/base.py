@@ -59,6 +59,11 @@ class Learner(nn.Module):
         _, hs = self.model.sample(64, generator=g)
         return {"samples/model": self.model.visible_probs(hs)}
 
+    def gradient_diagnostics(self, x: torch.Tensor, repeats: int, seed: int) -> dict[str, torch.Tensor]:
+        """The variance and SNR of the learner's gradient estimate on the fixed minibatch ``x``
+        (``nvil.learners.diagnostics``); nothing for learners that do not estimate a gradient by sampling q."""
+        return {}
+
     def accelerate(self, mode: str, device=None) -> "Learner":
         """Apply ``trainer.accel`` in place (once, after building the learner; it keeps no state, so before or
         after restoring a checkpoint). The random stream is the same in every mode; ``none`` changes nothing.

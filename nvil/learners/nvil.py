@@ -25,11 +25,12 @@ from nvil.accel import accelerate, check_mode, compiled
 from nvil.learners.base import SurrogateLearner, build_optimizer, directed_groups, grad_norms
 from nvil.learners.baselines import (InputDependentBaseline, LearningSignal, SignalFlags, baseline_loss,
                                      layerwise_signals, learning_signal, signal_metrics)
+from nvil.learners.diagnostics import GradientDiagnostics, ascent
 from nvil.learners.fused import LayeredBernoulliGradients, covers, plain_sgd_rates
 from nvil.ops import RunningMoments
 
 
-class NVIL(SurrogateLearner):
+class NVIL(GradientDiagnostics, SurrogateLearner):
     """The NVIL learner for directed binary models with a layered inference network.
 
     Two gradient paths share the draws, the signals (``signals``) and the optimiser step: autograd through
@@ -91,6 +92,18 @@ class NVIL(SurrogateLearner):
         for s, lq in zip(signals, log_q):
             loss = loss - (s.a * lq).mean() + baseline_loss(s, self.flags)
         return loss, metrics
+
+    def gradient_estimate(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        """One draw of NVIL's estimate of the ELBO's gradient (autograd path, c and v held): the inference network's
+        part with the variance normalisation undone (layer j's signal is divided by max(1, sqrt v_j), Sec. 2.3.2),
+        so it estimates the gradient itself and compares with other estimators' and the exact one."""
+        loss, _ = self.surrogate(x, update_moments=False, diagnostics=False)
+        grads = ascent(loss, self.estimated_params())
+        if self.use_variance_norm:
+            for k in grads:
+                if k.startswith("inference."):
+                    grads[k] = grads[k] * self.moments[int(k.split(".")[2])].var.sqrt().clamp(min=1.0)
+        return grads
 
     def step(self, x: torch.Tensor, diagnostics: bool = False) -> dict[str, torch.Tensor]:
         """One update; on the fused path the same draws, signals and optimiser step as ``SurrogateLearner.step``,

@@ -1,0 +1,100 @@
+"""What the gradient estimators for discrete latents share (``nvil.learners.discrete``).
+
+Every estimator here estimates the gradient of the ELBO, E_q[f(h)] with f(h) = log p(x, h) - log q(h | x), in the
+model's parameters theta and the inference network's phi (VIMCO: of the K-sample bound). The model's part is
+always grad_theta log p(x, h) at samples from q; the estimators differ in the inference network's part. f also
+depends on phi directly, through log q; that term's expectation is -E_q[grad_phi log q] = 0 and, as in NVIL's
+Eq. 6, every estimator leaves it out.
+
+- ``DiscreteLearner``: the optimiser (model, inference network and any control variate), the generator, and
+  ``gradient_estimate`` (one unbiased draw of the ascent direction without changing any state), which the tests
+  compare with exact gradients and ``nvil.learners.diagnostics`` repeats to measure variance and SNR.
+- ``repeat``, ``elbo_integrand``, ``bernoulli_path``, ``logistic``: the pieces the estimators are written in.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from nvil.config import positive_int
+from nvil.errors import ConfigError
+from nvil.learners.base import SurrogateLearner, build_optimizer, directed_groups
+from nvil.learners.diagnostics import GradientDiagnostics
+
+
+class DiscreteLearner(GradientDiagnostics, SurrogateLearner):
+    """A learner for a directed binary model whose update is the gradient of ``surrogate`` (minus the estimate).
+
+    Subclasses set ``evaluations_per_example`` (forward evaluations of log p(x, h) per example and update: the
+    cost the benchmark matches budgets on) and may add parameters of their own with ``control_variate``.
+    ``needs_bernoulli_q``: the estimator draws q's units from its own uniforms (factorial Bernoulli layers)."""
+
+    evaluations_per_example: int = 1
+    needs_bernoulli_q: bool = False
+
+    def __init__(self, model: nn.Module, inference: nn.Module, cfg, device: torch.device, seed: int,
+                 control_variate: nn.Module | None = None) -> None:
+        super().__init__()
+        self.model, self.inference, self.cfg = model, inference, cfg
+        if self.needs_bernoulli_q and not inference.layered_bernoulli:
+            raise ConfigError(f"learner={cfg.name} needs factorial Bernoulli inference layers "
+                              "(model.inference.autoregressive=false)")
+        self.control_variate = control_variate
+        self.to(device)
+        lr, groups = directed_groups(model, inference, cfg)
+        if control_variate is not None:
+            groups.append({"params": list(control_variate.parameters()), "lr": lr * float(cfg.cv_lr_scale),
+                           "name": "control_variate"})
+        self.optimizer = build_optimizer(groups, cfg)
+        self.generator = torch.Generator(device=device).manual_seed(seed)
+
+    def extra_state(self) -> dict[str, nn.Module]:
+        return {} if self.control_variate is None else {"control_variate": self.control_variate}
+
+    def rand(self, shape, like: torch.Tensor) -> torch.Tensor:
+        return torch.rand(shape, generator=self.generator, device=like.device, dtype=like.dtype)
+
+
+class MultiSample(DiscreteLearner):
+    """K = ``learner.num_samples`` samples per example (at least 2: a leave-one-out baseline needs another)."""
+
+    def __init__(self, model, inference, cfg, device, seed) -> None:
+        super().__init__(model, inference, cfg, device, seed)
+        self.k = positive_int(cfg.get("num_samples"), "learner.num_samples")
+        if self.k < 2:
+            raise ConfigError(f"learner.num_samples must be at least 2 for learner={cfg.name}, got {self.k}")
+        self.evaluations_per_example = self.k
+
+
+def repeat(x: torch.Tensor, k: int) -> torch.Tensor:
+    """x [batch, D] as [k, batch, D] without copies (stride 0: the inference network's first layer runs once)."""
+    return x.unsqueeze(0).expand(k, *x.shape)
+
+
+def elbo_integrand(model: nn.Module, x: torch.Tensor, hs: list[torch.Tensor], log_q: torch.Tensor
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log p(x, h), f = log p(x, h) - log q(h | x)) for samples ``hs`` with summed ``log_q``; broadcasts over
+    leading dimensions. log p keeps its graph (the model's gradient); f is detached (a learning signal)."""
+    log_p = model.log_joint(x, hs)
+    return log_p, (log_p - log_q).detach()
+
+
+def bernoulli_path(inference: nn.Module, x: torch.Tensor, uniforms: list[torch.Tensor],
+                   fixed: dict[int, torch.Tensor] | None = None) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """(h, logits) of q's layers drawn from the given ``uniforms``, h_i = 1[u_i < sigmoid(alpha_i)], except the
+    layers in ``fixed`` {i: h_i}, taken as given. No gradient: the estimators recompute the logits they need."""
+    hs, logits = [], []
+    with torch.no_grad():
+        below = x
+        for i, u in enumerate(uniforms):
+            alpha = inference.layer_logits(i, below)
+            below = fixed[i] if fixed and i in fixed else (u < torch.sigmoid(alpha)).to(alpha.dtype)
+            hs.append(below)
+            logits.append(alpha)
+    return hs, logits
+
+
+def logistic(u: torch.Tensor) -> torch.Tensor:
+    """log u - log(1 - u): a standard logistic variate from a uniform."""
+    return torch.log(u) - torch.log1p(-u)

@@ -1,0 +1,164 @@
+"""REBAR (Tucker et al. 2017) and RELAX (Grathwohl et al. 2018): a continuous relaxation as control variate.
+
+Each Bernoulli unit of q is b = H(z), z = alpha + log u - log(1 - u) (logistic around its logit alpha). z~ is a
+draw of z given b (``conditional_logistic``, REBAR's Appendix), and c(z) a differentiable control variate:
+
+    g_phi = [f(b) - c(z~)] grad_phi log q(b | x) + grad_phi c(z) - grad_phi c(z~)           (RELAX Eq. 5)
+
+is unbiased for any c, because z and z~ have the same distribution and E[c(z~) | b] is what the first term
+subtracts. REBAR: c(z) = eta f(sigma_lambda(z)), f evaluated at the relaxed sample sigma(z / lambda) (Eq. 7 of
+REBAR); RELAX adds a neural network, c(z) = eta f(sigma_lambda(z)) + r_rho(sigma_lambda(z)). eta, lambda and rho
+descend the single-sample estimate of the variance of g_phi, d/d(eta, lambda, rho) sum(g_phi^2) (REBAR Sec. 3.3,
+RELAX Sec. 3.3; the mean of g_phi does not depend on them). That needs g_phi with its graph: a second backward.
+
+With several layers, layer i's estimator conditions on the hard samples below it (REBAR Sec. 5): its control
+variate c_i relaxes layer i alone, z_i = alpha_i(b_{i-1}) + logistic noise, and carries the relaxed sample up through
+the layers above with their own logistic noise (the noise that drew b above i), so c_i is a smooth function of z_i
+and the identity holds for layer i's parameters phi_i. (One control variate of all the layers' z at once would be
+biased: z_{i+1} jumps with b_i as phi_i moves.) That is 2 relaxed evaluations per layer; the model's gradient is
+grad_theta log p(x, b).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from nvil.accel import check_mode
+from nvil.learners.base import grad_norms
+from nvil.learners.discrete.common import DiscreteLearner, logistic
+from nvil.ops import bernoulli_log_prob
+
+EPS = 1e-6  # uniforms kept in [EPS, 1 - EPS]: logistic(u) and z~ stay finite in float32
+
+
+def conditional_logistic(alpha: torch.Tensor, b: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """z~ ~ p(z | b) from a uniform v, reparameterised in alpha (REBAR Appendix; theta = sigmoid(alpha)):
+    z~ = log(1 + v / ((1 - v)(1 - theta))) where b = 1, -log(1 + (1 - v) / (v theta)) where b = 0."""
+    on = torch.log1p(v / ((1 - v) * torch.sigmoid(-alpha).clamp_min(1e-30)))
+    off = -torch.log1p((1 - v) / (v * torch.sigmoid(alpha).clamp_min(1e-30)))
+    return torch.where(b > 0, on, off)
+
+
+class ControlVariate(nn.Module):
+    """eta, the temperature lambda (as its log) and, for RELAX, r_rho: one hidden layer of tanh units on the
+    relaxed sample, its output layer started at zero (so RELAX starts as REBAR)."""
+
+    def __init__(self, eta: float, temperature: float, n_latent: int, hidden: int | None) -> None:
+        super().__init__()
+        self.eta = nn.Parameter(torch.tensor(float(eta)))
+        self.log_temperature = nn.Parameter(torch.tensor(math.log(float(temperature))))
+        self.net = None
+        if hidden:
+            self.net = nn.Sequential(nn.Linear(n_latent, int(hidden)), nn.Tanh(), nn.Linear(int(hidden), 1))
+            nn.init.zeros_(self.net[2].weight)
+            nn.init.zeros_(self.net[2].bias)
+
+
+class REBAR(DiscreteLearner):
+    needs_bernoulli_q = True
+    supports_data_parallel = False  # the update is set by hand (two backward passes), not through DDP's backward
+    neural = False                  # RELAX: add r_rho to the control variate
+
+    def __init__(self, model, inference, cfg, device, seed) -> None:
+        cv = ControlVariate(cfg.eta, cfg.temperature, model.n_latent, cfg.get("cv_hidden") if self.neural else None)
+        super().__init__(model, inference, cfg, device, seed, control_variate=cv)
+        self.evaluations_per_example = 1 + 2 * len(inference.encoders)  # f(b); the relaxed f at z_i and z~_i
+
+    def relaxed_f(self, x: torch.Tensor, soft: list[torch.Tensor]) -> torch.Tensor:
+        """f(h) = log p(x, h) - log q(h | x) at relaxed h in (0, 1)^n (each layer's logits from the relaxed layer
+        below)."""
+        log_q = sum(bernoulli_log_prob(self.inference.layer_logits(i, x if i == 0 else soft[i - 1]), h)
+                    for i, h in enumerate(soft))
+        return self.model.log_joint(x, soft) - log_q
+
+    def c(self, x: torch.Tensor, below: list[torch.Tensor], z: torch.Tensor, u_above: list[torch.Tensor]
+          ) -> torch.Tensor:
+        """c_i(z) [batch] for layer i = len(below): the hard layers ``below``, layer i relaxed from ``z``, the layers
+        above relaxed from their uniforms ``u_above`` (each one's logits from the relaxed layer beneath)."""
+        cv = self.control_variate
+        temperature = cv.log_temperature.exp()
+        soft = [*below, torch.sigmoid(z / temperature)]
+        for j, u in enumerate(u_above, start=len(soft)):
+            soft.append(torch.sigmoid((self.inference.layer_logits(j, soft[-1]) + logistic(u)) / temperature))
+        out = cv.eta * self.relaxed_f(x, soft)
+        if cv.net is not None:
+            out = out + cv.net(torch.cat(soft, -1)).squeeze(-1)
+        return out
+
+    def correction(self, c_z: torch.Tensor, c_zt: torch.Tensor) -> torch.Tensor:
+        """The term whose phi-gradient is grad c(z) - grad c(z~) (mean over the minibatch)."""
+        return (c_z - c_zt).mean()
+
+    def estimate(self, x: torch.Tensor, tune: bool) -> tuple[dict, list, dict]:
+        """({name: ascent direction} of model and inference network, d sum(g_phi^2) / d(control variate) (empty
+        unless ``tune``), metrics), from one draw of (u, v) per unit."""
+        inf, batch = self.inference, x.shape[0]
+        sizes = [enc.out_features for enc in inf.encoders]
+        us = [self.rand((batch, n), x).clamp_(EPS, 1 - EPS) for n in sizes]
+        vs = [self.rand((batch, n), x).clamp_(EPS, 1 - EPS) for n in sizes]
+        alphas, bs, below = [], [], x
+        for i, u in enumerate(us):
+            alpha = inf.layer_logits(i, below)
+            below = (alpha.detach() + logistic(u) > 0).to(x.dtype)
+            alphas.append(alpha)
+            bs.append(below)
+        log_q_layers = [bernoulli_log_prob(a, b) for a, b in zip(alphas, bs)]
+        log_p = self.model.log_joint(x, bs)
+        f = (log_p - sum(log_q_layers)).detach()
+        phi, g_phi = {}, []
+        for i, (alpha, b, u, v) in enumerate(zip(alphas, bs, us, vs)):
+            c_z = self.c(x, bs[:i], alpha + logistic(u), us[i + 1:])
+            c_zt = self.c(x, bs[:i], conditional_logistic(alpha, b, v), us[i + 1:])
+            phi_i = dict(inf.encoders[i].named_parameters(prefix=f"inference.encoders.{i}"))
+            g = torch.autograd.grad((log_q_layers[i], self.correction(c_z, c_zt)), list(phi_i.values()),
+                                    grad_outputs=((f - c_zt) / batch, torch.ones((), device=x.device)),
+                                    create_graph=tune, retain_graph=True, allow_unused=True)
+            phi.update(phi_i)
+            g_phi += [t if t is not None else torch.zeros_like(p) for t, p in zip(g, phi_i.values())]
+        cv_grads = {}
+        if tune:
+            cv_params = dict(self.control_variate.named_parameters())
+            var = sum(g.pow(2).sum() for g in g_phi)
+            grads = torch.autograd.grad(var, list(cv_params.values()), allow_unused=True)
+            cv_grads = {k: g for k, g in zip(cv_params, grads)}
+        theta = dict(self.model.named_parameters(prefix="model"))
+        g_theta = torch.autograd.grad(log_p.mean(), list(theta.values()), allow_unused=True)
+        ascent = {k: (g.detach() if g is not None else torch.zeros_like(p))
+                  for k, g, p in zip(list(theta) + list(phi), list(g_theta) + g_phi,
+                                     list(theta.values()) + list(phi.values()))}
+        metrics = {"train/elbo": f.mean(), "train/model_loss": -log_p.detach().mean()}
+        if tune:
+            metrics.update({"rebar/eta": self.control_variate.eta.detach().clone(),
+                            "rebar/temperature": self.control_variate.log_temperature.detach().exp(),
+                            "rebar/grad_square": var.detach()})
+        return ascent, cv_grads, metrics
+
+    def gradient_estimate(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        return self.estimate(x, tune=False)[0]
+
+    def step(self, x: torch.Tensor, diagnostics: bool = False) -> dict[str, torch.Tensor]:
+        """One update: the estimate's ascent direction for theta and phi, and the variance's gradient for the
+        control variate, through the one optimiser."""
+        ascent, cv_grads, metrics = self.estimate(x, tune=True)
+        params = self.estimated_params()
+        for k, p in params.items():
+            p.grad = -ascent[k]
+        for k, p in self.control_variate.named_parameters():
+            g = cv_grads.get(k)
+            p.grad = g.detach() if g is not None else torch.zeros_like(p)
+        if diagnostics:
+            metrics.update(grad_norms(self.optimizer))
+        self.optimizer.step()
+        return metrics
+
+    def accelerate(self, mode: str, device=None) -> "REBAR":
+        """Nothing to compile here: the double backward runs eagerly in every mode (``trainer.accel`` is checked)."""
+        check_mode(mode, device, "trainer.accel")
+        return self
+
+
+class RELAX(REBAR):
+    neural = True
