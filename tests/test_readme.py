@@ -143,6 +143,10 @@ BENCH_ARGS = {
                                       "--eval-chains", "2", "--eval-betas", "5", "--batch-size", "50",
                                       "--device", "cpu", "--out", "{out}",
                                       "--extra-override", "data.num_train=200"],
+    "bench/discrete_estimators.py": ["--steps", "6", "--seeds", "0", "--test-examples", "10", "--iwae-k", "5",
+                                     "--ais-examples", "2", "--ais-betas", "5", "--train-examples", "10",
+                                     "--device", "cpu", "--out", "{out}", "--extra-override", "data.num_train=200",
+                                     "--extra-override", "trainer.val_num_examples=20"],
 }
 BENCH_NEEDS: dict[str, list[str]] = {}  # modules of the [bench] extra a README bench script cannot run without
 

@@ -1,0 +1,201 @@
+"""Gradient estimators for discrete latents compared in one loop, at matched budgets, scored by log-likelihood.
+A benchmark, not run by CI.
+
+    pip install -e '.[bench]'
+    python bench/discrete_estimators.py                                   # SBN-200, every estimator, 3 seeds
+    python bench/discrete_estimators.py --models sbn200,sbn200x3 --budget evaluations --steps 1000000
+    python bench/discrete_estimators.py --estimators nvil,disarm,vimco --seeds 0 --steps 300 \
+        --test-examples 100 --iwae-k 50 --ais-examples 10 --device cpu --out /tmp/discrete_smoke   # a smoke test
+
+Each row trains ``learner=<estimator>`` on a model (``--models``: sbn200 = one layer of 200 units, sbn200x3 = three)
+on binarised MNIST (fixed binarisation; ``--extra-override data.binarize=dynamic`` for DisARM's protocol), at
+minibatch ``--batch-size`` with each learner's configured optimiser (``configs/learner/NAME.yaml``), once per seed.
+Budgets (``--budget``): ``updates`` gives every estimator ``--steps`` updates; ``evaluations`` gives every estimator
+the model evaluations NVIL makes in ``--steps`` updates (an estimator that evaluates f e times per example, e.g.
+VIMCO with K = 5, gets --steps / e updates). Runs live in ``<out>/<model>/<budget>/<estimator>_s<seed>`` and a rerun
+continues them (``trainer.resume=true``), so raising ``--steps`` extends them.
+
+Each final checkpoint is scored on the test split, so the table ranks estimators by log-likelihood, not by their
+own objective: -ELBO (10 samples, Mnih & Gregor's Table 1 measure), -IWAE(``--iwae-k``) (an upper bound on -log p),
+and the per-example AIS of ``estimator=ais_posterior`` on the first ``--ais-examples`` test cases with its
+certificate (ESS over runs, run spread). Also the training ELBO on ``--train-examples`` training images (RELAX's
+Table 1 measure) and the last ``grad/snr`` and ``grad/inference_variance`` the run logged. Every figure is a mean
+over seeds ± its standard error over seeds (one seed: the estimator's own SE). The published anchors follow, each
+with its protocol; a number here is comparable to one there only under that protocol and budget.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import common  # noqa: E402
+import torch  # noqa: E402
+from omegaconf import OmegaConf  # noqa: E402
+
+from models import build_model  # noqa: E402
+from nvil.evaluation import EvalSpec, evaluate_checkpoint  # noqa: E402
+from nvil.learners import LEARNERS  # noqa: E402
+
+ESTIMATORS = ["nvil", "vimco", "rloo", "arm", "disarm", "rebar", "relax", "gumbel_st"]
+MODELS = {"sbn200": [200], "sbn200x3": [200, 200, 200]}
+# (estimator, model, figure in nats (positive: a negated bound or NLL), measure, protocol)
+ANCHORS = [
+    ("nvil", "sbn200", 112.5, "-training ELBO", "RELAX Table 1: linear SBN-200, fixed binarisation, 2M updates, batch 24"),
+    ("rebar", "sbn200", 111.6, "-training ELBO", "RELAX Table 1 (same protocol)"),
+    ("relax", "sbn200", 111.2, "-training ELBO", "RELAX Table 1 (same protocol)"),
+    ("vimco", "sbn200x3", 93.6, "test NLL", "VIMCO (Mnih & Rezende 2016): SBN-200-200-200, K = 5"),
+    ("disarm", "sbn200", None, "-training ELBO",
+     "DisARM Table 1: dynamic binarisation, 1M updates at batch 50 (its figures are not copied into PAPERS.md)"),
+]
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--estimators", default=",".join(ESTIMATORS), help=f"comma list (default: all of {ESTIMATORS})")
+    p.add_argument("--models", default="sbn200", help=f"comma list of {list(MODELS)} (default sbn200)")
+    p.add_argument("--seeds", default="0,1,2", help="comma list of seeds (default 0,1,2)")
+    p.add_argument("--budget", choices=("updates", "evaluations"), default="updates",
+                   help="match the number of updates, or of model evaluations (default updates)")
+    p.add_argument("--batch-size", type=int, default=24, help="minibatch (default 24, RELAX's protocol)")
+    p.add_argument("--train-examples", type=int, default=10000, help="training images for the training ELBO")
+    p.add_argument("--ais-examples", type=int, default=100, help="test cases scored by per-example AIS (default 100)")
+    p.add_argument("--ais-betas", type=int, default=300, help="temperatures of the per-example AIS (default 300)")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    common.add_common_args(p, default_out=common.ROOT / "bench" / "out" / "discrete", plot_name="discrete_curves.png",
+                           default_steps=20_000)
+    args = p.parse_args(argv)
+    args.estimators = [e.strip() for e in args.estimators.split(",") if e.strip()]
+    args.models = [m.strip() for m in args.models.split(",") if m.strip()]
+    unknown = [e for e in args.estimators if e not in ESTIMATORS] + [m for m in args.models if m not in MODELS]
+    if unknown or not args.estimators or not args.models:
+        p.error(f"unknown or missing estimators / models: {unknown}; known: {ESTIMATORS}, {list(MODELS)}")
+    try:
+        args.seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    except ValueError:
+        p.error(f"--seeds must be a comma list of integers, got {args.seeds!r}")
+    if not args.seeds or min(args.steps, args.batch_size, args.train_examples, args.ais_examples, args.ais_betas,
+                             args.iwae_k) < 1:
+        p.error("--seeds must name a seed; --steps, --batch-size, --train-examples, --ais-examples, --ais-betas and "
+                "--iwae-k must be positive")
+    args.out = Path(args.out)
+    return args
+
+
+def overrides(estimator: str, layers: list[int], seed: int, args: argparse.Namespace) -> list[str]:
+    return ["model=sbn", f"model.layers=[{','.join(map(str, layers))}]", f"learner={estimator}", "data=mnist",
+            f"trainer.batch_size={args.batch_size}", f"seed={seed}",
+            f"trainer.grad_diag_every={max(1, min(10_000, args.steps // 5))}"]
+
+
+def evaluations_per_example(estimator: str, layers: list[int], extra: list[str]) -> int:
+    """Evaluations of log p(x, h) per example and update, read off the learner built on a stand-in model with the
+    same number of layers (``evaluations_per_example``; NVIL: 1)."""
+    with common.initialize_config_dir(config_dir=str(common.CONFIG_DIR), version_base="1.3"):
+        cfg = common.compose(config_name="train", overrides=[f"learner={estimator}", "model=sbn",
+                                                             f"model.layers=[{','.join('1' * len(layers))}]",
+                                                             *[e for e in extra if e.startswith("learner.")]])
+    model, inference = build_model(cfg.model, 4)
+    learner = LEARNERS[estimator](model, inference, cfg.learner, torch.device("cpu"), 0)
+    return int(getattr(learner, "evaluations_per_example", 1))
+
+
+def last_logged(run_dir: Path, tag: str) -> float | None:
+    steps, values = common.val_curve(run_dir, tag)
+    return values[-1] if values else None
+
+
+def run_one(estimator: str, model: str, seed: int, args: argparse.Namespace) -> dict:
+    layers = MODELS[model]
+    evals = evaluations_per_example(estimator, layers, args.extra_override)
+    steps = args.steps if args.budget == "updates" else max(1, args.steps // evals)
+    run_dir = args.out / model / args.budget / f"{estimator}_s{seed}"
+    row_args = argparse.Namespace(**{**vars(args), "steps": steps})
+    cfg = common.compose_row(overrides(estimator, layers, seed, args), run_dir, row_args)
+    started = time.perf_counter()
+    metrics = common.train.train(cfg, run_dir)
+    seconds = time.perf_counter() - started
+    ckpt = run_dir / "checkpoints" / "last.pt"
+
+    def score(name: str, split: str, n: int | None, **settings):
+        est = OmegaConf.merge(OmegaConf.load(common.CONFIG_DIR / "estimator" / f"{name}.yaml"), settings)
+        return evaluate_checkpoint(ckpt, est, EvalSpec(split=split, num_examples=n, seed=0, device=args.device,
+                                                        progress=False, output=str(run_dir / "scores.jsonl")))
+
+    return {
+        "steps": metrics["step"], "evals": evals, "rate": metrics["steps_per_second"], "seconds": seconds,
+        "elbo": score("elbo", "test", args.test_examples, num_samples=10),
+        "iwae": score("iwae", "test", args.test_examples, num_samples=args.iwae_k),
+        "ais": score("ais_posterior", "test", args.ais_examples, num_betas=args.ais_betas),
+        "train_elbo": score("elbo", "train", args.train_examples, num_samples=1),
+        "snr": last_logged(run_dir, "grad/snr"), "variance": last_logged(run_dir, "grad/inference_variance"),
+    }
+
+
+def across_seeds(values: list[float], own_se: float | None = None) -> str:
+    """mean ± SE over seeds (one seed: ± the estimate's own SE)."""
+    n = len(values)
+    mean = sum(values) / n
+    if n > 1:
+        se = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n)
+    else:
+        se = own_se if own_se is not None else float("nan")
+    return f"{mean:.2f} ± {se:.2f}"
+
+
+def row_cells(runs: list[dict]) -> list[str]:
+    def bound(key):
+        return across_seeds([-r[key].mean for r in runs], runs[0][key].stderr if len(runs) == 1 else None)
+
+    certified = [r["ais"].certified for r in runs]
+    snr = [r["snr"] for r in runs if r["snr"] is not None]
+    var = [r["variance"] for r in runs if r["variance"] is not None]
+    return [f"{runs[0]['steps']:,}", str(runs[0]["evals"]), str(len(runs)), bound("elbo"), bound("iwae"),
+            bound("ais") + ("" if all(certified) else f" ({sum(map(bool, certified))}/{len(runs)} certified)"),
+            bound("train_elbo"),
+            f"{sum(snr) / len(snr):.3f}" if snr else "—", f"{sum(var) / len(var):.3g}" if var else "—",
+            f"{sum(r['rate'] for r in runs) / len(runs):.0f}", f"{sum(r['seconds'] for r in runs):.0f}"]
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    results: dict[tuple[str, str], list[dict]] = {}
+    for model in args.models:
+        for estimator in args.estimators:
+            for seed in args.seeds:
+                print(f"== {model} {estimator} seed {seed} ({args.budget} budget)", flush=True)
+                try:
+                    results.setdefault((model, estimator), []).append(run_one(estimator, model, seed, args))
+                except common.UserError as e:
+                    print(f"error: {model} {estimator} seed {seed}: {e}", file=sys.stderr, flush=True)
+    head = ["model", "estimator", "updates", "evals/example", "seeds", "test -ELBO(10)",
+            f"test -IWAE({args.iwae_k})", f"test -log p, AIS ({args.ais_examples} cases)",
+            f"train -ELBO ({args.train_examples})", "grad SNR", "inference grad variance", "updates/s", "wall s"]
+    rows = [[model, est, *row_cells(runs)] for (model, est), runs in results.items() if runs]
+    print(f"\n**Matched {args.budget}** (batch {args.batch_size}, {common.cpu_name()}, "
+          f"{torch.get_num_threads()} threads; test figures on {args.test_examples or 'all'} test images)\n")
+    print(common.markdown_table(head, rows))
+    print("\n**Published anchors** (each under its own protocol)\n")
+    print(common.markdown_table(["estimator", "model", "figure", "measure", "protocol"],
+                                [[e, m, f"{v:.1f}" if v is not None else "—", what, proto]
+                                 for e, m, v, what, proto in ANCHORS]))
+    common.plot([(f"{model} {est} s{seed}", *common.val_curve(args.out / model / args.budget / f"{est}_s{seed}"),
+                  {"color": f"C{ESTIMATORS.index(est)}"})
+                 for (model, est), runs in results.items() for seed in args.seeds],
+                common.plot_path(args, "discrete_curves.png"), "Discrete gradient estimators: validation ELBO")
+    (args.out / "results.json").parent.mkdir(parents=True, exist_ok=True)
+    (args.out / "results.json").write_text(json.dumps(
+        {f"{m}/{e}": [{k: (v.mean if hasattr(v, "mean") and not isinstance(v, float) else v) for k, v in r.items()}
+                      for r in runs] for (m, e), runs in results.items()}, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()
