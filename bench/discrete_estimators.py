@@ -4,6 +4,7 @@ A benchmark, not run by CI.
     pip install -e '.[bench]'
     python bench/discrete_estimators.py                                   # SBN-200, every estimator, 3 seeds
     python bench/discrete_estimators.py --models sbn200,sbn200x3 --budget evaluations --steps 1000000
+    python bench/discrete_estimators.py --protocol relax        # RELAX Table 1's: NVIL, REBAR, RELAX, 2M updates
     python bench/discrete_estimators.py --estimators nvil,disarm,vimco --seeds 0 --steps 300 \
         --test-examples 100 --iwae-k 50 --ais-examples 10 --device cpu --out /tmp/discrete_smoke   # a smoke test
 
@@ -21,7 +22,8 @@ and the per-example AIS of ``estimator=ais_posterior`` on the first ``--ais-exam
 certificate (ESS over runs, run spread). Also the training ELBO on ``--train-examples`` training images (RELAX's
 Table 1 measure) and the last ``grad/snr`` and ``grad/inference_variance`` the run logged. Every figure is a mean
 over seeds ± its standard error over seeds (one seed: the estimator's own SE). The published anchors follow, each
-with its protocol; a number here is comparable to one there only under that protocol and budget.
+with its protocol; a number here is comparable to one there only under that protocol and budget (``--protocol``
+sets one up: estimators, model, updates, minibatch, binarisation).
 """
 
 from __future__ import annotations
@@ -45,6 +47,16 @@ from nvil.learners import LEARNERS  # noqa: E402
 
 ESTIMATORS = ["nvil", "vimco", "rloo", "arm", "disarm", "rebar", "relax", "gumbel_st"]
 MODELS = {"sbn200": [200], "sbn200x3": [200, 200, 200]}
+# --protocol: the published protocols the anchors below were measured under (bench defaults they set, and overrides
+# per estimator). Any option given on the command line still wins.
+PROTOCOLS = {
+    "relax": {"defaults": {"estimators": "nvil,rebar,relax", "models": "sbn200", "steps": 2_000_000, "batch_size": 24},
+              "overrides": {}},
+    "disarm": {"defaults": {"estimators": "rloo,arm,disarm", "models": "sbn200", "steps": 1_000_000, "batch_size": 50},
+               "overrides": {"*": ["data.binarize=dynamic"], "rloo": ["learner.num_samples=2"]}},
+    "vimco": {"defaults": {"estimators": "vimco", "models": "sbn200x3"},
+              "overrides": {"vimco": ["learner.num_samples=5"]}},
+}
 # (estimator, model, figure in nats (positive: a negated bound or NLL), measure, protocol)
 ANCHORS = [
     ("nvil", "sbn200", 112.5, "-training ELBO", "RELAX Table 1: linear SBN-200, fixed binarisation, 2M updates, batch 24"),
@@ -68,9 +80,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--ais-examples", type=int, default=100, help="test cases scored by per-example AIS (default 100)")
     p.add_argument("--ais-betas", type=int, default=300, help="temperatures of the per-example AIS (default 300)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    p.add_argument("--protocol", choices=sorted(PROTOCOLS), default=None,
+                   help="a published protocol's estimators, model, budget and batch (see ANCHORS)")
     common.add_common_args(p, default_out=common.ROOT / "bench" / "out" / "discrete", plot_name="discrete_curves.png",
                            default_steps=20_000)
+    p.set_defaults(iwae_k=5000)
+    protocol = p.parse_known_args(argv)[0].protocol
+    if protocol:
+        p.set_defaults(**PROTOCOLS[protocol]["defaults"])
     args = p.parse_args(argv)
+    args.learner_overrides = PROTOCOLS[protocol]["overrides"] if protocol else {}
     args.estimators = [e.strip() for e in args.estimators.split(",") if e.strip()]
     args.models = [m.strip() for m in args.models.split(",") if m.strip()]
     unknown = [e for e in args.estimators if e not in ESTIMATORS] + [m for m in args.models if m not in MODELS]
@@ -91,7 +110,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 def overrides(estimator: str, layers: list[int], seed: int, args: argparse.Namespace) -> list[str]:
     return ["model=sbn", f"model.layers=[{','.join(map(str, layers))}]", f"learner={estimator}", "data=mnist",
             f"trainer.batch_size={args.batch_size}", f"seed={seed}",
-            f"trainer.grad_diag_every={max(1, min(10_000, args.steps // 5))}"]
+            f"trainer.grad_diag_every={max(1, min(10_000, args.steps // 5))}",
+            *args.learner_overrides.get("*", []), *args.learner_overrides.get(estimator, [])]
 
 
 def evaluations_per_example(estimator: str, layers: list[int], extra: list[str]) -> int:
@@ -113,7 +133,8 @@ def last_logged(run_dir: Path, tag: str) -> float | None:
 
 def run_one(estimator: str, model: str, seed: int, args: argparse.Namespace) -> dict:
     layers = MODELS[model]
-    evals = evaluations_per_example(estimator, layers, args.extra_override)
+    evals = evaluations_per_example(estimator, layers, [*args.extra_override,
+                                                        *args.learner_overrides.get(estimator, [])])
     steps = args.steps if args.budget == "updates" else max(1, args.steps // evals)
     run_dir = args.out / model / args.budget / f"{estimator}_s{seed}"
     row_args = argparse.Namespace(**{**vars(args), "steps": steps})

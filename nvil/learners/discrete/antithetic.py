@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 
 from nvil.learners.discrete.common import DiscreteLearner, bernoulli_path, elbo_integrand
+from nvil.ops import bernoulli_log_prob
 
 
 class ARM(DiscreteLearner):
@@ -42,24 +43,27 @@ class ARM(DiscreteLearner):
     def surrogate(self, x: torch.Tensor, diagnostics: bool = True) -> tuple[torch.Tensor, dict]:
         inf = self.inference
         us = [self.rand((x.shape[0], enc.out_features), x) for enc in inf.encoders]
-        main, alphas = bernoulli_path(inf, x, us)
         n = len(us)
-        paths = [main]
+        alphas, main, below = [], [], x            # the main path h = (b_1, ..., b_n), logits with phi's graph
+        for i, u in enumerate(us):
+            alphas.append(inf.layer_logits(i, below))
+            below = (u < torch.sigmoid(alphas[-1].detach())).to(x.dtype)
+            main.append(below)
+        paths = [main]                              # path i + 1: layer i flipped to b~_i, the layers above redrawn
         for i in range(n):
-            b_anti = (self.antithetic(us[i]) < torch.sigmoid(alphas[i])).to(x.dtype)
-            paths.append(bernoulli_path(inf, x, us, fixed={**dict(enumerate(main[:i])), i: b_anti})[0])
+            b_anti = (self.antithetic(us[i]) < torch.sigmoid(alphas[i].detach())).to(x.dtype)
+            paths.append(bernoulli_path(inf, x, us, fixed={**dict(enumerate(main[:i])), i: b_anti})[0]
+                         if i + 1 < n else [*main[:i], b_anti])
         hs = [torch.stack([p[j] for p in paths]) for j in range(n)]                  # [n + 1, batch, units]
         xs = x.unsqueeze(0).expand(n + 1, *x.shape)
-        with torch.no_grad():
-            log_q = inf.log_prob(hs, xs)
+        with torch.no_grad():                       # log q of every path: layer 1's logits are shared by all
+            log_q = bernoulli_log_prob(alphas[0].detach(), hs[0]) + sum(
+                bernoulli_log_prob(inf.layer_logits(j, hs[j - 1]), hs[j]) for j in range(1, n))
         log_p, f = elbo_integrand(self.model, xs, hs, log_q)                       # [n + 1, batch]
         loss = -log_p.mean()
-        below = x
         for i in range(n):
-            alpha = inf.layer_logits(i, below)                                       # with phi's graph
-            g = self.logit_gradient(f[0], f[i + 1], us[i], main[i], paths[i + 1][i], alphas[i])
-            loss = loss - (g * alpha).sum(-1).mean()
-            below = main[i]
+            g = self.logit_gradient(f[0], f[i + 1], us[i], main[i], paths[i + 1][i], alphas[i].detach())
+            loss = loss - (g * alphas[i]).sum(-1).mean()
         metrics = {"train/elbo": f[0].mean()}
         if diagnostics:
             metrics["train/model_loss"] = -log_p.detach().mean()
