@@ -227,6 +227,8 @@ def test_diagnostics_leave_the_training_stream_alone():
     (["learner=vimco", "learner.num_samples=1"], "learner.num_samples must be at least 2"),
     (["learner=disarm", "model.inference.autoregressive=true"], "needs factorial Bernoulli inference layers"),
     (["learner=gumbel_st", "learner.temperature=0"], "learner.temperature"),
+    (["learner=rebar", "learner.temperature=-1"], "learner.temperature"),
+    (["learner=relax", "learner.cv_hidden=0"], "learner.cv_hidden"),
     (["trainer.grad_diag_repeats=1"], "trainer.grad_diag_repeats must be at least 2"),
 ])
 def test_bad_settings_are_one_line_errors(tmp_path, synthetic_overrides, override, message):

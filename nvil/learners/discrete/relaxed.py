@@ -11,7 +11,7 @@ REBAR); RELAX adds a neural network, c(z) = eta f(sigma_lambda(z)) + r_rho(sigma
 descend the single-sample estimate of the variance of g_phi, d/d(eta, lambda, rho) sum(g_phi^2) (REBAR Sec. 3.3,
 RELAX Sec. 3.3; the mean of g_phi does not depend on them). That needs g_phi with its graph: a second backward.
 
-With several layers, layer i's estimator conditions on the hard samples below it (REBAR Sec. 5): its control
+With several layers, layer i's estimator conditions on the hard samples below it (as REBAR does for its multi-layer SBNs): its control
 variate c_i relaxes layer i alone, z_i = alpha_i(b_{i-1}) + logistic noise, and carries the relaxed sample up through
 the layers above with their own logistic noise (the noise that drew b above i), so c_i is a smooth function of z_i
 and the identity holds for layer i's parameters phi_i. (One control variate of all the layers' z at once would be
@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from nvil.accel import check_mode
+from nvil.config import positive_float, positive_int
 from nvil.learners.base import grad_norms
 from nvil.learners.discrete.common import DiscreteLearner, logistic
 from nvil.ops import bernoulli_log_prob
@@ -63,7 +64,9 @@ class REBAR(DiscreteLearner):
     neural = False                  # RELAX: add r_rho to the control variate
 
     def __init__(self, model, inference, cfg, device, seed) -> None:
-        cv = ControlVariate(cfg.eta, cfg.temperature, model.n_latent, cfg.get("cv_hidden") if self.neural else None)
+        hidden = positive_int(cfg.get("cv_hidden"), "learner.cv_hidden") if self.neural else None
+        cv = ControlVariate(float(cfg.eta), positive_float(cfg.get("temperature"), "learner.temperature"),
+                            model.n_latent, hidden)
         super().__init__(model, inference, cfg, device, seed, control_variate=cv)
         self.evaluations_per_example = 1 + 2 * len(inference.encoders)  # f(b); the relaxed f at z_i and z~_i
 
