@@ -178,7 +178,7 @@ def row_cells(runs: list[dict]) -> list[str]:
     snr = [r["snr"] for r in runs if r["snr"] is not None]
     var = [r["variance"] for r in runs if r["variance"] is not None]
     return [f"{runs[0]['steps']:,}", str(runs[0]["evals"]), str(len(runs)), bound("elbo"), bound("iwae"),
-            bound("ais") + ("" if all(certified) else f" ({sum(map(bool, certified))}/{len(runs)} certified)"),
+            bound("ais") + f" ({sum(map(bool, certified))}/{len(runs)} certified)",
             bound("train_elbo"),
             f"{sum(snr) / len(snr):.3f}" if snr else "—", f"{sum(var) / len(var):.3g}" if var else "—",
             f"{sum(r['rate'] for r in runs) / len(runs):.0f}", f"{sum(r['seconds'] for r in runs):.0f}"]
