@@ -68,5 +68,6 @@ def log_gradient_diagnostics(logger, run, t, seed: int, step: int, device) -> No
     every = t.get("grad_diag_every")
     if every and step % int(every) == 0:
         x = take_rows(run.data.split("train"), 0, int(t.get("grad_diag_examples", 100))).to(device)
-        logger.scalars(step, to_floats(run.learner.gradient_diagnostics(x, int(t.get("grad_diag_repeats", 50)),
-                                                                        seed + step)))
+        metrics = run.learner.gradient_diagnostics(x, int(t.get("grad_diag_repeats", 50)), seed + step)
+        if metrics:  # learners that do not estimate a gradient by sampling q have none
+            logger.scalars(step, to_floats(metrics))
