@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from nvil.learners.discrete.common import DiscreteLearner, bernoulli_path, elbo_integrand
+from nvil.learners.discrete.common import DiscreteLearner, bernoulli_path, elbo_integrand, repeat
 from nvil.ops import bernoulli_log_prob
 
 
@@ -55,7 +55,7 @@ class ARM(DiscreteLearner):
             paths.append(bernoulli_path(inf, x, us, fixed={**dict(enumerate(main[:i])), i: b_anti})[0]
                          if i + 1 < n else [*main[:i], b_anti])
         hs = [torch.stack([p[j] for p in paths]) for j in range(n)]                  # [n + 1, batch, units]
-        xs = x.unsqueeze(0).expand(n + 1, *x.shape)
+        xs = repeat(x, n + 1)
         with torch.no_grad():                       # log q of every path: layer 1's logits are shared by all
             log_q = bernoulli_log_prob(alphas[0].detach(), hs[0]) + sum(
                 bernoulli_log_prob(inf.layer_logits(j, hs[j - 1]), hs[j]) for j in range(1, n))

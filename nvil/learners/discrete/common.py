@@ -9,7 +9,7 @@ Eq. 6, every estimator leaves it out.
 - ``DiscreteLearner``: the optimiser (model, inference network and any control variate), the generator, and
   ``gradient_estimate`` (one unbiased draw of the ascent direction without changing any state), which the tests
   compare with exact gradients and ``nvil.learners.diagnostics`` repeats to measure variance and SNR.
-- ``repeat``, ``elbo_integrand``, ``bernoulli_path``, ``logistic``: the pieces the estimators are written in.
+- ``repeat``, ``elbo_integrand``, ``bernoulli_path``: the pieces the estimators are written in.
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ from nvil.config import positive_int
 from nvil.errors import ConfigError
 from nvil.learners.base import SurrogateLearner, build_optimizer, directed_groups
 from nvil.learners.diagnostics import GradientDiagnostics
+
+EPS = 1e-6  # see DiscreteLearner.open_rand
 
 
 class DiscreteLearner(GradientDiagnostics, SurrogateLearner):
@@ -54,6 +56,10 @@ class DiscreteLearner(GradientDiagnostics, SurrogateLearner):
 
     def rand(self, shape, like: torch.Tensor) -> torch.Tensor:
         return torch.rand(shape, generator=self.generator, device=like.device, dtype=like.dtype)
+
+    def open_rand(self, shape, like: torch.Tensor) -> torch.Tensor:
+        """Uniforms kept in [EPS, 1 - EPS], so their logistic transforms (torch.logit) stay finite in float32."""
+        return self.rand(shape, like).clamp_(EPS, 1 - EPS)
 
 
 class MultiSample(DiscreteLearner):
@@ -93,8 +99,3 @@ def bernoulli_path(inference: nn.Module, x: torch.Tensor, uniforms: list[torch.T
             hs.append(below)
             logits.append(alpha)
     return hs, logits
-
-
-def logistic(u: torch.Tensor) -> torch.Tensor:
-    """log u - log(1 - u): a standard logistic variate from a uniform."""
-    return torch.log(u) - torch.log1p(-u)

@@ -12,8 +12,7 @@ from __future__ import annotations
 import torch
 
 from nvil.config import positive_float
-from nvil.learners.discrete.common import DiscreteLearner, logistic
-from nvil.learners.discrete.relaxed import EPS
+from nvil.learners.discrete.common import DiscreteLearner
 from nvil.ops import bernoulli_log_prob
 
 
@@ -28,7 +27,7 @@ class GumbelST(DiscreteLearner):
         hs, log_q, below = [], 0.0, x
         for i in range(len(self.inference.encoders)):
             alpha = self.inference.layer_logits(i, below)
-            z = alpha + logistic(self.rand(alpha.shape, x).clamp_(EPS, 1 - EPS))
+            z = alpha + torch.logit(self.open_rand(alpha.shape, x))
             soft = torch.sigmoid(z / self.temperature)
             below = (z > 0).to(x.dtype) + soft - soft.detach()
             hs.append(below)

@@ -29,11 +29,8 @@ from torch import nn
 from nvil.accel import check_mode
 from nvil.config import positive_float, positive_int
 from nvil.learners.base import grad_norms
-from nvil.learners.discrete.common import DiscreteLearner, logistic
+from nvil.learners.discrete.common import DiscreteLearner
 from nvil.ops import bernoulli_log_prob
-
-EPS = 1e-6  # uniforms kept in [EPS, 1 - EPS]: logistic(u) and z~ stay finite in float32
-
 
 def conditional_logistic(alpha: torch.Tensor, b: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """z~ ~ p(z | b) from a uniform v, reparameterised in alpha (REBAR Appendix; theta = sigmoid(alpha)):
@@ -85,7 +82,7 @@ class REBAR(DiscreteLearner):
         temperature = cv.log_temperature.exp()
         soft = [*below, torch.sigmoid(z / temperature)]
         for j, u in enumerate(u_above, start=len(soft)):
-            soft.append(torch.sigmoid((self.inference.layer_logits(j, soft[-1]) + logistic(u)) / temperature))
+            soft.append(torch.sigmoid((self.inference.layer_logits(j, soft[-1]) + torch.logit(u)) / temperature))
         out = cv.eta * self.relaxed_f(x, soft)
         if cv.net is not None:
             out = out + cv.net(torch.cat(soft, -1)).squeeze(-1)
@@ -100,12 +97,12 @@ class REBAR(DiscreteLearner):
         unless ``tune``), metrics), from one draw of (u, v) per unit."""
         inf, batch = self.inference, x.shape[0]
         sizes = [enc.out_features for enc in inf.encoders]
-        us = [self.rand((batch, n), x).clamp_(EPS, 1 - EPS) for n in sizes]
-        vs = [self.rand((batch, n), x).clamp_(EPS, 1 - EPS) for n in sizes]
+        us = [self.open_rand((batch, n), x) for n in sizes]
+        vs = [self.open_rand((batch, n), x) for n in sizes]
         alphas, bs, below = [], [], x
         for i, u in enumerate(us):
             alpha = inf.layer_logits(i, below)
-            below = (alpha.detach() + logistic(u) > 0).to(x.dtype)
+            below = (alpha.detach() + torch.logit(u) > 0).to(x.dtype)
             alphas.append(alpha)
             bs.append(below)
         log_q_layers = [bernoulli_log_prob(a, b) for a, b in zip(alphas, bs)]
@@ -113,7 +110,7 @@ class REBAR(DiscreteLearner):
         f = (log_p - sum(log_q_layers)).detach()
         phi, g_phi = {}, []
         for i, (alpha, b, u, v) in enumerate(zip(alphas, bs, us, vs)):
-            c_z = self.c(x, bs[:i], alpha + logistic(u), us[i + 1:])
+            c_z = self.c(x, bs[:i], alpha + torch.logit(u), us[i + 1:])
             c_zt = self.c(x, bs[:i], conditional_logistic(alpha, b, v), us[i + 1:])
             phi_i = dict(inf.encoders[i].named_parameters(prefix=f"inference.encoders.{i}"))
             g = torch.autograd.grad((log_q_layers[i], self.correction(c_z, c_zt)), list(phi_i.values()),

@@ -13,11 +13,10 @@ which is what VIMCO ascends.
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from nvil.learners.discrete.common import MultiSample, repeat
+from nvil.ops import log_mean_exp
 
 
 class VIMCO(MultiSample):
@@ -32,13 +31,13 @@ class VIMCO(MultiSample):
         log_q = sum(log_q_layers)
         log_p = self.model.log_joint(repeat(x, k), hs)
         log_w = log_p - log_q                                                    # [K, batch]
-        bound = torch.logsumexp(log_w, 0) - math.log(k)                          # L
+        bound = log_mean_exp(log_w, 0)                                           # L
         with torch.no_grad():
             lw = log_w.detach()
             # the K x K matrix whose row k is log w with entry k replaced by log w^_-k
             eye = torch.eye(k, dtype=torch.bool, device=lw.device).unsqueeze(-1)
             replaced = torch.where(eye, self.leave_one_out(lw).unsqueeze(1), lw.unsqueeze(0))
-            signal = bound.detach() - (torch.logsumexp(replaced, 1) - math.log(k))   # L(h_k | h_-k)
+            signal = bound.detach() - log_mean_exp(replaced, 1)                      # L(h_k | h_-k)
         loss = -(bound + (signal * log_q).sum(0)).mean()
         metrics = {"train/bound": bound.detach().mean(), "train/elbo": lw.mean()}
         if diagnostics:
