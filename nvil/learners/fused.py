@@ -91,22 +91,27 @@ class LayeredBernoulliGradients:
 
     @torch.no_grad()
     def output_grads(self, f: Forward, x: torch.Tensor, signals: list[LearningSignal]) -> list[tuple]:
-        """dL/d(output) of every affine layer, as (layer, d_out [N, out], its input v [N, in], mean), and of the
-        prior logits, as (prior, d_prior, None, None): the backward pass of NVIL's surrogate loss (what
-        ``loss.backward()`` gives on the autograd path) but its weight GEMMs, which ``apply`` makes. Each dL/da below
-        is N times the gradient of the minibatch mean (``_affine_grads`` divides by N), except the baseline's."""
+        """dL/d(output) of every affine layer, as (layer, d_out [N, out], its input v [N, in], scale, dL/d bias), and
+        of the prior logits, as (prior, None, None, 1, dL/d prior): the backward pass of NVIL's surrogate loss (what
+        ``loss.backward()`` gives on the autograd path) but its weight GEMMs, which ``apply`` makes as
+        dL/dW = scale d_out' v. Each dL/da below is N times the gradient of the minibatch mean (scale 1 / N, the bias
+        gradient the mean of d_out), except the baseline's (already divided by N: scale 1, the sum). The bias
+        reductions are made here, so a compiled step fuses them with the d_out that they reduce."""
         out = []
+        n = x.shape[0]
         for dec, a, h, value in zip(self.model.decoders, f.p_logits, f.hs, [x] + f.hs[:-1]):
-            out.append((dec, torch.sigmoid(a).sub_(value), h, True))
+            d_a = torch.sigmoid(a).sub_(value)
+            out.append((dec, d_a, h, 1 / n, d_a.mean(0)))
         prior = self.model.prior_logits
-        out.append((prior, torch.sigmoid(prior).sub_(f.hs[-1].mean(0)), None, None))
+        out.append((prior, None, None, 1, torch.sigmoid(prior).sub_(f.hs[-1].mean(0))))
         for enc, s, prob, h, v in zip(self.inference.encoders, signals, f.q_probs, f.hs, f.inputs):
-            out.append((enc, (prob - h).mul_(s.a.unsqueeze(-1)), v, True))
+            d_a = (prob - h).mul_(s.a.unsqueeze(-1))
+            out.append((enc, d_a, v, 1 / n, d_a.mean(0)))
         for baseline, s, t, v in zip(self.baselines, signals, f.hidden, f.inputs):
             first, last = baseline.net[0], baseline.net[2]
             d_b = baseline_loss_grad(s).unsqueeze(-1)     # [N, 1], already divided by N
             d_hidden = (d_b * last.weight).mul_(1 - t * t)  # tanh' = 1 - tanh^2, at the weights before this step
-            out += [(last, d_b, t, False), (first, d_hidden, v, False)]
+            out += [(last, d_b, t, 1, d_b.sum(0)), (first, d_hidden, v, 1, d_hidden.sum(0))]
         return out
 
     @staticmethod
@@ -115,11 +120,11 @@ class LayeredBernoulliGradients:
         """Each layer's weight gradient d_out' v by one GEMM, into ``.grad``; or with ``rates`` ({id(parameter): lr},
         from ``plain_sgd_rates``) plain SGD's step theta <- theta - lr dL/dtheta, written by the GEMM that computes
         the gradient (``.grad`` left alone): no gradient buffer written and read back, no optimiser pass."""
-        for layer, d_out, v, mean in grads:
+        for layer, d_out, v, scale, d_bias in grads:
             if v is None:
-                _sink(layer, d_out, rates)
+                _sink(layer, d_bias, rates)
             else:
-                _affine_grads(layer, d_out, v, rates, mean=mean)
+                _affine_grads(layer, d_out, v, scale, d_bias, rates)
 
 
 def plain_sgd_rates(optimizer: torch.optim.Optimizer) -> dict[int, float] | None:
@@ -151,17 +156,14 @@ def _grad_buffer(p: nn.Parameter) -> torch.Tensor:
     return p.grad
 
 
-def _affine_grads(linear: nn.Linear, d_out: torch.Tensor, v: torch.Tensor, rates: dict | None,
-                  mean: bool = True) -> None:
+def _affine_grads(linear: nn.Linear, d_out: torch.Tensor, v: torch.Tensor, scale: float, d_bias: torch.Tensor,
+                  rates: dict | None) -> None:
     """Gradients of an ``nn.Linear`` with input ``v`` [N, in] given dL/d(output) ``d_out`` [N, out]: dL/dW =
-    d_out' v and dL/db = sum of d_out over the minibatch, or with ``mean`` (``d_out`` N times the gradient of the
-    minibatch mean) d_out' v / N and the mean of d_out. One GEMM: into ``.grad`` (beta=0 ignores the buffer's old
-    values), or with ``rates`` into the weight itself, W <- W - (lr / N) d_out' v."""
-    n = v.shape[0] if mean else 1
-    reduce = torch.mean if mean else torch.sum
+    scale d_out' v (one GEMM) and dL/db = ``d_bias`` (reduced by ``output_grads``). Into ``.grad`` (beta=0 ignores
+    the buffer's old values), or with ``rates`` into the weight itself, W <- W - lr scale d_out' v."""
     if rates is None:
-        _grad_buffer(linear.weight).addmm_(d_out.t(), v, beta=0, alpha=1 / n)
-        reduce(d_out, 0, out=_grad_buffer(linear.bias))
+        _grad_buffer(linear.weight).addmm_(d_out.t(), v, beta=0, alpha=scale)
+        _grad_buffer(linear.bias).copy_(d_bias)
     else:
-        linear.weight.addmm_(d_out.t(), v, alpha=-rates[id(linear.weight)] / n)
-        linear.bias.sub_(reduce(d_out, 0), alpha=rates[id(linear.bias)])
+        linear.weight.addmm_(d_out.t(), v, alpha=-rates[id(linear.weight)] * scale)
+        linear.bias.sub_(d_bias, alpha=rates[id(linear.bias)])
