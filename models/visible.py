@@ -152,13 +152,15 @@ def blocked_sweep(field, v, thresholds, lateral, beta, block=lateral_block, size
     return v
 
 
-def native_sweep(field, v, thresholds, lateral, beta, reverse: bool = False) -> torch.Tensor:
+def native_sweep(field, v, lateral, beta, reverse: bool = False, seed: int = 0) -> torch.Tensor:
     """The same sweep as one C call (``nvil.native.lateral_sweep``, ``accel=native``): per block of units their fields
     field + beta v L from the current v, then the block's decisions in order; ``reverse``: units in the opposite
-    order. Writes into and returns v."""
+    order. The thresholds are drawn inside the call, the logits of ``nvil.native.uniforms(chains, M, seed)``
+    (counter-based: the C loop draws them with no pass over memory and no serial generator). Writes into and
+    returns v."""
     chains = field.shape[0]
     jscale = torch.as_tensor(beta, dtype=field.dtype).reshape(-1).expand(chains).contiguous()
-    native.lateral_sweep(v, field.contiguous(), thresholds.contiguous(), jscale, reverse, lateral.contiguous())
+    native.lateral_sweep(v, field.contiguous(), None, jscale, reverse, lateral.contiguous(), seed)
     return v
 
 
@@ -173,7 +175,8 @@ class LateralBernoulli(Bernoulli):
     The sweep is blocked (``blocked_sweep``): one matmul per ``BLOCK`` pixels instead of one matvec per pixel,
     and all uniforms drawn first, as their logits. ``accelerate("compile")`` compiles the in-block updates
     (``nvil.accel``; a few seconds' compilation per chain count, so opt-in); ``accelerate("native")`` runs the whole
-    sweep as one C call on the CPU (``native_sweep``)."""
+    sweep as one C call on the CPU (``native_sweep``), which draws its uniforms itself from one seed taken from the
+    generator (a different stream from the eager sweep's for the same seed, the same kernel p_beta(v | h))."""
 
     fused_gibbs = False
 
@@ -195,10 +198,10 @@ class LateralBernoulli(Bernoulli):
                 mu = 0.2 * mu + 0.8 * torch.sigmoid(field + beta * (mu @ lateral))
             return mu
         v = (start if start is not None else torch.zeros_like(field)).clone()
+        if native.wanted(self.sweep_mode, field.device):
+            return native_sweep(field, v, lateral, beta, reverse, native.seed_from(generator))
         u = torch.rand(field.shape, generator=generator, device=field.device, dtype=field.dtype)
         thresholds = log_odds(u)  # u < sigmoid(x) where x > logit(u)
-        if native.wanted(self.sweep_mode, field.device):
-            return native_sweep(field, v, thresholds, lateral, beta, reverse)
         if not reverse:
             return blocked_sweep(field, v, thresholds, lateral, beta, self.block)
         flip = lambda t: t.flip(-1)  # noqa: E731  (the reverse sweep: the forward one over reversed units)

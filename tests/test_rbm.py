@@ -338,12 +338,14 @@ def one_step_check(m, operator, beta, start_probs, n, seed):
     return state_index(m, new.x, new.h)
 
 
-@pytest.mark.parametrize("name", list(GIBBS_MODELS))
+@pytest.mark.parametrize("name, accel", [("rbm", "none"), ("srbm_labels", "none"), ("srbm_labels", "native")])
 @pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
-def test_block_gibbs_sampler_follows_the_exact_matrix(name, reverse):
+def test_block_gibbs_sampler_follows_the_exact_matrix(name, accel, reverse):
     """From states drawn uniformly (far from p_beta, so the kernel's action shows), one BlockGibbs step at
-    beta lands with the distribution q T (or q T~)."""
+    beta lands with the distribution q T (or q T~). ``native``: the semi-RBM's pixel sweep in C with the uniforms
+    it draws itself (``nvil.native``), checked by the same exact matrix."""
     m, beta, n = GIBBS_MODELS[name](), 0.7, 200_000
+    m.visible_layer.accelerate(accel)
     T, Tr = gibbs_matrices(m, beta)
     q = torch.full((T.shape[0],), 1.0 / T.shape[0], dtype=DT)
     op = BlockGibbs(m)
@@ -354,10 +356,12 @@ def test_block_gibbs_sampler_follows_the_exact_matrix(name, reverse):
     assert stat < CHI2_999[dof], f"chi-square {stat:.1f} on {dof} dof"
 
 
-def test_block_gibbs_check_has_power_against_the_wrong_sweep_order():
+@pytest.mark.parametrize("accel", ["none", "native"])
+def test_block_gibbs_check_has_power_against_the_wrong_sweep_order(accel):
     """The semi-RBM's forward sweep checked against the reverse operator's matrix must fail: the check
     tells the pixel orders apart (and so covers sample_x_given_h(reverse=True))."""
     m, beta, n = GIBBS_MODELS["srbm_labels"](), 0.7, 200_000
+    m.visible_layer.accelerate(accel)
     T, Tr = gibbs_matrices(m, beta)
     q = torch.full((T.shape[0],), 1.0 / T.shape[0], dtype=DT)
 

@@ -15,6 +15,8 @@ All in float64 on small random models, where the two roundings cannot reach a di
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -27,6 +29,7 @@ from estimators.harmonic import Harmonic
 from models.binary_density import DensityBuilder
 from models.rbm import BoltzmannMachine
 from models.visible import LateralBernoulli, blocked_sweep, lateral_block
+from nvil import native
 from nvil.errors import ConfigError
 from nvil.learners import build_learner
 from nvil.mcmc import sequential_gibbs
@@ -342,8 +345,69 @@ def test_native_pixel_sweep_matches_the_per_pixel_loop(reverse, beta, mode):
     layer = LateralBernoulli().accelerate(mode, "cpu")
     fast = layer.sample_field(field, torch.Generator().manual_seed(5), beta=beta, lateral=lateral, start=s0,
                               reverse=reverse)
-    u = torch.rand(field.shape, generator=torch.Generator().manual_seed(5), dtype=DT)
+    u = native.uniforms(*field.shape, native.seed_from(torch.Generator().manual_seed(5)), DT)  # the C sweep's own
     assert torch.equal(fast, reference_pixel_sweep(field, s0, u, lateral, beta, reverse))
+
+
+def uniformity_z_scores(u: torch.Tensor) -> dict[str, float]:
+    """|z| of the mean and variance against U(0, 1)'s, the Kolmogorov-Smirnov distance in units of its 1/sqrt(n)
+    scale, and |z| of the lag-one correlations along units and across chains (each ~N(0, 1 / n) if independent)."""
+    x = u.double().flatten()
+    n = x.numel()
+    xs = x.sort().values
+    grid = torch.arange(1, n + 1, dtype=torch.float64) / n
+    centred = u.double() - 0.5
+    lag_unit = (centred[:, 1:] * centred[:, :-1]).flatten()
+    lag_chain = (centred[1:] * centred[:-1]).flatten()
+    return {"mean": abs(x.mean().item() - 0.5) / math.sqrt(1 / 12 / n),
+            "variance": abs(x.var().item() - 1 / 12) / math.sqrt(1 / 180 / n),  # var of (U - 1/2)^2 is 1/180
+            "ks": (xs - grid).abs().max().item() * math.sqrt(n),
+            "lag_unit": abs(lag_unit.mean().item()) / math.sqrt(1 / 144 / lag_unit.numel()),
+            "lag_chain": abs(lag_chain.mean().item()) / math.sqrt(1 / 144 / lag_chain.numel())}
+
+
+LIMITS = {"mean": 4.0, "variance": 4.0, "ks": 1.95, "lag_unit": 4.0, "lag_chain": 4.0}  # KS: P(> 1.95) = 0.001
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_native_uniforms_are_uniform_independent_and_inside_the_unit_interval(dtype):
+    """The pixel sweep's counter-based uniforms (SplitMix64): 600 x 784 draws pass the mean, variance, KS and lag-one
+    correlation checks (along units: the float draws' two halves of one word; across chains); every one strictly
+    inside (0, 1), so its threshold is finite; a draw depends on (seed, chain, unit) only; two seeds differ."""
+    seed = native.seed_from(torch.Generator().manual_seed(3))
+    u = native.uniforms(600, 784, seed, dtype)
+    assert 0 < u.min() and u.max() < 1 and torch.isfinite(torch.log(u / (1 - u))).all()
+    z = uniformity_z_scores(u)
+    assert all(z[k] < LIMITS[k] for k in LIMITS), z
+    assert torch.equal(native.uniforms(1200, 392, seed, dtype), u.reshape(1200, 392))  # the counter, not the shape
+    assert (native.uniforms(600, 784, seed + 1, dtype) != u).float().mean() > 0.99
+
+
+@pytest.mark.parametrize("broken", ["skewed", "correlated_units", "correlated_chains"])
+def test_uniformity_check_has_power(broken):
+    """The same checks fail for draws that are not uniform (u^1.05) or copy a neighbour's value into every other
+    unit or chain."""
+    u = native.uniforms(600, 784, 11, torch.float64)
+    if broken == "skewed":
+        u = u ** 1.05
+    elif broken == "correlated_units":
+        u[:, 1::2] = u[:, 0::2]
+    else:
+        u[1::2] = u[0::2]
+    z = uniformity_z_scores(u)
+    assert any(z[k] > 2 * LIMITS[k] for k in LIMITS), z
+
+
+def test_native_pixel_sweep_draws_the_same_chains_in_any_number_of_threads(monkeypatch):
+    """600 chains in one thread or in two ranges of chains: the same uniforms (by chain and unit), the same sweep."""
+    field, s0, lateral = pixel_case(chains=600, n=70)
+    runs = []
+    for threads in (1, 2):
+        monkeypatch.setattr(torch, "get_num_threads", lambda t=threads: t)
+        layer = LateralBernoulli().accelerate("native", "cpu")
+        runs.append(layer.sample_field(field, torch.Generator().manual_seed(9), beta=torch.tensor(0.8, dtype=DT),
+                                       lateral=lateral, start=s0))
+    assert torch.equal(runs[0], runs[1]) and not torch.equal(runs[0], s0)
 
 
 def test_native_pixel_sweep_without_the_lateral_field_fails():

@@ -104,7 +104,11 @@ def library() -> ctypes.CDLL:
                            + [ctypes.c_int64] + [ctypes.c_void_p] * 9)
             fn = getattr(lib, f"lateral_sweep_{suffix}")
             fn.restype = None
-            fn.argtypes = [ctypes.c_int64] * 3 + [ctypes.c_void_p] * 4 + [ctypes.c_int] + [ctypes.c_void_p] * 4
+            fn.argtypes = ([ctypes.c_int64] * 3 + [ctypes.c_void_p] * 4 + [ctypes.c_int] + [ctypes.c_void_p] * 4
+                           + [ctypes.c_uint64])
+            fn = getattr(lib, f"uniforms_{suffix}")
+            fn.restype = None
+            fn.argtypes = [ctypes.c_int64, ctypes.c_int64, ctypes.c_uint64, ctypes.c_void_p]
         _library = lib
         return lib
 
@@ -155,9 +159,7 @@ def sequential_sweep(h: torch.Tensor, r: torch.Tensor, *, mode: str, picks=None,
     uniforms (``sample``) or the forced values (``force``); ``beta`` [chains] or None; ``reverse`` [chains] uint8 or
     None (forward); ``logits`` [chains, M] filled when given."""
     dtype = h.dtype
-    if dtype not in _SUFFIX:
-        raise NativeUnavailable(f"accel=native supports float32 and float64, not {dtype}")
-    fn = getattr(library(), f"sequential_sweep_{_SUFFIX[dtype]}")
+    fn = _kernel("sequential_sweep", dtype)
     chains, M = h.shape
     for name, t in (("h", h), ("r", r), ("picks", picks), ("beta", beta), ("logits", logits), ("J", J)):
         _checked(t, dtype, name)
@@ -174,15 +176,34 @@ def sequential_sweep(h: torch.Tensor, r: torch.Tensor, *, mode: str, picks=None,
     _in_ranges(chains, lambda lo, hi: fn(lo, hi, *common))
 
 
-def lateral_sweep(v: torch.Tensor, field: torch.Tensor, thresholds: torch.Tensor, jscale: torch.Tensor | None,
-                  reverse: bool, lateral: torch.Tensor) -> None:
-    """One sequential sweep over laterally coupled binary units, in place on v [chains, M]: unit j on where
-    field_j + jscale (v L)_j > thresholds_j, in index order (``reverse``: the opposite), blocked
-    (``lateral_sweep.h``). v holds 0 / 1; L [M, M] symmetric with a zero diagonal."""
-    dtype = v.dtype
+def seed_from(generator: torch.Generator | None) -> int:
+    """One 63-bit seed drawn from ``generator`` (torch's default generator when None) for the kernels' own draws."""
+    return int(torch.randint(2**63 - 1, (), generator=generator))
+
+
+def _kernel(name: str, dtype: torch.dtype):
     if dtype not in _SUFFIX:
         raise NativeUnavailable(f"accel=native supports float32 and float64, not {dtype}")
-    fn = getattr(library(), f"lateral_sweep_{_SUFFIX[dtype]}")
+    return getattr(library(), f"{name}_{_SUFFIX[dtype]}")
+
+
+def uniforms(chains: int, units: int, seed: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The [chains, units] uniforms that ``lateral_sweep`` without thresholds draws under ``seed`` (SplitMix64 of
+    the counter chain * units + unit; midpoints of 2^23 or 2^52 bins, inside (0, 1)): its threshold for unit j of
+    chain c is log u - log(1 - u) of entry [c, j]."""
+    out = torch.empty(chains, units, dtype=dtype)
+    _kernel("uniforms", dtype)(0, out.numel(), seed, _ptr(out))
+    return out
+
+
+def lateral_sweep(v: torch.Tensor, field: torch.Tensor, thresholds: torch.Tensor | None, jscale: torch.Tensor | None,
+                  reverse: bool, lateral: torch.Tensor, seed: int = 0) -> None:
+    """One sequential sweep over laterally coupled binary units, in place on v [chains, M]: unit j on where
+    field_j + jscale (v L)_j > thresholds_j, in index order (``reverse``: the opposite), blocked
+    (``lateral_sweep.h``). v holds 0 / 1; L [M, M] symmetric with a zero diagonal. ``thresholds`` None: the kernel
+    draws them, the logits of ``uniforms(chains, M, seed)``."""
+    dtype = v.dtype
+    fn = _kernel("lateral_sweep", dtype)
     for name, t in (("v", v), ("field", field), ("thresholds", thresholds), ("jscale", jscale), ("L", lateral)):
         _checked(t, dtype, name)
     chains, M = v.shape
@@ -191,7 +212,7 @@ def lateral_sweep(v: torch.Tensor, field: torch.Tensor, thresholds: torch.Tensor
         on, place = torch.empty(2, hi - lo, M, dtype=torch.int32)  # each chain's units that are on, their places
         count = torch.empty(hi - lo, dtype=torch.int32)
         fn(lo, hi, M, _ptr(v), _ptr(field), _ptr(thresholds), _ptr(jscale), int(reverse), _ptr(lateral), _ptr(on),
-           _ptr(place), _ptr(count))
+           _ptr(place), _ptr(count), seed)
 
     _in_ranges(chains, run, per_thread=256)  # measured: 2 threads on 100 chains were slower than one
 

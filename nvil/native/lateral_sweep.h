@@ -9,12 +9,16 @@
    then the WIDTH decisions in order, each change moving the block's fields by delta L[j, block]. Each chain keeps
    the list of its units that are on (with each unit's place in it, so a change costs O(1)). Blocks are the outer
    loop, so L's block columns stay in cache across the chains. The same decisions as the eager ``blocked_sweep`` up
-   to rounding (tests compare them in float64). v must hold 0 / 1. */
+   to rounding (tests compare them in float64). v must hold 0 / 1.
+
+   thresholds NULL: each block's thresholds are drawn here, log(u / (1 - u)) of the counter-based uniforms of draws
+   c M + j (NAME(uniforms_into), sequential.c), in a SIMD loop, instead of read from memory filled by the caller. */
 
 typedef REAL NAME(vec) __attribute__((vector_size(32))); /* one AVX register (GCC / Clang vector extension) */
 
 void NAME(lateral_sweep)(int64_t c0, int64_t c1, int64_t M, REAL *v, const REAL *field, const REAL *thresholds,
-                         const REAL *jscale, int reverse, const REAL *J, int32_t *on, int32_t *place, int32_t *count) {
+                         const REAL *jscale, int reverse, const REAL *J, int32_t *on, int32_t *place, int32_t *count,
+                         uint64_t seed) {
     /* on, place: [c1 - c0, M]; count: [c1 - c0] (scratch) */
     for (int64_t c = c0; c < c1; c++) {
         int32_t *list = on + (c - c0) * M, *where = place + (c - c0) * M, n = 0;
@@ -31,7 +35,14 @@ void NAME(lateral_sweep)(int64_t c0, int64_t c1, int64_t M, REAL *v, const REAL 
         int64_t width = M - j0 < WIDTH ? M - j0 : WIDTH;
         for (int64_t c = c0; c < c1; c++) {
             REAL *vc = v + c * M;
-            const REAL *fc = field + c * M, *tc = thresholds + c * M;
+            const REAL *fc = field + c * M, *tc = thresholds ? thresholds + c * M + j0 : NULL;
+            REAL drawn[WIDTH];
+            if (!tc) {
+                NAME(uniforms_into)(seed, c * M + j0, width, drawn);
+                _Pragma("omp simd")
+                for (int64_t l = 0; l < width; l++) drawn[l] = NAME(log)(drawn[l] / ((REAL)1 - drawn[l]));
+                tc = drawn;
+            }
             int32_t *list = on + (c - c0) * M, *where = place + (c - c0) * M, n = count[c - c0];
             REAL beta = jscale ? jscale[c] : 1;
             REAL acc[WIDTH];
@@ -57,7 +68,7 @@ void NAME(lateral_sweep)(int64_t c0, int64_t c1, int64_t M, REAL *v, const REAL 
             }
             for (int64_t t = 0; t < width; t++) {
                 int64_t l = reverse ? width - 1 - t : t, j = j0 + l;
-                REAL next = fc[j] + beta * acc[l] > tc[j] ? 1 : 0;
+                REAL next = fc[j] + beta * acc[l] > tc[l] ? 1 : 0;
                 REAL delta = next - vc[j];
                 if (delta == 0) continue;
                 const REAL *Jj = J + j * M + j0;

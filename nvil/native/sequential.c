@@ -162,6 +162,36 @@ void sequential_sweep_##SUFFIX(int64_t c0, int64_t c1, int64_t M, REAL *h, const
 DEFINE_SWEEP(float, f32, log_f32, expf)
 DEFINE_SWEEP(double, f64, log_f64, exp)
 
+/* Counter-based uniforms for the pixel sweep. Word w under seed s is SplitMix64's output mix(s + (w + 1) gamma)
+   (Steele, Lea & Flood 2014: the generator seeded with s, after w + 1 steps). Float draw i takes 23 bits of word
+   i / 2 (bits 41..63 for even i, 9..31 for odd i), double draw i 52 bits of word i; with i = chain * M + unit a draw
+   depends on the seed, its chain and its unit only, never on threads or blocks. The uniforms are the midpoints
+   (k + 1/2) 2^-23 or (k + 1/2) 2^-52, exact in their type and strictly inside (0, 1), so the threshold
+   log(u / (1 - u)) is finite. */
+static inline uint64_t splitmix64(uint64_t seed, uint64_t w) {
+    uint64_t z = seed + (w + 1) * 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static void uniforms_into_f32(uint64_t seed, int64_t i0, int64_t n, float *out) {
+    for (int64_t w = i0 >> 1, end = (i0 + n + 1) >> 1; w < end; w++) {
+        uint64_t z = splitmix64(seed, (uint64_t)w);
+        int64_t i = 2 * w - i0;
+        if (i >= 0) out[i] = ((float)(z >> 41) + 0.5f) * 0x1p-23f;
+        if (i + 1 < n) out[i + 1] = ((float)((z >> 9) & 0x7fffffu) + 0.5f) * 0x1p-23f;
+    }
+}
+
+static void uniforms_into_f64(uint64_t seed, int64_t i0, int64_t n, double *out) {
+    for (int64_t i = 0; i < n; i++) out[i] = ((double)(splitmix64(seed, (uint64_t)(i0 + i)) >> 12) + 0.5) * 0x1p-52;
+}
+
+void uniforms_f32(int64_t i0, int64_t n, uint64_t seed, float *out) { uniforms_into_f32(seed, i0, n, out); }
+
+void uniforms_f64(int64_t i0, int64_t n, uint64_t seed, double *out) { uniforms_into_f64(seed, i0, n, out); }
+
 #define REAL float
 #define NAME(x) x##_f32
 #define WIDTH 64
