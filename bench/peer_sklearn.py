@@ -137,8 +137,9 @@ def main() -> None:
     p.add_argument("--init", choices=("ours", "sklearn"), default="ours",
                    help="our RBM's start: train.py's (default) or scikit-learn's exact initial parameters")
     p.add_argument("--device", choices=("cpu", "cuda", "auto"), default="auto", help="our side's device")
-    p.add_argument("--accel", choices=("none", "compile", "cudagraphs"), default="none",
-                   help="our side's nvil.accel mode, as trainer.accel (default none: eager)")
+    p.add_argument("--accel", choices=("auto", "none", "native", "compile", "cudagraphs"), default="auto",
+                   help="our side's nvil.accel mode, as trainer.accel (default auto, train.py's: on a CPU the "
+                        "Gibbs draws by nvil.native.bernoulli_; none: eager torch.rand)")
     p.add_argument("--reuse-hidden", action=argparse.BooleanOptionalAction, default=True,
                    help="our chain sweeps x | h then h | x and reuses the negatives' p(h | v), as BernoulliRBM "
                         "does (learner.reuse_hidden; default on)")

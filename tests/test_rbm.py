@@ -338,17 +338,19 @@ def one_step_check(m, operator, beta, start_probs, n, seed):
     return state_index(m, new.x, new.h)
 
 
-@pytest.mark.parametrize("name, accel", [("rbm", "none"), ("srbm_labels", "none"), ("srbm_labels", "native")])
+@pytest.mark.parametrize("name, accel", [("rbm", "none"), ("rbm", "native"), ("srbm_labels", "none"),
+                                         ("srbm_labels", "native")])
 @pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
 def test_block_gibbs_sampler_follows_the_exact_matrix(name, accel, reverse):
     """From states drawn uniformly (far from p_beta, so the kernel's action shows), one BlockGibbs step at
-    beta lands with the distribution q T (or q T~). ``native``: the semi-RBM's pixel sweep in C with the uniforms
-    it draws itself (``nvil.native``), checked by the same exact matrix."""
+    beta lands with the distribution q T (or q T~). ``native``: the RBM's units drawn by ``nvil.native.bernoulli_``,
+    the semi-RBM's pixel sweep in C, each with the counter-based uniforms it draws itself, checked by the same exact
+    matrix."""
     m, beta, n = GIBBS_MODELS[name](), 0.7, 200_000
     m.visible_layer.accelerate(accel)
     T, Tr = gibbs_matrices(m, beta)
     q = torch.full((T.shape[0],), 1.0 / T.shape[0], dtype=DT)
-    op = BlockGibbs(m)
+    op = BlockGibbs(m, accel=accel)
     op = op.reverse() if reverse else op
     assert op.reversed is reverse and op.reverse().reversed is not reverse
     stat, dof, min_expected = pearson(one_step_check(m, op, beta, q, n, seed=11), q @ (Tr if reverse else T))
@@ -372,6 +374,26 @@ def test_block_gibbs_check_has_power_against_the_wrong_sweep_order(accel):
 
     stat, dof, _ = pearson(one_step_check(m, WrongOrder(m), beta, q, n, seed=11), q @ Tr)
     assert stat > 3 * CHI2_999[dof], f"chi-square {stat:.1f}: the check cannot tell the sweep orders apart"
+
+
+@pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
+def test_block_gibbs_check_has_power_against_native_draws_shared_across_chains(reverse, monkeypatch):
+    """Power for the native rows: a counter that forgets the chain (every chain's unit j compared with the same
+    uniform, each chain's marginal still right) must fail the same check."""
+    from nvil import native
+
+    m, beta, n = GIBBS_MODELS["rbm"](), 0.7, 200_000
+    T, Tr = gibbs_matrices(m, beta)
+    q = torch.full((T.shape[0],), 1.0 / T.shape[0], dtype=DT)
+
+    def shared(p, seed, offset=0):
+        u = native.uniforms(1, p.shape[-1], seed + offset, p.dtype)
+        return p.copy_((u < p).to(p.dtype))
+
+    monkeypatch.setattr(native, "bernoulli_", shared)
+    op = BlockGibbs(m, reverse=reverse, accel="native")
+    stat, dof, _ = pearson(one_step_check(m, op, beta, q, n, seed=11), q @ (Tr if reverse else T))
+    assert stat > 3 * CHI2_999[dof], f"chi-square {stat:.1f}: the check cannot see uniforms shared by chains"
 
 
 # ---- tempered transitions ------------------------------------------------------------------------------------

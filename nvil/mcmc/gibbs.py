@@ -11,7 +11,11 @@ AIS (``estimators.ais_rbm.TemperedRBM``, the machine with a base-rate model mixe
 ``accel`` (``nvil.accel``): with ``compile`` or ``cudagraphs``, binary RBMs without labels or lateral weights
 (``BoltzmannMachine.fused_gibbs``) run each sweep as one compiled kernel, matmul + sigmoid + comparison fused.
 The uniforms are drawn first, from the same generator and in the same order as the eager sub-steps draw them,
-so the random stream is the same in every mode. Other models run eagerly whatever ``accel`` says.
+so the random stream is the same in every mode. With ``native`` or ``auto`` on a CPU where the C kernels build
+(``nvil.native``), the same binary RBMs draw each half-sweep's units by ``nvil.native.bernoulli_`` instead: counter-based
+uniforms from one seed taken from the generator, compared in place with the probabilities (no serial generator,
+no stored uniforms; a different stream from the eager one for the same seed, the same kernel). Other models run
+eagerly whatever ``accel`` says.
 A model may carry a ``visible_offset`` b_A: its visible logits are then beta (b + W h) + (1 - beta) b_A.
 
 For AIS on an RBM (``estimators.ais_rbm.RBMPath``), which draws its own uniforms: ``forward_sweep_eager``, the
@@ -27,7 +31,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 
-from models.rbm import State, as_beta
+from models.rbm import State, as_beta, temper
+from nvil import native
 from nvil.accel import accelerate, check_mode, compiled
 from nvil.ops import chunks
 
@@ -77,6 +82,7 @@ class BlockGibbs:
         if compiled(accel) and model.fused_gibbs:
             self._kernel = accelerate(reverse_sweep if reverse else forward_sweep, accel, model.W.device)
             self._offset = model.visible_offset
+        self._native = model.fused_gibbs and native.wanted(accel, model.W.device)
 
     def init(self, x: torch.Tensor, generator=None) -> State:
         """Chains at x with h ~ p(h | x) at beta = 1 (the model's ``init_chains``)."""
@@ -88,6 +94,8 @@ class BlockGibbs:
         ``info["hidden_input"]``, for a caller that weighs the new state (tempered transitions)."""
         if self._kernel is not None:
             return self._fused_step(state, beta, generator, hidden_input)
+        if self._native:
+            return self._native_step(state, beta, generator, hidden_input)
         m = self.model
         if not self.reversed:
             h = m.sample_h(state.x, beta, generator, hidden_input)
@@ -113,6 +121,26 @@ class BlockGibbs:
         u_h = draw_h()
         x, h, a = self._kernel(state.h, u_x, u_h, beta, m.W, m.b, m.c, self._offset)
         return State(x, h), {"hidden_input": a}
+
+    def _native_step(self, state: State, beta, generator, hidden_input) -> tuple[State, dict]:
+        """The eager sub-steps with each unit drawn by ``native.bernoulli_`` (probabilities overwritten in place by
+        their draws): draws 0 .. chains * hidden - 1 of one seed for h, the next chains * pixels for x."""
+        m, x = self.model, state.x
+        seed, n_h = native.seed_from(generator), x.shape[0] * m.n_hidden
+        offset = m.visible_offset
+
+        def visible(h):
+            field = temper(beta, torch.addmm(m.b, h, m.W.T))
+            field = field if offset is None else field + (1 - as_beta(beta, x)) * offset
+            return native.bernoulli_(field.sigmoid_(), seed, n_h)
+
+        if not self.reversed:
+            a = m.hidden_input(x) if hidden_input is None else hidden_input
+            h = native.bernoulli_(torch.sigmoid(temper(beta, a)), seed)
+            return State(visible(h), h), {}
+        x = visible(state.h)
+        a = m.hidden_input(x)
+        return State(x, native.bernoulli_(torch.sigmoid(temper(beta, a)), seed)), {"hidden_input": a}
 
     def reverse(self) -> "BlockGibbs":
         return BlockGibbs(self.model, not self.reversed, self.accel)

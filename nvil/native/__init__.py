@@ -106,9 +106,10 @@ def library() -> ctypes.CDLL:
             fn.restype = None
             fn.argtypes = ([ctypes.c_int64] * 3 + [ctypes.c_void_p] * 4 + [ctypes.c_int] + [ctypes.c_void_p] * 4
                            + [ctypes.c_uint64])
-            fn = getattr(lib, f"uniforms_{suffix}")
-            fn.restype = None
-            fn.argtypes = [ctypes.c_int64, ctypes.c_int64, ctypes.c_uint64, ctypes.c_void_p]
+            for name in ("uniforms", "bernoulli"):
+                fn = getattr(lib, f"{name}_{suffix}")
+                fn.restype = None
+                fn.argtypes = [ctypes.c_int64, ctypes.c_int64, ctypes.c_uint64, ctypes.c_void_p]
         _library = lib
         return lib
 
@@ -194,6 +195,18 @@ def uniforms(chains: int, units: int, seed: int, dtype: torch.dtype = torch.floa
     out = torch.empty(chains, units, dtype=dtype)
     _kernel("uniforms", dtype)(0, out.numel(), seed, _ptr(out))
     return out
+
+
+def bernoulli_(p: torch.Tensor, seed: int, offset: int = 0) -> torch.Tensor:
+    """p <- [u < p] in place (1. or 0.), u the counter-based uniforms of draws offset .. offset + p.numel() - 1 under
+    ``seed`` (``uniforms``: the draw for entry [r, j] is offset + r * width + j). One pass, no stored uniforms, in
+    torch.get_num_threads() threads over ranges of entries; the values never depend on the threads."""
+    fn = _kernel("bernoulli", p.dtype)
+    _checked(p, p.dtype, "p")
+    n = p.numel()
+    _in_ranges(n, lambda lo, hi: fn(offset + lo, hi - lo, seed, p.data_ptr() + lo * p.element_size()),
+               per_thread=32768)
+    return p
 
 
 def lateral_sweep(v: torch.Tensor, field: torch.Tensor, thresholds: torch.Tensor | None, jscale: torch.Tensor | None,

@@ -175,13 +175,23 @@ static inline uint64_t splitmix64(uint64_t seed, uint64_t w) {
     return z ^ (z >> 31);
 }
 
+static inline float high23(uint64_t z) { return ((float)(z >> 41) + 0.5f) * 0x1p-23f; }
+
+static inline float low23(uint64_t z) { return ((float)((z >> 9) & 0x7fffffu) + 0.5f) * 0x1p-23f; }
+
 static void uniforms_into_f32(uint64_t seed, int64_t i0, int64_t n, float *out) {
-    for (int64_t w = i0 >> 1, end = (i0 + n + 1) >> 1; w < end; w++) {
-        uint64_t z = splitmix64(seed, (uint64_t)w);
-        int64_t i = 2 * w - i0;
-        if (i >= 0) out[i] = ((float)(z >> 41) + 0.5f) * 0x1p-23f;
-        if (i + 1 < n) out[i + 1] = ((float)((z >> 9) & 0x7fffffu) + 0.5f) * 0x1p-23f;
+    if (n <= 0) return;
+    int64_t w = i0 >> 1, at = 0;
+    if (i0 & 1) out[at++] = low23(splitmix64(seed, (uint64_t)w++)); /* the odd half of the first word */
+    int64_t pairs = (n - at) / 2;
+    float *o = out + at;
+    _Pragma("omp simd")
+    for (int64_t k = 0; k < pairs; k++) {
+        uint64_t z = splitmix64(seed, (uint64_t)(w + k));
+        o[2 * k] = high23(z);
+        o[2 * k + 1] = low23(z);
     }
+    if (at + 2 * pairs < n) out[n - 1] = high23(splitmix64(seed, (uint64_t)(w + pairs)));
 }
 
 static void uniforms_into_f64(uint64_t seed, int64_t i0, int64_t n, double *out) {
@@ -191,6 +201,22 @@ static void uniforms_into_f64(uint64_t seed, int64_t i0, int64_t n, double *out)
 void uniforms_f32(int64_t i0, int64_t n, uint64_t seed, float *out) { uniforms_into_f32(seed, i0, n, out); }
 
 void uniforms_f64(int64_t i0, int64_t n, uint64_t seed, double *out) { uniforms_into_f64(seed, i0, n, out); }
+
+/* Bernoulli draws in place: p[k] <- 1 where uniform draw i0 + k (as uniforms_*) is below p[k], else 0, in chunks of
+   256 uniforms on the stack (a block-Gibbs half-sweep's u < sigmoid(field), without a pass to store the uniforms). */
+#define DEFINE_BERNOULLI(REAL, SUFFIX)                                                                             \
+void bernoulli_##SUFFIX(int64_t i0, int64_t n, uint64_t seed, REAL *p) {                                           \
+    REAL u[256];                                                                                                    \
+    for (int64_t s = 0; s < n; s += 256) {                                                                          \
+        int64_t m = n - s < 256 ? n - s : 256;                                                                      \
+        uniforms_into_##SUFFIX(seed, i0 + s, m, u);                                                                 \
+        _Pragma("omp simd")                                                                                         \
+        for (int64_t k = 0; k < m; k++) p[s + k] = u[k] < p[s + k] ? (REAL)1 : (REAL)0;                             \
+    }                                                                                                               \
+}
+
+DEFINE_BERNOULLI(float, f32)
+DEFINE_BERNOULLI(double, f64)
 
 #define REAL float
 #define NAME(x) x##_f32
