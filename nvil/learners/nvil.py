@@ -138,7 +138,7 @@ class NVIL(GradientDiagnostics, SurrogateLearner):
         """``trainer.accel=compile`` compiles the hand-derived step (``fused_step``) where it applies, else the
         ``surrogate`` of the autograd path."""
         if compiled(check_mode(mode, device, "trainer.accel")) and self.fused is not None:
-            self.fused_step = accelerate(self.fused_step, mode, device, "trainer.accel")
+            self.fused_step = accelerate(self.fused_step, mode, device, "trainer.accel", fixed_modules=True)
             return self
         return super().accelerate(mode, device)
 
