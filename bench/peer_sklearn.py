@@ -70,7 +70,7 @@ def build_ours(args, device: torch.device):
     overrides = ["model=rbm", f"model.n_hidden={args.hidden}", "learner=sap", f"learner.lr={args.lr}",
                  f"learner.num_particles={args.batch_size}", "learner.k=1", "data=mnist", f"seed={args.seed}",
                  f"trainer.batch_size={args.batch_size}", f"trainer.device={args.device}", "print_config=false",
-                 f"++learner.reuse_hidden={str(args.reuse_hidden).lower()}"]
+                 f"++learner.reuse_hidden={str(args.reuse_hidden).lower()}", f"trainer.accel={args.accel}"]
     if args.train_examples is not None:
         overrides.append(f"data.num_train={args.train_examples}")
     cfg = compose_train(overrides)
