@@ -22,7 +22,7 @@ from models.sbn import SBN
 from models.inference import LayeredInference
 from nvil.learners import fused
 from nvil.learners.nvil import NVIL
-from nvil.ops import RunningMoments
+from nvil.ops import RunningMoments, sigmoid_and_softplus_sum
 
 ALL_ON = dict(input_baseline=True, constant_baseline=True, variance_normalisation=True, layerwise=True)
 SWITCHES = {
@@ -211,3 +211,17 @@ def test_the_compiled_fused_step_takes_the_same_updates():
     assert_same_parameters(fast, eager)
     for a, b in zip(fast.moments, eager.moments):
         torch.testing.assert_close(a.mean, b.mean, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("width", [784, 200, 37])  # groups of 16, of 8, and of 1 (a prime width)
+def test_sigmoid_and_softplus_sum_compiled_form_is_exact(width):
+    """The compiled form of ``sigmoid_and_softplus_sum`` (one exp per element, one log per group of factors) gives
+    sigmoid(a) and sum softplus(a) to float64 rounding, logits up to |a| = 40 included; the eager form is the
+    reference's own two kernels."""
+    a = torch.cat([8 * torch.randn(19, width, generator=torch.Generator().manual_seed(width), dtype=torch.float64),
+                   torch.linspace(-40, 40, width, dtype=torch.float64)[None]])
+    prob, softplus_sum = torch.compile(sigmoid_and_softplus_sum)(a)
+    torch.testing.assert_close(prob, torch.sigmoid(a), rtol=1e-12, atol=1e-15)
+    torch.testing.assert_close(softplus_sum, torch.nn.functional.softplus(a).sum(-1), rtol=1e-10, atol=1e-10)
+    eager = sigmoid_and_softplus_sum(a)
+    assert torch.equal(eager[0], torch.sigmoid(a))

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from nvil.learners.baselines import LearningSignal, baseline_loss_grad
-from nvil.ops import bernoulli_log_prob
+from nvil.ops import bernoulli_log_prob, sigmoid_and_softplus_sum
 
 
 def covers(model: nn.Module, inference: nn.Module) -> bool:
@@ -43,7 +43,7 @@ class Forward:
     inputs: list[torch.Tensor]    # each inference layer's input, also its baseline's: centred x, h_1, ...
     hs: list[torch.Tensor]        # the draws h_1, ..., h_n
     q_probs: list[torch.Tensor]   # sigmoid of the inference logits
-    p_logits: list[torch.Tensor]  # logits of x | h_1, h_1 | h_2, ..., h_{n-1} | h_n
+    p_probs: list[torch.Tensor]   # sigmoid of the logits of x | h_1, h_1 | h_2, ..., h_{n-1} | h_n
     hidden: list[torch.Tensor]    # each baseline's tanh units
     log_p: list[torch.Tensor]     # [log p(x | h_1), ..., log p(h_n)], as SBN.log_prob_layers
     log_q: list[torch.Tensor]     # [log q(h_1 | x), ...], as LayeredInference.sample
@@ -75,19 +75,23 @@ class LayeredBernoulliGradients:
         v = self.inference.centre(x)
         for enc, u in zip(self.inference.encoders, uniforms):
             logits = F.linear(v, enc.weight, enc.bias)
-            prob = torch.sigmoid(logits)
+            prob, softplus_sum = sigmoid_and_softplus_sum(logits)
             h = (u < prob).to(prob.dtype)
-            inputs.append(v), hs.append(h), q_probs.append(prob), log_q.append(bernoulli_log_prob(logits, h))
+            inputs.append(v), hs.append(h), q_probs.append(prob)
+            log_q.append(torch.linalg.vecdot(h, logits) - softplus_sum)  # bernoulli_log_prob(logits, h)
             v = h
-        p_logits = [F.linear(h, dec.weight, dec.bias) for dec, h in zip(self.model.decoders, hs)]
-        log_p = [bernoulli_log_prob(a, value) for a, value in zip(p_logits, [x] + hs[:-1])]
+        p_probs, log_p = [], []
+        for dec, h, value in zip(self.model.decoders, hs, [x] + hs[:-1]):
+            logits = F.linear(h, dec.weight, dec.bias)
+            prob, softplus_sum = sigmoid_and_softplus_sum(logits)
+            p_probs.append(prob), log_p.append(torch.linalg.vecdot(value, logits) - softplus_sum)
         log_p.append(bernoulli_log_prob(self.model.prior_logits, hs[-1]))
         hidden, b = [], []
         for baseline, v in zip(self.baselines, inputs):
             first, last = baseline.net[0], baseline.net[2]
             hidden.append(torch.tanh(F.linear(v, first.weight, first.bias)))
             b.append(F.linear(hidden[-1], last.weight, last.bias).squeeze(-1))
-        return Forward(inputs, hs, q_probs, p_logits, hidden, log_p, log_q, b or [torch.zeros_like(q) for q in log_q])
+        return Forward(inputs, hs, q_probs, p_probs, hidden, log_p, log_q, b or [torch.zeros_like(q) for q in log_q])
 
     @torch.no_grad()
     def output_grads(self, f: Forward, x: torch.Tensor, signals: list[LearningSignal]) -> list[tuple]:
@@ -99,8 +103,8 @@ class LayeredBernoulliGradients:
         reductions are made here, so a compiled step fuses them with the d_out that they reduce."""
         out = []
         n = x.shape[0]
-        for dec, a, h, value in zip(self.model.decoders, f.p_logits, f.hs, [x] + f.hs[:-1]):
-            d_a = torch.sigmoid(a).sub_(value)
+        for dec, prob, h, value in zip(self.model.decoders, f.p_probs, f.hs, [x] + f.hs[:-1]):
+            d_a = prob - value
             out.append((dec, d_a, h, 1 / n, d_a.mean(0)))
         prior = self.model.prior_logits
         out.append((prior, None, None, 1, torch.sigmoid(prior).sub_(f.hs[-1].mean(0))))
