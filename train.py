@@ -41,6 +41,8 @@ def final_plan(cfg: DictConfig) -> list[tuple[DictConfig, int | None]]:
     fe = cfg.final_eval
     if not fe.enabled:
         return []
+    if fe.get("checkpoint", "best") not in ("best", "last"):
+        raise ConfigError(f"final_eval.checkpoint must be best or last, got {fe.checkpoint!r}")
     plan = [(estimator_config(fe.estimator), fe.get("num_examples"))]
     if fe.get("then"):
         plan.append((estimator_config(fe.then), fe.get("then_num_examples")))
@@ -48,8 +50,8 @@ def final_plan(cfg: DictConfig) -> list[tuple[DictConfig, int | None]]:
 
 
 def train(cfg: DictConfig, run_dir: str | Path) -> dict:
-    """Train, then (if ``final_eval.enabled``) evaluate the best checkpoint with each estimator of the final
-    evaluation plan. Returns the metrics, with ``final_eval`` (and ``final_eval_then``) holding their lines."""
+    """Train, then (if ``final_eval.enabled``) evaluate the best checkpoint (``final_eval.checkpoint=last``: the
+    last) with each estimator of the final evaluation plan. Returns the metrics, with ``final_eval`` (and ``final_eval_then``) holding their lines."""
     started = time.perf_counter()
     plan = final_plan(cfg)
     estimators = [build_estimator(est) for est, _ in plan]
@@ -65,8 +67,11 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict:
     metrics = fit(cfg, Path(run_dir), check=check)
     if distributed.current().is_main:
         print(json.dumps({"train": metrics}), flush=True)
+    scored = metrics["checkpoint"]
+    if cfg.final_eval.get("checkpoint", "best") == "last":
+        scored = str(Path(run_dir) / "checkpoints" / "last.pt")
     for i, (est, num_examples) in enumerate(plan):
-        result = evaluate_checkpoint(metrics["checkpoint"], est, EvalSpec(
+        result = evaluate_checkpoint(scored, est, EvalSpec(
             split=cfg.final_eval.split, num_examples=num_examples, seed=cfg.seed, device=cfg.trainer.device,
             progress=cfg.trainer.progress))
         metrics["final_eval" if i == 0 else "final_eval_then"] = result.summary()

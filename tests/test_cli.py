@@ -60,6 +60,22 @@ def test_train_then_evaluate_on_synthetic(tmp_path):
     assert not (tmp_path / "outputs").exists()  # evaluate.py leaves no Hydra clutter behind
 
 
+def test_final_evaluation_scores_the_checkpoint_asked_for(tmp_path):
+    """final_eval.checkpoint: best (default) scores the validation's choice, last the final model."""
+    from conftest import make_cfg
+    from train import train
+
+    scored = {}
+    for which in ("best", "last"):
+        cfg = make_cfg("train", [*SYNTHETIC, "trainer.max_steps=40", "final_eval.enabled=true",
+                                 f"final_eval.checkpoint={which}", "final_eval.estimator.num_samples=5",
+                                 "final_eval.num_examples=50"])
+        metrics = train(cfg, tmp_path / which)
+        scored[which] = (metrics["final_eval"]["checkpoint"], metrics["final_eval"]["step"], metrics["best_step"])
+    assert scored["best"][0].endswith("best.pt") and scored["best"][1] == scored["best"][2]
+    assert scored["last"][0].endswith("last.pt") and scored["last"][1] == 40
+
+
 @pytest.mark.skipif(not __import__("importlib.util").util.find_spec("mnist"), reason=f"{MNIST_PACKAGE} not installed")
 def test_train_then_evaluate_on_mnist(tmp_path):
     run_dir = tmp_path / "run"
@@ -83,7 +99,8 @@ def test_train_then_evaluate_on_mnist(tmp_path):
     (["model.layers=[]"], ["model.layers must be a non-empty list"]),
     (["learner.lr=-1"], ["learner.lr must be a positive number"]),
     (["data.binarize=sometimes"], ["data.binarize must be one of"]),
-], ids=["model", "learner", "steps", "layers", "lr", "binarize"])
+    (["final_eval.enabled=true", "final_eval.checkpoint=newest"], ["final_eval.checkpoint must be best or last"]),
+], ids=["model", "learner", "steps", "layers", "lr", "binarize", "final_checkpoint"])
 def test_bad_train_config_is_one_line(tmp_path, args, fragments):
     proc = run("train.py", *SYNTHETIC, "trainer.max_steps=5", f"hydra.run.dir={tmp_path}", *args)
     assert_one_line_error(proc, *fragments)
