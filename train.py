@@ -51,7 +51,8 @@ def final_plan(cfg: DictConfig) -> list[tuple[DictConfig, int | None]]:
 
 def train(cfg: DictConfig, run_dir: str | Path) -> dict:
     """Train, then (if ``final_eval.enabled``) evaluate the best checkpoint (``final_eval.checkpoint=last``: the
-    last) with each estimator of the final evaluation plan. Returns the metrics, with ``final_eval`` (and ``final_eval_then``) holding their lines."""
+    last) with each estimator of the final evaluation plan. Returns the metrics, with ``final_eval`` (and
+    ``final_eval_then``) holding their lines."""
     started = time.perf_counter()
     plan = final_plan(cfg)
     estimators = [build_estimator(est) for est, _ in plan]

@@ -38,9 +38,9 @@ from nvil.ops import chunks
 
 
 def _visible_logits(h, beta, W, b, offset):
-    """beta (b + W h), plus (1 - beta) ``offset`` where there is one."""
-    field = beta * (b + h @ W.T)
-    return field if offset is None else field + (1 - beta) * offset
+    """beta (b + W h), plus (1 - beta) ``offset`` where there is one (beta a number, or a tensor as ``as_beta``)."""
+    field = temper(beta, b + h @ W.T)
+    return field if offset is None else field + (1 - as_beta(beta, field)) * offset
 
 
 def forward_sweep(x, a, u_h, u_x, beta, W, b, c, offset=None):
@@ -127,12 +127,9 @@ class BlockGibbs:
         their draws): draws 0 .. chains * hidden - 1 of one seed for h, the next chains * pixels for x."""
         m, x = self.model, state.x
         seed, n_h = native.seed_from(generator), x.shape[0] * m.n_hidden
-        offset = m.visible_offset
 
         def visible(h):
-            field = temper(beta, torch.addmm(m.b, h, m.W.T))
-            field = field if offset is None else field + (1 - as_beta(beta, x)) * offset
-            return native.bernoulli_(field.sigmoid_(), seed, n_h)
+            return native.bernoulli_(_visible_logits(h, beta, m.W, m.b, m.visible_offset).sigmoid_(), seed, n_h)
 
         if not self.reversed:
             a = m.hidden_input(x) if hidden_input is None else hidden_input
@@ -165,7 +162,7 @@ def sweep_uniforms(n: int, widths, generator=None, device="cpu", dtype=torch.flo
     device = torch.device(device)
     if device.type != "cpu" or dtype not in (torch.float32, torch.float64):
         return tuple(torch.rand((n, w), generator=generator, device=device, dtype=dtype) for w in widths)
-    seed = int(torch.randint(2**63 - 1, (), generator=generator))
+    seed = native.seed_from(generator)
     out = tuple(torch.empty((n, w), dtype=dtype) for w in widths)
     arrays = [u.numpy() for u in out]
     blocks = list(chunks(n, ROWS_PER_STREAM))

@@ -32,6 +32,7 @@ from nvil.learners.base import grad_norms
 from nvil.learners.discrete.common import DiscreteLearner
 from nvil.ops import bernoulli_log_prob
 
+
 def conditional_logistic(alpha: torch.Tensor, b: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """z~ ~ p(z | b) from a uniform v, reparameterised in alpha (REBAR Appendix; theta = sigmoid(alpha)):
     z~ = log(1 + v / ((1 - v)(1 - theta))) where b = 1, -log(1 + (1 - v) / (v theta)) where b = 0."""
