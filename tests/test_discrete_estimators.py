@@ -22,7 +22,9 @@ from estimators.exact import enumerate_states, split_layers
 from nvil.learners import LEARNERS
 from nvil.learners.baselines import layerwise_signals
 from nvil.learners.discrete import ARM, REBAR, RELAX, RLOO, VIMCO, DisARM
+from nvil.learners.discrete.relaxed import conditional_logistic
 from nvil.learners.nvil import NVIL
+from nvil.ops import bernoulli_log_prob
 
 X = torch.tensor([[1, 0, 1, 1, 0, 0], [0, 1, 1, 0, 1, 0], [1, 1, 1, 0, 0, 1], [0, 0, 0, 1, 1, 1]],
                  dtype=torch.float32)
@@ -181,6 +183,55 @@ def test_gumbel_straight_through_bias_is_detected():
     lrn = learner("gumbel_st")
     z = worst_z(lrn, exact_elbo_gradient(lrn))
     assert z > FAIL_Z, f"Gumbel-ST's mean gradient is within {z:.1f} SE of the exact one: its bias went unseen"
+
+
+def parameter_space_variance(lrn, x: torch.Tensor) -> tuple[torch.Tensor, dict, dict]:
+    """REBAR / RELAX's variance term by its definition, sum over every inference parameter of g_phi^2 with g_phi of
+    RELAX Eq. 5 taken by autograd with respect to the weights (create_graph), on the uniforms ``lrn.estimate`` draws
+    next: (variance, its gradient in the control variate's parameters, g_phi)."""
+    inf, n = lrn.inference, x.shape[0]
+    sizes = [enc.out_features for enc in inf.encoders]
+    us = [lrn.open_rand((n, k), x) for k in sizes]
+    vs = [lrn.open_rand((n, k), x) for k in sizes]
+    alphas, bs, below = [], [], x
+    for i, u in enumerate(us):
+        alphas.append(inf.layer_logits(i, below))
+        below = (alphas[-1].detach() + torch.logit(u) > 0).to(x.dtype)
+        bs.append(below)
+    log_q = [bernoulli_log_prob(a, b) for a, b in zip(alphas, bs)]
+    f = (lrn.model.log_joint(x, bs) - sum(log_q)).detach()
+    var, g_phi = 0.0, {}
+    for i, (alpha, b, u, v) in enumerate(zip(alphas, bs, us, vs)):
+        logits = [a.detach() for a in alphas[:i]] + [inf.layer_logits(i, x if i == 0 else bs[i - 1])]
+        c_z = lrn.c(x, bs[:i], logits, alpha + torch.logit(u), us[i + 1:])
+        c_zt = lrn.c(x, bs[:i], logits, conditional_logistic(alpha, b, v), us[i + 1:])
+        phi_i = dict(inf.encoders[i].named_parameters(prefix=f"inference.encoders.{i}"))
+        g = torch.autograd.grad((log_q[i], (c_z - c_zt).mean()), list(phi_i.values()),
+                                grad_outputs=((f - c_zt) / n, torch.ones((), dtype=x.dtype)), create_graph=True)
+        g_phi.update(zip(phi_i, g))
+        var = var + sum(t.pow(2).sum() for t in g)
+    cv = dict(lrn.control_variate.named_parameters())
+    return var, dict(zip(cv, torch.autograd.grad(var, list(cv.values())))), g_phi
+
+
+@pytest.mark.parametrize("name", ["rebar", "relax"])
+def test_control_variate_gradient_matches_the_parameter_space_form(name):
+    """``estimate`` forms g_phi per example in logit space and the variance sum(g_phi^2) as a Gram form; both must
+    equal the definition (autograd with respect to the weights), in float64, with the same uniforms."""
+    lrn = perturbed(learner(name))
+    for m in (lrn.model, lrn.inference, lrn.control_variate):
+        m.double()
+    x = X.double().repeat(3, 1)
+    state = lrn.generator.get_state()
+    ascent, cv_grads, metrics = lrn.estimate(x, tune=True)
+    lrn.generator.set_state(state)
+    var, want, g_phi = parameter_space_variance(lrn, x)
+    assert torch.allclose(metrics["rebar/grad_square"], var.detach(), rtol=1e-10)
+    assert set(cv_grads) == set(want) and all(want[k].abs().max() > 1e-3 for k in ("eta", "log_temperature"))
+    for k, g in want.items():
+        assert torch.allclose(cv_grads[k], g, rtol=1e-9, atol=1e-12), k
+    for k, g in g_phi.items():
+        assert torch.allclose(ascent[k], g.detach(), rtol=1e-9, atol=1e-12), k
 
 
 # ---- in the loop: resume, diagnostics, errors ---------------------------------------------------------------------
