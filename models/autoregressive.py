@@ -5,7 +5,9 @@ inference-network layers (Mnih & Gregor 2014, Table 2). W is kept strictly lower
 
 - ``log_prob``: one masked matmul, batched over any leading dimensions.
 - ``sample``: a loop over the units of the layer only (never over examples or samples). The logits are
-  updated incrementally, logits += h_j * W[:, j], so the whole draw costs one matmul's worth of work.
+  updated incrementally, logits += h_j * W[:, j], so the whole draw costs one matmul's worth of work. With
+  ``sample_mode`` ``native`` or ``auto`` (``trainer.accel``, set by the learner) on a CPU the loop runs as one C call
+  (``nvil.native.autoregressive``): the same uniforms and operations, no per-unit kernel launches.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from nvil import native
 from nvil.ops import bernoulli_log_prob
 
 
@@ -23,6 +26,11 @@ class AutoregressiveLinear(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.zeros(n, n))
         self.register_buffer("mask", torch.tril(torch.ones(n, n), diagonal=-1))
+        self.sample_mode = "none"  # trainer.accel: native / auto draw the units in C on a CPU (nvil.native)
+
+    def accelerate_sampling(self, mode: str) -> None:
+        """``trainer.accel`` for ``sample`` (the learners' protocol for modules with sequential draws)."""
+        self.sample_mode = mode
 
     def masked_weight(self) -> torch.Tensor:
         return self.weight * self.mask
@@ -39,6 +47,8 @@ class AutoregressiveLinear(nn.Module):
         w = self.masked_weight()
         logits = base_logits.detach().clone()
         u = torch.rand(logits.shape, generator=generator, device=logits.device, dtype=logits.dtype)
+        if native.wanted(self.sample_mode, logits.device):
+            return native.autoregressive(logits, w.T.contiguous(), u)
         h = torch.zeros_like(logits)
         for j in range(logits.shape[-1]):
             h_j = (u[..., j] < torch.sigmoid(logits[..., j])).to(logits.dtype)

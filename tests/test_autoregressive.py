@@ -84,3 +84,75 @@ def test_masked_weights_get_no_gradient():
     layer.log_prob(torch.zeros(4), torch.ones(3, 4)).sum().backward()
     assert torch.all(layer.weight.grad.triu() == 0)
     assert math.isclose(layer.weight.grad.tril(-1).abs().sum().item(), layer.weight.grad.abs().sum().item())
+
+
+# ---- accel=native / auto: the draw as one C call (nvil.native.autoregressive) ------------------------------------
+def native_or_skip():
+    from nvil import native
+    try:
+        native.library()
+    except native.NativeUnavailable as e:
+        pytest.skip(str(e))
+    return native
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_native_draw_equals_the_eager_loop_for_the_same_uniforms(dtype):
+    """The same generator state gives the same units in both modes (float64: every unit; float32: the C expf may
+    round a logit's sigmoid one ulp away from torch's, so a draw sitting on the boundary may differ), over leading
+    dimensions and in two threads."""
+    native_or_skip()
+    torch.manual_seed(1)
+    layer = AutoregressiveLinear(50).to(dtype)
+    with torch.no_grad():
+        layer.weight.normal_(0, 1.0)
+    base = torch.randn(3, 70, 50, dtype=dtype)
+    eager = layer.sample(base, generator=torch.Generator().manual_seed(7))
+    layer.accelerate_sampling("native")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        fast = layer.sample(base, generator=torch.Generator().manual_seed(7))
+    finally:
+        torch.set_num_threads(threads)
+    assert fast.shape == eager.shape and fast.dtype == dtype
+    mismatch = (fast != eager).double().mean().item()
+    assert mismatch == 0.0 if dtype == torch.float64 else mismatch < 1e-3
+
+
+def test_native_draw_with_w_untransposed_fails():
+    """A broken variant, W passed where its transpose belongs (each unit that comes on moves the wrong logits),
+    disagrees with the eager loop, so the equality above has power."""
+    native = native_or_skip()
+    torch.manual_seed(1)
+    layer = AutoregressiveLinear(30).double()
+    with torch.no_grad():
+        layer.weight.normal_(0, 1.0)
+    base = torch.randn(200, 30, dtype=torch.float64)
+    eager = layer.sample(base, generator=torch.Generator().manual_seed(3))
+    u = torch.rand(base.shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    broken = native.autoregressive(base, layer.masked_weight().detach().contiguous(), u)
+    assert (broken != eager).double().mean().item() > 0.05
+
+
+def test_native_draw_matches_the_distribution(ar_layer):
+    native_or_skip()
+    layer, a = ar_layer
+    layer.accelerate_sampling("auto")
+    samples = layer.sample(a.expand(40000, 6), generator=torch.Generator().manual_seed(0))
+    stat, dof = chi_square(samples, layer.log_prob(a, enumerate_states(6, 0, 64)))
+    assert stat < CHI2_999[dof]
+
+
+def test_trainer_accel_reaches_the_autoregressive_layers():
+    """``trainer.accel`` (the learner's ``accelerate``) reaches fDARN's prior and an autoregressive q."""
+    from conftest import make_cfg
+    from nvil.learners import LEARNERS
+
+    for name, q_ar in (("fdarn", False), ("sbn", True)):
+        model, inference = tiny_model(layers=(4,), name=name, autoregressive_q=q_ar)
+        learner = LEARNERS["nvil"](model, inference, make_cfg("train", ["learner=nvil"]).learner,
+                                   torch.device("cpu"), 0)
+        learner.accelerate("auto")
+        layers = [m for m in (*model.modules(), *inference.modules()) if isinstance(m, AutoregressiveLinear)]
+        assert layers and all(m.sample_mode == "auto" for m in layers)

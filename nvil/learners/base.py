@@ -129,6 +129,15 @@ class DataParallel(Learner):
         self.generator.set_state(state["generator"].cpu())
 
 
+def accelerate_sampling(mode: str, *modules: nn.Module) -> None:
+    """``trainer.accel`` passed to every submodule with sequential draws of its own (the ``accelerate_sampling(mode)``
+    protocol: the autoregressive layers of fDARN's prior and of autoregressive inference networks)."""
+    for module in modules:
+        for m in module.modules():
+            if hasattr(m, "accelerate_sampling"):
+                m.accelerate_sampling(mode)
+
+
 class SurrogateLearner(DataParallel):
     """Subclasses set ``optimizer`` and ``generator`` and define ``surrogate(x) -> (loss, metrics)``,
     whose gradient is minus the update direction; extra resumable state goes in ``extra_state``.
@@ -155,6 +164,7 @@ class SurrogateLearner(DataParallel):
         between them, forward and backward; the draws stay eager. ``step`` is unchanged."""
         if compiled(check_mode(mode, device, "trainer.accel")):
             self.surrogate = accelerate(self.surrogate, mode, device, "trainer.accel")
+        accelerate_sampling(mode, self.model, self.inference)
         return self
 
     def extra_state(self) -> dict[str, nn.Module]:

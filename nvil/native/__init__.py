@@ -106,6 +106,9 @@ def library() -> ctypes.CDLL:
             fn.restype = None
             fn.argtypes = ([ctypes.c_int64] * 3 + [ctypes.c_void_p] * 4 + [ctypes.c_int] + [ctypes.c_void_p] * 4
                            + [ctypes.c_uint64])
+            fn = getattr(lib, f"autoregressive_{suffix}")
+            fn.restype = None
+            fn.argtypes = [ctypes.c_int64] * 3 + [ctypes.c_void_p] * 5
             for name in ("uniforms", "bernoulli"):
                 fn = getattr(lib, f"{name}_{suffix}")
                 fn.restype = None
@@ -207,6 +210,21 @@ def bernoulli_(p: torch.Tensor, seed: int, offset: int = 0) -> torch.Tensor:
     _in_ranges(n, lambda lo, hi: fn(offset + lo, hi - lo, seed, p.data_ptr() + lo * p.element_size()),
                per_thread=32768)
     return p
+
+
+def autoregressive(base: torch.Tensor, wt: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Binary units drawn in index order, unit j on where u_j < sigmoid(base_j + sum_{k<j} W_jk h_k), for every row of
+    ``base`` and ``u`` [..., n]; ``wt`` [n, n] is W transposed (W strictly lower-triangular). Returns h (``base``'s
+    shape): the draw of ``AutoregressiveLinear.sample`` for the same uniforms, in one C call."""
+    dtype, n = base.dtype, base.shape[-1]
+    fn = _kernel("autoregressive", dtype)
+    flat_base, flat_u = base.reshape(-1, n).contiguous(), u.reshape(-1, n).contiguous()
+    for name, t in (("base logits", flat_base), ("W transposed", wt), ("u", flat_u)):
+        _checked(t, dtype, name)
+    h, logits = torch.empty_like(flat_base), torch.empty_like(flat_base)
+    _in_ranges(h.shape[0], lambda lo, hi: fn(lo, hi, n, _ptr(flat_base), _ptr(wt), _ptr(flat_u), _ptr(logits),
+                                             _ptr(h)), per_thread=64)
+    return h.reshape(base.shape)
 
 
 def lateral_sweep(v: torch.Tensor, field: torch.Tensor, thresholds: torch.Tensor | None, jscale: torch.Tensor | None,

@@ -218,6 +218,30 @@ void bernoulli_##SUFFIX(int64_t i0, int64_t n, uint64_t seed, REAL *p) {        
 DEFINE_BERNOULLI(float, f32)
 DEFINE_BERNOULLI(double, f64)
 
+/* Autoregressive Bernoulli units (models/autoregressive.py): per chain, unit j on where u_j < sigmoid(l_j), in index
+   order, l the base logits plus W h over the units drawn so far, kept current by adding row j of wt (column j of the
+   strictly lower-triangular W) to the logits of the units after j when unit j comes on. The same operations in the
+   same order as the eager loop, one call instead of a few kernel launches per unit. */
+#define DEFINE_AUTOREGRESSIVE(REAL, SUFFIX, EXP)                                                                   \
+void autoregressive_##SUFFIX(int64_t c0, int64_t c1, int64_t n, const REAL *base, const REAL *wt, const REAL *u,  \
+                             REAL *logits, REAL *h) {                                                             \
+    for (int64_t c = c0; c < c1; c++) {                                                                             \
+        REAL *l = logits + c * n, *hc = h + c * n;                                                                  \
+        const REAL *uc = u + c * n;                                                                                 \
+        memcpy(l, base + c * n, (size_t)n * sizeof(REAL));                                                          \
+        for (int64_t j = 0; j < n; j++) {                                                                           \
+            hc[j] = uc[j] < (REAL)1 / ((REAL)1 + EXP(-l[j])) ? (REAL)1 : (REAL)0;                                   \
+            if (hc[j] == (REAL)0) continue;                                                                         \
+            const REAL *w = wt + j * n;                                                                             \
+            _Pragma("omp simd")                                                                                     \
+            for (int64_t k = j + 1; k < n; k++) l[k] += w[k];                                                       \
+        }                                                                                                           \
+    }                                                                                                               \
+}
+
+DEFINE_AUTOREGRESSIVE(float, f32, expf)
+DEFINE_AUTOREGRESSIVE(double, f64, exp)
+
 #define REAL float
 #define NAME(x) x##_f32
 #define WIDTH 64
