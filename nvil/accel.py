@@ -86,3 +86,15 @@ def accelerate(fn: Callable, mode: str = "none", device=None, what: str = "accel
         return torch.utils._pytree.tree_map(lambda t: t.clone() if torch.is_tensor(t) else t, out)
 
     return replay
+
+
+def accelerate_sampling(mode: str, *modules: torch.nn.Module) -> None:
+    """``mode`` (``trainer.accel`` or ``estimator.accel``) passed to every submodule with sequential draws of its own:
+    the ``accelerate_sampling(mode)`` protocol of the autoregressive layers (fDARN's prior, autoregressive inference
+    networks), which draw their units in C with ``native`` / ``auto`` on a CPU (``nvil.native``)."""
+    for module in modules:
+        if module is None:
+            continue
+        for m in module.modules():
+            if hasattr(m, "accelerate_sampling"):
+                m.accelerate_sampling(mode)

@@ -22,6 +22,7 @@ from nvil import distributed
 from nvil.checkpoint import load_checkpoint, load_module_state
 from nvil.config import positive_int, resolve_device
 from nvil.data import build_model_data, take_rows
+from nvil.accel import accelerate_sampling
 from nvil.errors import CertificateFailed, CheckpointError, ConfigError, DataError
 from nvil.ops import mean_and_stderr
 
@@ -102,6 +103,7 @@ def evaluate_checkpoint(path, estimator_cfg, spec: EvalSpec = EvalSpec()) -> Res
                           "would repeat them on every shard; run it in one process")
     model, inference, payload = load_model(path, dev)
     estimator.check(model, inference)  # refuse before any work starts
+    accelerate_sampling(str(estimator_cfg.get("accel", "auto")), model, inference)  # autoregressive draws in C
     data_cfg = OmegaConf.merge(OmegaConf.create(payload["config"]["data"]), OmegaConf.create(spec.data_overrides or {}))
     data = build_model_data(data_cfg, OmegaConf.create(payload["config"]["model"]), dev)
     x = data.split(spec.split)

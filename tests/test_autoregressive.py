@@ -156,3 +156,28 @@ def test_trainer_accel_reaches_the_autoregressive_layers():
         learner.accelerate("auto")
         layers = [m for m in (*model.modules(), *inference.modules()) if isinstance(m, AutoregressiveLinear)]
         assert layers and all(m.sample_mode == "auto" for m in layers)
+
+
+def test_evaluation_draws_autoregressive_q_natively(tmp_path, synthetic_overrides, monkeypatch):
+    """An evaluation with the estimator's default accel (auto) draws an autoregressive q through the C kernel, and
+    scores it as the eager draw does (same uniforms: the same bound to float rounding)."""
+    from conftest import make_cfg
+    from nvil import native
+    from nvil.evaluation import EvalSpec, evaluate_checkpoint
+    from train import train
+
+    native_or_skip()
+    train(make_cfg("train", synthetic_overrides + ["model.inference.autoregressive=true", "trainer.max_steps=20"]),
+          tmp_path / "run")
+    calls, kernel = [], native.autoregressive
+    monkeypatch.setattr(native, "autoregressive", lambda *a: calls.append(1) or kernel(*a))
+    ckpt = tmp_path / "run" / "checkpoints" / "last.pt"
+    estimator = make_cfg("evaluate", ["estimator=iwae", "estimator.num_samples=20"]).estimator
+    spec = EvalSpec(split="test", num_examples=30, seed=0, device="cpu", progress=False)
+    fast = evaluate_checkpoint(ckpt, estimator, spec)
+    assert calls, "the autoregressive q was drawn eagerly"
+    n_calls = len(calls)
+    eager_cfg = make_cfg("evaluate", ["estimator=iwae", "estimator.num_samples=20", "+estimator.accel=none"]).estimator
+    eager = evaluate_checkpoint(ckpt, eager_cfg, spec)
+    assert len(calls) == n_calls, "accel=none still drew through the C kernel"
+    assert fast.mean == pytest.approx(eager.mean, abs=1e-4)

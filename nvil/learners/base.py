@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from nvil import distributed
-from nvil.accel import accelerate, check_mode, compiled
+from nvil.accel import accelerate, accelerate_sampling, check_mode, compiled
 from nvil.config import positive_float
 from nvil.errors import ConfigError
 
@@ -127,15 +127,6 @@ class DataParallel(Learner):
 
     def load_rank_state(self, state: dict) -> None:
         self.generator.set_state(state["generator"].cpu())
-
-
-def accelerate_sampling(mode: str, *modules: nn.Module) -> None:
-    """``trainer.accel`` passed to every submodule with sequential draws of its own (the ``accelerate_sampling(mode)``
-    protocol: the autoregressive layers of fDARN's prior and of autoregressive inference networks)."""
-    for module in modules:
-        for m in module.modules():
-            if hasattr(m, "accelerate_sampling"):
-                m.accelerate_sampling(mode)
 
 
 class SurrogateLearner(DataParallel):
