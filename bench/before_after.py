@@ -65,6 +65,20 @@ if "nvil" in groups:
         for batch in (20, 100):
             x = binary(batch)
             out[f"NVIL step ({optimizer}), SBN-200, batch {batch}"] = per_call(lambda: nvil.step(x), 200 if batch == 20 else 50)
+if "autoregressive" in groups:  # NVIL with an autoregressive q (Mnih & Gregor, Table 2), trainer.accel's default auto
+    spec = model_cfg("sbn", layers=[200], inference={"autoregressive": True})
+    model, inference = build_model(spec, 784)
+    nvil = build_learner(OmegaConf.load(f"{root}/configs/learner/nvil.yaml"), model, inference, torch.device("cpu"), 0)
+    nvil.accelerate("auto")
+    x = binary(20)
+    out["NVIL step (adam), SBN-200 with autoregressive q, batch 20"] = per_call(lambda: nvil.step(x), 50)
+if "discrete" in groups:  # REBAR / RELAX at RELAX's protocol batch
+    for name in ("rebar", "relax"):
+        model, inference = build_model(model_cfg("sbn", layers=[200]), 784)
+        lrn = build_learner(OmegaConf.load(f"{root}/configs/learner/{name}.yaml"), model, inference,
+                            torch.device("cpu"), 0)
+        x = binary(24)
+        out[f"{name.upper()} step, SBN-200, batch 24"] = per_call(lambda: lrn.step(x), 50)
 if "iwae" in groups:
     model, inference = build_model(model_cfg("sbn", layers=[200]), 784)
     x = binary(100)
@@ -113,7 +127,7 @@ print(json.dumps(out))
 '''
 
 
-GROUPS = ("nvil", "iwae", "gibbs", "sap", "ais", "sequential")
+GROUPS = ("nvil", "autoregressive", "discrete", "iwae", "gibbs", "sap", "ais", "sequential")
 
 
 def main() -> None:
