@@ -56,9 +56,9 @@ class SBN(nn.Module):
 
     @property
     def layered_bernoulli(self) -> bool:
-        """Every conditional a factorial Bernoulli with logits affine in the layer above (factorial prior, Bernoulli
-        visibles): the case NVIL's hand-derived gradients cover (``nvil.learners.fused``)."""
-        return self.prior_ar is None and self.visible_layer.name == "bernoulli"
+        """Every conditional a Bernoulli with logits affine in the layer above (Bernoulli visibles; the prior factorial
+        or autoregressive, as fDARN's): the case NVIL's hand-derived gradients cover (``nvil.learners.fused``)."""
+        return self.visible_layer.name == "bernoulli"
 
     @torch.no_grad()
     def init_visible_bias(self, train_mean: torch.Tensor, eps: float = 1e-3) -> None:

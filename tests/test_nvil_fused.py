@@ -149,9 +149,33 @@ def test_a_wrong_rate_in_the_gemm_fails_the_comparison(monkeypatch):
         assert_same_parameters(fast, slow)
 
 
-@pytest.mark.parametrize("name, autoregressive_q", [("fdarn", False), ("sbn", True)], ids=["fdarn", "autoregressive_q"])
-def test_models_outside_the_fused_path_keep_autograd_and_train(name, autoregressive_q):
-    fast, _ = pair(name=name, autoregressive_q=autoregressive_q, dtype=torch.float32)
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_fdarn_autoregressive_prior_fused_equals_autograd(optimizer):
+    """fDARN (an autoregressive prior over one layer): the fused path's gradients, masked weights included, and its
+    updates (plain SGD written by the GEMM; Adam through the optimiser) equal the autograd path's."""
+    switches = ALL_ON if optimizer == "sgd" else dict(ALL_ON, constant_baseline=False)  # see the Adam test above
+    fast, slow = pair(name="fdarn", optimizer=optimizer, switches=switches)
+    assert fast.fused is not None and fast.model.prior_ar is not None
+    with torch.no_grad():
+        fast.model.prior_ar.weight.normal_(0.0, 0.7), slow.model.prior_ar.weight.copy_(fast.model.prior_ar.weight)
+    for x in batches(3):
+        assert_same_step(fast, slow, x)
+    for t, x in enumerate(batches(3)):
+        fast.step(x), slow.step(x)
+        assert_same_parameters(fast, slow, f"after step {t + 1} without logging")
+
+
+def test_an_unmasked_autoregressive_gradient_fails_the_comparison(monkeypatch):
+    """Power: the comparison catches the autoregressive weights' gradient left unmasked."""
+    fast, slow = pair(name="fdarn")
+    monkeypatch.setattr(fused, "_masked_grads",
+                        lambda layer, d, v, scale, rates: fused._grad_buffer(layer.weight).copy_(scale * d.t() @ v))
+    with pytest.raises(AssertionError):
+        assert_same_step(fast, slow, batches(1)[0])
+
+
+def test_models_outside_the_fused_path_keep_autograd_and_train():
+    fast, _ = pair(autoregressive_q=True, dtype=torch.float32)
     assert fast.fused is None
     before = [p.detach().clone() for p in fast.model.parameters()]
     for x in batches(3, dtype=torch.float32):

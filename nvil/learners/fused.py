@@ -1,13 +1,17 @@
 """NVIL's gradients derived by hand for layered Bernoulli models (Mnih & Gregor 2014, Eq. 5-6, Sec. 2.3).
 
-When every conditional of the model is a factorial Bernoulli with logits affine in the layer above
-(``SBN.layered_bernoulli``: factorial prior, Bernoulli visibles) and so is every layer of the inference network
+When every conditional of the model is a Bernoulli with logits affine in the layer above
+(``SBN.layered_bernoulli``: Bernoulli visibles; the prior factorial or, as fDARN's, autoregressive) and every layer
+of the inference network is a factorial Bernoulli
 (``LayeredInference.layered_bernoulli``: not autoregressive), the gradient of NVIL's surrogate loss L needs no
 autograd graph. A Bernoulli layer with logits a = W v + b has d log p(value) / d a = value - sigmoid(a), so with
 N examples in the minibatch:
 
 - model layer i (v = h_i, value = h_{i-1}, h_0 = x):  dL/da = (sigmoid(a) - h_{i-1}) / N          (Eq. 5)
 - prior logits p:                                      dL/dp = mean over examples of sigmoid(p) - h_n
+- fDARN's autoregressive prior, logits l = p + W h_n (W strictly lower-triangular, ``AutoregressiveLinear``):
+                                                       dL/dl = (sigmoid(l) - h_n) / N, dL/dp = its sum over
+                                                       examples, dL/dW = mask * (dL/dl)' h_n
 - inference layer i (v = h_{i-1}, the centred x for i = 1, value = h_i):
                                                        dL/da = a_i (sigmoid(a) - h_i) / N          (Eq. 6)
   where a_i = (l_i - b_i - c_i) / max(1, sqrt(v_i)) is layer i's learning signal (``baselines.learning_signal``);
@@ -43,7 +47,8 @@ class Forward:
     inputs: list[torch.Tensor]    # each inference layer's input, also its baseline's: centred x, h_1, ...
     hs: list[torch.Tensor]        # the draws h_1, ..., h_n
     q_probs: list[torch.Tensor]   # sigmoid of the inference logits
-    p_probs: list[torch.Tensor]   # sigmoid of the logits of x | h_1, h_1 | h_2, ..., h_{n-1} | h_n
+    p_probs: list[torch.Tensor]   # sigmoid of the logits of x | h_1, h_1 | h_2, ..., h_{n-1} | h_n, and of an
+                                  # autoregressive prior's logits p + W h_n (per example) where the model has one
     hidden: list[torch.Tensor]    # each baseline's tanh units
     log_p: list[torch.Tensor]     # [log p(x | h_1), ..., log p(h_n)], as SBN.log_prob_layers
     log_q: list[torch.Tensor]     # [log q(h_1 | x), ...], as LayeredInference.sample
@@ -85,7 +90,13 @@ class LayeredBernoulliGradients:
             logits = F.linear(h, dec.weight, dec.bias)
             prob, softplus_sum = sigmoid_and_softplus_sum(logits)
             p_probs.append(prob), log_p.append(torch.linalg.vecdot(value, logits) - softplus_sum)
-        log_p.append(bernoulli_log_prob(self.model.prior_logits, hs[-1]))
+        prior_ar = self.model.prior_ar
+        if prior_ar is None:
+            log_p.append(bernoulli_log_prob(self.model.prior_logits, hs[-1]))
+        else:  # fDARN: l = p + W h_n, W masked strictly lower-triangular
+            logits = torch.addmm(self.model.prior_logits, hs[-1], prior_ar.masked_weight().T)
+            prob, softplus_sum = sigmoid_and_softplus_sum(logits)
+            p_probs.append(prob), log_p.append(torch.linalg.vecdot(hs[-1], logits) - softplus_sum)
         hidden, b = [], []
         for baseline, v in zip(self.baselines, inputs):
             first, last = baseline.net[0], baseline.net[2]
@@ -107,7 +118,11 @@ class LayeredBernoulliGradients:
             d_a = prob - value
             out.append((dec, d_a, h, 1 / n, d_a.mean(0)))
         prior = self.model.prior_logits
-        out.append((prior, None, None, 1, torch.sigmoid(prior).sub_(f.hs[-1].mean(0))))
+        if self.model.prior_ar is None:
+            out.append((prior, None, None, 1, torch.sigmoid(prior).sub_(f.hs[-1].mean(0))))
+        else:  # the masked weights as (layer, d_out, v, scale, None); the logits' bias is the prior's
+            d_l = f.p_probs[-1] - f.hs[-1]
+            out += [(prior, None, None, 1, d_l.mean(0)), (self.model.prior_ar, d_l, f.hs[-1], 1 / n, None)]
         for enc, s, prob, h, v in zip(self.inference.encoders, signals, f.q_probs, f.hs, f.inputs):
             d_a = (prob - h).mul_(s.a.unsqueeze(-1))
             out.append((enc, d_a, v, 1 / n, d_a.mean(0)))
@@ -127,6 +142,8 @@ class LayeredBernoulliGradients:
         for layer, d_out, v, scale, d_bias in grads:
             if v is None:
                 _sink(layer, d_bias, rates)
+            elif d_bias is None:
+                _masked_grads(layer, d_out, v, scale, rates)
             else:
                 _affine_grads(layer, d_out, v, scale, d_bias, rates)
 
@@ -171,3 +188,13 @@ def _affine_grads(linear: nn.Linear, d_out: torch.Tensor, v: torch.Tensor, scale
     else:
         linear.weight.addmm_(d_out.t(), v, alpha=-rates[id(linear.weight)] * scale)
         linear.bias.sub_(d_bias, alpha=rates[id(linear.bias)])
+
+
+def _masked_grads(layer: nn.Module, d_out: torch.Tensor, v: torch.Tensor, scale: float, rates: dict | None) -> None:
+    """The weight gradient of an ``AutoregressiveLinear`` (logits + v (W * mask)'): dL/dW = mask * scale d_out' v,
+    the masked entries zero as autograd gives them; into ``.grad``, or with ``rates`` the SGD step on W."""
+    g = torch.mm(d_out.t(), v).mul_(layer.mask)
+    if rates is None:
+        torch.mul(g, scale, out=_grad_buffer(layer.weight))
+    else:
+        layer.weight.sub_(g, alpha=rates[id(layer.weight)] * scale)
