@@ -112,6 +112,22 @@ class LayeredBernoulliGradients:
         dL/dW = scale d_out' v. Each dL/da below is N times the gradient of the minibatch mean (scale 1 / N, the bias
         gradient the mean of d_out), except the baseline's (already divided by N: scale 1, the sum). The bias
         reductions are made here, so a compiled step fuses them with the d_out that they reduce."""
+        out = self.model_grads(f, x)
+        n = x.shape[0]
+        for enc, s, prob, h, v in zip(self.inference.encoders, signals, f.q_probs, f.hs, f.inputs):
+            d_a = (prob - h).mul_(s.a.unsqueeze(-1))
+            out.append((enc, d_a, v, 1 / n, d_a.mean(0)))
+        for baseline, s, t, v in zip(self.baselines, signals, f.hidden, f.inputs):
+            first, last = baseline.net[0], baseline.net[2]
+            d_b = baseline_loss_grad(s).unsqueeze(-1)     # [N, 1], already divided by N
+            d_hidden = (d_b * last.weight).mul_(1 - t * t)  # tanh' = 1 - tanh^2, at the weights before this step
+            out += [(last, d_b, t, 1, d_b.sum(0)), (first, d_hidden, v, 1, d_hidden.sum(0))]
+        return out
+
+    @torch.no_grad()
+    def model_grads(self, f: Forward, x: torch.Tensor) -> list[tuple]:
+        """The model's part of ``output_grads``: grad_theta of -mean log p(x, h) at the forward pass's h (Eq. 5; also
+        wake-sleep's wake phase)."""
         out = []
         n = x.shape[0]
         for dec, prob, h, value in zip(self.model.decoders, f.p_probs, f.hs, [x] + f.hs[:-1]):
@@ -123,15 +139,21 @@ class LayeredBernoulliGradients:
         else:  # the masked weights as (layer, d_out, v, scale, None); the logits' bias is the prior's
             d_l = f.p_probs[-1] - f.hs[-1]
             out += [(prior, None, None, 1, d_l.mean(0)), (self.model.prior_ar, d_l, f.hs[-1], 1 / n, None)]
-        for enc, s, prob, h, v in zip(self.inference.encoders, signals, f.q_probs, f.hs, f.inputs):
-            d_a = (prob - h).mul_(s.a.unsqueeze(-1))
-            out.append((enc, d_a, v, 1 / n, d_a.mean(0)))
-        for baseline, s, t, v in zip(self.baselines, signals, f.hidden, f.inputs):
-            first, last = baseline.net[0], baseline.net[2]
-            d_b = baseline_loss_grad(s).unsqueeze(-1)     # [N, 1], already divided by N
-            d_hidden = (d_b * last.weight).mul_(1 - t * t)  # tanh' = 1 - tanh^2, at the weights before this step
-            out += [(last, d_b, t, 1, d_b.sum(0)), (first, d_hidden, v, 1, d_hidden.sum(0))]
         return out
+
+    @torch.no_grad()
+    def sleep_grads(self, x: torch.Tensor, hs: list[torch.Tensor]) -> tuple[list[tuple], torch.Tensor]:
+        """Wake-sleep's sleep phase at dreamed (x, h) ~ p: the gradients of -mean log q(h | x), dL/da_i =
+        (sigmoid(a_i) - h_i) / N for each inference layer, as ``output_grads``' entries; and log q(h | x) [N]."""
+        out, log_q, v, n = [], 0.0, self.inference.centre(x), x.shape[0]
+        for enc, h in zip(self.inference.encoders, hs):
+            logits = F.linear(v, enc.weight, enc.bias)
+            prob, softplus_sum = sigmoid_and_softplus_sum(logits)
+            log_q = log_q + torch.linalg.vecdot(h, logits) - softplus_sum
+            d_a = prob - h
+            out.append((enc, d_a, v, 1 / n, d_a.mean(0)))
+            v = h
+        return out, log_q
 
     @staticmethod
     @torch.no_grad()

@@ -5,6 +5,10 @@
 
 The sleep phase does not follow the gradient of any bound, so ``train/elbo`` (reported from the wake
 samples, like NVIL's) is a diagnostic, not the quantity being ascended.
+
+For layered Bernoulli models (``nvil.learners.fused.covers``) both phases' gradients are set by hand
+(``LayeredBernoulliGradients.model_grads`` and ``sleep_grads``), from the same draws as the autograd path, and
+``trainer.accel=compile`` compiles that step; data parallelism runs the autograd path.
 """
 
 from __future__ import annotations
@@ -12,7 +16,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from nvil.learners.base import SurrogateLearner, build_optimizer, directed_groups
+from nvil.accel import accelerate, accelerate_sampling, check_mode, compiled
+from nvil.learners.base import SurrogateLearner, build_optimizer, directed_groups, grad_norms
+from nvil.learners.fused import LayeredBernoulliGradients, covers, plain_sgd_rates
 
 
 class WakeSleep(SurrogateLearner):
@@ -23,6 +29,7 @@ class WakeSleep(SurrogateLearner):
         self.optimizer = build_optimizer(directed_groups(model, inference, cfg)[1], cfg)
         self.generator = torch.Generator(device=device).manual_seed(seed)
         self.sleep_batch = cfg.get("sleep_batch_size")
+        self.fused = LayeredBernoulliGradients(model, inference, nn.ModuleList()) if covers(model, inference) else None
 
     def surrogate(self, x: torch.Tensor, diagnostics: bool = True) -> tuple[torch.Tensor, dict]:
         # Wake phase: recognise the data, fit the model to (x, h).
@@ -41,3 +48,45 @@ class WakeSleep(SurrogateLearner):
             "wake_sleep/sleep_log_q": sleep_log_q.detach().mean(),
         }
         return wake_loss + sleep_loss, metrics
+
+    def step(self, x: torch.Tensor, diagnostics: bool = False) -> dict[str, torch.Tensor]:
+        """One update; on the fused path the same draws (q's uniforms, then the dream) and optimiser step as
+        ``SurrogateLearner.step``, with plain SGD written by the gradients' GEMMs on steps that log nothing."""
+        if self.fused is None:
+            return super().step(x, diagnostics)
+        rates = None if diagnostics else plain_sgd_rates(self.optimizer)
+        uniforms = self.fused.uniforms(x, self.generator)
+        x_dream, h_dream = self.model.sample(int(self.sleep_batch or x.shape[0]), generator=self.generator)
+        grads, metrics = self.fused_step(x, uniforms, x_dream, h_dream)
+        self.fused.apply(grads, rates)
+        if rates is None:
+            if diagnostics:
+                metrics.update(grad_norms(self.optimizer))
+            self.optimizer.step()
+        return metrics
+
+    @torch.no_grad()
+    def fused_step(self, x: torch.Tensor, uniforms: list[torch.Tensor], x_dream: torch.Tensor,
+                   h_dream: list[torch.Tensor]) -> tuple[list[tuple], dict]:
+        """Both phases' dL/d(output) entries and the metrics, from the draws: a function of tensors, compiled with
+        ``trainer.accel=compile``."""
+        f = self.fused.forward_from(x, uniforms)
+        sleep, sleep_log_q = self.fused.sleep_grads(x_dream, h_dream)
+        log_p = sum(f.log_p)
+        metrics = {"train/elbo": (log_p - sum(f.log_q)).mean(), "train/model_loss": -log_p.mean(),
+                   "wake_sleep/sleep_log_q": sleep_log_q.mean()}
+        return self.fused.model_grads(f, x) + sleep, metrics
+
+    def accelerate(self, mode: str, device=None) -> "WakeSleep":
+        """``trainer.accel=compile`` compiles the hand-derived step where it applies, else the surrogate; the
+        autoregressive layers (fDARN's prior, which the dream samples) take the mode either way."""
+        if compiled(check_mode(mode, device, "trainer.accel")) and self.fused is not None:
+            self.fused_step = accelerate(self.fused_step, mode, device, "trainer.accel", fixed_modules=True)
+            accelerate_sampling(mode, self.model, self.inference)
+            return self
+        return super().accelerate(mode, device)
+
+    def distribute(self, d, device: torch.device) -> None:
+        """Data parallelism averages gradients in DDP's ``backward``: the autograd path."""
+        self.fused = None
+        super().distribute(d, device)
