@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from nvil.learners.base import grad_norms
 from nvil.learners.baselines import LearningSignal, baseline_loss_grad
 from nvil.ops import bernoulli_log_prob, sigmoid_and_softplus_sum
 
@@ -168,6 +169,18 @@ class LayeredBernoulliGradients:
                 _masked_grads(layer, d_out, v, scale, rates)
             else:
                 _affine_grads(layer, d_out, v, scale, d_bias, rates)
+
+
+def apply_update(grads: list[tuple], metrics: dict, optimizer: torch.optim.Optimizer, rates: dict | None,
+                 diagnostics: bool) -> dict:
+    """The end of a fused step (NVIL, wake-sleep): the gradients applied (``LayeredBernoulliGradients.apply``; with
+    ``rates`` plain SGD in the GEMMs), else the optimiser's step, with the gradient norms on a logging step."""
+    LayeredBernoulliGradients.apply(grads, rates)
+    if rates is None:
+        if diagnostics:
+            metrics.update(grad_norms(optimizer))
+        optimizer.step()
+    return metrics
 
 
 def plain_sgd_rates(optimizer: torch.optim.Optimizer) -> dict[int, float] | None:

@@ -22,11 +22,11 @@ import torch
 from torch import nn
 
 from nvil.accel import accelerate, check_mode, compiled
-from nvil.learners.base import SurrogateLearner, build_optimizer, directed_groups, grad_norms
+from nvil.learners.base import SurrogateLearner, build_optimizer, directed_groups
 from nvil.learners.baselines import (InputDependentBaseline, LearningSignal, SignalFlags, baseline_loss,
                                      layerwise_signals, learning_signal, signal_metrics)
 from nvil.learners.diagnostics import GradientDiagnostics, ascent
-from nvil.learners.fused import LayeredBernoulliGradients, covers, plain_sgd_rates
+from nvil.learners.fused import LayeredBernoulliGradients, apply_update, covers, plain_sgd_rates
 from nvil.ops import RunningMoments
 
 
@@ -113,12 +113,7 @@ class NVIL(GradientDiagnostics, SurrogateLearner):
         rates = None if diagnostics else plain_sgd_rates(self.optimizer)  # a logging step reports gradient norms
         uniforms = self.fused.uniforms(x, self.generator)
         grads, metrics = self.fused_signals(x, uniforms, diagnostics) if diagnostics else self.fused_step(x, uniforms)
-        self.fused.apply(grads, rates)
-        if rates is None:
-            if diagnostics:
-                metrics.update(grad_norms(self.optimizer))
-            self.optimizer.step()
-        return metrics
+        return apply_update(grads, metrics, self.optimizer, rates, diagnostics)
 
     @torch.no_grad()
     def fused_signals(self, x: torch.Tensor, uniforms: list[torch.Tensor], diagnostics: bool = False) -> tuple:

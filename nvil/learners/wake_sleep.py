@@ -17,8 +17,8 @@ import torch
 from torch import nn
 
 from nvil.accel import accelerate, accelerate_sampling, check_mode, compiled
-from nvil.learners.base import SurrogateLearner, build_optimizer, directed_groups, grad_norms
-from nvil.learners.fused import LayeredBernoulliGradients, covers, plain_sgd_rates
+from nvil.learners.base import SurrogateLearner, build_optimizer, directed_groups
+from nvil.learners.fused import LayeredBernoulliGradients, apply_update, covers, plain_sgd_rates
 
 
 class WakeSleep(SurrogateLearner):
@@ -58,12 +58,7 @@ class WakeSleep(SurrogateLearner):
         uniforms = self.fused.uniforms(x, self.generator)
         x_dream, h_dream = self.model.sample(int(self.sleep_batch or x.shape[0]), generator=self.generator)
         grads, metrics = self.fused_step(x, uniforms, x_dream, h_dream)
-        self.fused.apply(grads, rates)
-        if rates is None:
-            if diagnostics:
-                metrics.update(grad_norms(self.optimizer))
-            self.optimizer.step()
-        return metrics
+        return apply_update(grads, metrics, self.optimizer, rates, diagnostics)
 
     @torch.no_grad()
     def fused_step(self, x: torch.Tensor, uniforms: list[torch.Tensor], x_dream: torch.Tensor,
