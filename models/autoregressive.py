@@ -44,9 +44,15 @@ class AutoregressiveLinear(nn.Module):
 
     @torch.no_grad()
     def sample(self, base_logits: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        u = torch.rand(base_logits.shape, generator=generator, device=base_logits.device, dtype=base_logits.dtype)
+        return self.sample_given(base_logits, u)
+
+    @torch.no_grad()
+    def sample_given(self, base_logits: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        """The draw of ``sample`` for its uniforms ``u`` (one per unit): h_j = [u_j < sigmoid(a_j + sum_{k<j} W_jk h_k)],
+        j in index order."""
         w = self.masked_weight()
         logits = base_logits.detach().clone()
-        u = torch.rand(logits.shape, generator=generator, device=logits.device, dtype=logits.dtype)
         if native.wanted(self.sample_mode, logits.device):
             return native.autoregressive(logits, w.T.contiguous(), u)
         h = torch.zeros_like(logits)

@@ -31,8 +31,13 @@ class LayeredInference(nn.Module):
 
     @property
     def layered_bernoulli(self) -> bool:
-        """Every layer factorial Bernoulli with logits affine in the layer below (not autoregressive): the case
-        NVIL's hand-derived gradients cover (``nvil.learners.fused``)."""
+        """Every layer Bernoulli with logits affine in the layer below (and, autoregressive, in the layer's own
+        preceding units): the case NVIL's hand-derived gradients cover (``nvil.learners.fused``)."""
+        return True
+
+    @property
+    def factorial(self) -> bool:
+        """Every layer factorial (not autoregressive): one uniform per unit decides it, all units at once."""
         return self.within is None
 
     def centre(self, x: torch.Tensor) -> torch.Tensor:

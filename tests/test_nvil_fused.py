@@ -3,8 +3,8 @@
 In float64 on tiny SBNs of one to three layers, for every combination of the variance-reduction switches that changes
 the gradient: the same draws, the same gradients of every parameter (model, inference network, baselines), the same
 metrics, and after several updates the same parameters. A fused path with the baseline's sign flipped or sigmoid(a_q)
-dropped fails the same comparison. Models the path does not cover (fDARN, an autoregressive q, multinomial visibles)
-keep the autograd path and still train. On steps that log nothing, plain SGD's step is written by the GEMMs themselves
+dropped fails the same comparison; so do fDARN's autoregressive prior and an autoregressive q. Models the path does
+not cover (multinomial visibles) keep the autograd path and still train. On steps that log nothing, plain SGD's step is written by the GEMMs themselves
 and equals torch.optim.SGD's.
 """
 
@@ -165,17 +165,48 @@ def test_fdarn_autoregressive_prior_fused_equals_autograd(optimizer):
         assert_same_parameters(fast, slow, f"after step {t + 1} without logging")
 
 
-def test_an_unmasked_autoregressive_gradient_fails_the_comparison(monkeypatch):
-    """Power: the comparison catches the autoregressive weights' gradient left unmasked."""
-    fast, slow = pair(name="fdarn")
+@pytest.mark.parametrize("layers", [(4,), (4, 3)], ids=["one_layer", "two_layers"])
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_autoregressive_q_fused_equals_autograd(layers, optimizer):
+    """An autoregressive q (Table 2): the fused path draws each layer's units in index order with the uniforms of
+    ``inference.sample`` and sets the masked within-layer weights' gradients by hand; the same gradients and updates
+    as the autograd path, on logging steps and on plain SGD's steps written by the GEMMs."""
+    switches = ALL_ON if optimizer == "sgd" else dict(ALL_ON, constant_baseline=False)  # see the Adam test above
+    fast, slow = pair(layers, switches, optimizer=optimizer, autoregressive_q=True)
+    assert fast.fused is not None and not fast.fused.compilable
+    for x in batches(3):
+        assert_same_step(fast, slow, x)
+    for t, x in enumerate(batches(3)):
+        fast.step(x), slow.step(x)
+        assert_same_parameters(fast, slow, f"after step {t + 1} without logging")
+
+
+def test_autoregressive_q_under_compile_stays_eager_and_draws_in_c():
+    """trainer.accel=compile with an autoregressive q: the step is not compiled (its draws are sequential), the
+    draws run in C (auto), and the updates equal the eager fused path's."""
+    fast, _ = pair(autoregressive_q=True)
+    eager, _ = pair(autoregressive_q=True)
+    step = fast.fused_step
+    assert fast.accelerate("compile") is fast and fast.fused_step == step
+    assert all(w.sample_mode == "auto" for w in fast.inference.within)
+    for x in batches(3):
+        fast.step(x), eager.step(x)
+    assert_same_parameters(fast, eager)
+
+
+@pytest.mark.parametrize("name, autoregressive_q", [("fdarn", False), ("sbn", True)], ids=["fdarn_prior", "ar_q"])
+def test_an_unmasked_autoregressive_gradient_fails_the_comparison(name, autoregressive_q, monkeypatch):
+    """Power: the comparison catches the autoregressive weights' gradient (fDARN's prior, q's) left unmasked."""
+    fast, slow = pair(name=name, autoregressive_q=autoregressive_q)
     monkeypatch.setattr(fused, "_masked_grads",
                         lambda layer, d, v, scale, rates: fused._grad_buffer(layer.weight).copy_(scale * d.t() @ v))
     with pytest.raises(AssertionError):
         assert_same_step(fast, slow, batches(1)[0])
 
 
-def test_models_outside_the_fused_path_keep_autograd_and_train():
-    fast, _ = pair(autoregressive_q=True, dtype=torch.float32)
+def test_models_outside_the_fused_path_keep_autograd_and_train(monkeypatch):
+    monkeypatch.setattr("nvil.learners.nvil.covers", lambda model, inference: False)  # e.g. multinomial visibles
+    fast, _ = pair(dtype=torch.float32)
     assert fast.fused is None
     before = [p.detach().clone() for p in fast.model.parameters()]
     for x in batches(3, dtype=torch.float32):

@@ -63,11 +63,11 @@ def test_wake_phase_is_nvils_model_update():
         assert torch.allclose(got[k], p.grad, atol=1e-6), k
 
 
-def ws_pair(name: str = "sbn", optimizer: str = "sgd"):
+def ws_pair(name: str = "sbn", optimizer: str = "sgd", autoregressive_q: bool = False):
     """Two wake-sleep learners with identical parameters and generators, in float64: (fused path, autograd path)."""
     import copy
 
-    model, inference = tiny_model(layers=(4, 3), seed=5, q_scale=0.5, name=name)
+    model, inference = tiny_model(layers=(4, 3), seed=5, q_scale=0.5, name=name, autoregressive_q=autoregressive_q)
     cfg = OmegaConf.merge(make_cfg("train", ["learner=wake_sleep"]).learner, {"optimizer": optimizer, "lr": 0.05})
     fast = WakeSleep(model, inference, cfg, torch.device("cpu"), seed=3).double()
     if model.prior_ar is not None:
@@ -93,11 +93,13 @@ def assert_same_ws_step(fast: WakeSleep, slow: WakeSleep, x: torch.Tensor, diagn
         torch.testing.assert_close(p, q, rtol=1e-10, atol=1e-12, msg=f"{name} after the update")
 
 
-@pytest.mark.parametrize("name, optimizer", [("sbn", "sgd"), ("sbn", "adam"), ("fdarn", "sgd")])
-def test_fused_wake_sleep_takes_the_autograd_paths_updates(name, optimizer):
+@pytest.mark.parametrize("name, optimizer, autoregressive_q",
+                         [("sbn", "sgd", False), ("sbn", "adam", False), ("fdarn", "sgd", False), ("sbn", "sgd", True)])
+def test_fused_wake_sleep_takes_the_autograd_paths_updates(name, optimizer, autoregressive_q):
     """The hand-derived wake and sleep gradients (and plain SGD written by their GEMMs on steps that log nothing)
-    take the same updates as autograd through the surrogate, for an SBN and for fDARN's autoregressive prior."""
-    fast, slow = ws_pair(name, optimizer)
+    take the same updates as autograd through the surrogate, for an SBN, fDARN's autoregressive prior and an
+    autoregressive q."""
+    fast, slow = ws_pair(name, optimizer, autoregressive_q)
     assert fast.fused is not None
     for t, x in enumerate(ws_batches(4)):
         assert_same_ws_step(fast, slow, x, diagnostics=t % 2 == 0)

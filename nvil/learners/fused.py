@@ -3,7 +3,7 @@
 When every conditional of the model is a Bernoulli with logits affine in the layer above
 (``SBN.layered_bernoulli``: Bernoulli visibles; the prior factorial or, as fDARN's, autoregressive) and every layer
 of the inference network is a factorial Bernoulli
-(``LayeredInference.layered_bernoulli``: not autoregressive), the gradient of NVIL's surrogate loss L needs no
+(``LayeredInference.layered_bernoulli``: factorial or autoregressive), the gradient of NVIL's surrogate loss L needs no
 autograd graph. A Bernoulli layer with logits a = W v + b has d log p(value) / d a = value - sigmoid(a), so with
 N examples in the minibatch:
 
@@ -15,12 +15,16 @@ N examples in the minibatch:
 - inference layer i (v = h_{i-1}, the centred x for i = 1, value = h_i):
                                                        dL/da = a_i (sigmoid(a) - h_i) / N          (Eq. 6)
   where a_i = (l_i - b_i - c_i) / max(1, sqrt(v_i)) is layer i's learning signal (``baselines.learning_signal``);
+- an autoregressive inference layer (Table 2; logits a = W v + c + U h_i, U strictly lower-triangular), its
+  units drawn in index order by ``AutoregressiveLinear.sample_given``: dL/da as above, dL/dU = mask * (dL/da)' h_i
 - baseline b_psi(v) = w2' tanh(W1 v + b1) + b2 (Sec. 2.3.1), backpropagated from dL/db = -(l - c - b) / (scale N)
   (``baselines.baseline_loss_grad``);
 
 and for every affine layer dL/dW = (dL/da)' v and dL/db = sum over examples of dL/da. The forward pass draws h with
-the random numbers of ``LayeredInference.sample`` (u < sigmoid(a), one uniform per unit, layer by layer), so for
-one seed this path and the autograd path take the same updates to float rounding (tests/test_nvil_fused.py).
+the random numbers of ``LayeredInference.sample`` (u < sigmoid(a), one uniform per unit, layer by layer; the units of
+an autoregressive layer in index order), so for one seed this path and the autograd path take the same updates to
+float rounding (tests/test_nvil_fused.py). An autoregressive q's draws are sequential (in C with ``accel=auto`` on a
+CPU), so its step is not compiled (``compilable``).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from nvil.accel import accelerate, accelerate_sampling
 from nvil.learners.base import grad_norms
 from nvil.learners.baselines import LearningSignal, baseline_loss_grad
 from nvil.ops import bernoulli_log_prob, sigmoid_and_softplus_sum
@@ -79,10 +84,8 @@ class LayeredBernoulliGradients:
         the modules' parameters), so ``trainer.accel`` may compile it together with the backward pass."""
         inputs, hs, q_probs, log_q = [], [], [], []
         v = self.inference.centre(x)
-        for enc, u in zip(self.inference.encoders, uniforms):
-            logits = F.linear(v, enc.weight, enc.bias)
-            prob, softplus_sum = sigmoid_and_softplus_sum(logits)
-            h = (u < prob).to(prob.dtype)
+        for i, (enc, u) in enumerate(zip(self.inference.encoders, uniforms)):
+            h, logits, prob, softplus_sum = self._draw(i, F.linear(v, enc.weight, enc.bias), u)
             inputs.append(v), hs.append(h), q_probs.append(prob)
             log_q.append(torch.linalg.vecdot(h, logits) - softplus_sum)  # bernoulli_log_prob(logits, h)
             v = h
@@ -105,6 +108,26 @@ class LayeredBernoulliGradients:
             b.append(F.linear(hidden[-1], last.weight, last.bias).squeeze(-1))
         return Forward(inputs, hs, q_probs, p_probs, hidden, log_p, log_q, b or [torch.zeros_like(q) for q in log_q])
 
+    @property
+    def compilable(self) -> bool:
+        """Whether the forward pass is a function of tensors that ``torch.compile`` can trace in one graph: not with
+        an autoregressive q, whose units are drawn one after another (``AutoregressiveLinear.sample_given``)."""
+        return self.inference.factorial
+
+    def _draw(self, i: int, logits: torch.Tensor, u: torch.Tensor) -> tuple:
+        """Inference layer i's units h for uniforms u given the logits from the layer below: h = [u < sigmoid(a)]
+        (factorial), or drawn in index order with a = logits + U h (autoregressive). Returns (h, a, sigmoid(a),
+        sum softplus(a))."""
+        if self.inference.within is not None:
+            within = self.inference.within[i]
+            h = within.sample_given(logits, u)
+            logits = torch.addmm(logits, h, within.masked_weight().T)
+            prob, softplus_sum = sigmoid_and_softplus_sum(logits)
+        else:
+            prob, softplus_sum = sigmoid_and_softplus_sum(logits)
+            h = (u < prob).to(prob.dtype)
+        return h, logits, prob, softplus_sum
+
     @torch.no_grad()
     def output_grads(self, f: Forward, x: torch.Tensor, signals: list[LearningSignal]) -> list[tuple]:
         """dL/d(output) of every affine layer, as (layer, d_out [N, out], its input v [N, in], scale, dL/d bias), and
@@ -115,9 +138,9 @@ class LayeredBernoulliGradients:
         reductions are made here, so a compiled step fuses them with the d_out that they reduce."""
         out = self.model_grads(f, x)
         n = x.shape[0]
-        for enc, s, prob, h, v in zip(self.inference.encoders, signals, f.q_probs, f.hs, f.inputs):
+        for i, (enc, s, prob, h, v) in enumerate(zip(self.inference.encoders, signals, f.q_probs, f.hs, f.inputs)):
             d_a = (prob - h).mul_(s.a.unsqueeze(-1))
-            out.append((enc, d_a, v, 1 / n, d_a.mean(0)))
+            out += [(enc, d_a, v, 1 / n, d_a.mean(0))] + self._within_grads(i, d_a, h)
         for baseline, s, t, v in zip(self.baselines, signals, f.hidden, f.inputs):
             first, last = baseline.net[0], baseline.net[2]
             d_b = baseline_loss_grad(s).unsqueeze(-1)     # [N, 1], already divided by N
@@ -147,14 +170,23 @@ class LayeredBernoulliGradients:
         """Wake-sleep's sleep phase at dreamed (x, h) ~ p: the gradients of -mean log q(h | x), dL/da_i =
         (sigmoid(a_i) - h_i) / N for each inference layer, as ``output_grads``' entries; and log q(h | x) [N]."""
         out, log_q, v, n = [], 0.0, self.inference.centre(x), x.shape[0]
-        for enc, h in zip(self.inference.encoders, hs):
+        for i, (enc, h) in enumerate(zip(self.inference.encoders, hs)):
             logits = F.linear(v, enc.weight, enc.bias)
+            if self.inference.within is not None:
+                logits = torch.addmm(logits, h, self.inference.within[i].masked_weight().T)
             prob, softplus_sum = sigmoid_and_softplus_sum(logits)
             log_q = log_q + torch.linalg.vecdot(h, logits) - softplus_sum
             d_a = prob - h
-            out.append((enc, d_a, v, 1 / n, d_a.mean(0)))
+            out += [(enc, d_a, v, 1 / n, d_a.mean(0))] + self._within_grads(i, d_a, h)
             v = h
         return out, log_q
+
+    def _within_grads(self, i: int, d_a: torch.Tensor, h: torch.Tensor) -> list[tuple]:
+        """An autoregressive inference layer's masked weights as an ``output_grads`` entry (dL/dU = mask * d_a' h / N);
+        none for a factorial layer."""
+        if self.inference.within is None:
+            return []
+        return [(self.inference.within[i], d_a, h, 1 / h.shape[0], None)]
 
     @staticmethod
     @torch.no_grad()
@@ -169,6 +201,16 @@ class LayeredBernoulliGradients:
                 _masked_grads(layer, d_out, v, scale, rates)
             else:
                 _affine_grads(layer, d_out, v, scale, d_bias, rates)
+
+
+def compile_fused(step, fused: LayeredBernoulliGradients, mode: str, device) -> object:
+    """``trainer.accel=compile`` for a learner's fused step: ``step`` compiled where the forward pass is one graph
+    (``fused.compilable``); with an autoregressive q the step stays eager and the sequential draws run in C where the
+    kernels build (``auto``; eager on CUDA). The autoregressive layers of the model and q take the mode either way."""
+    if fused.compilable:
+        step = accelerate(step, mode, device, "trainer.accel", fixed_modules=True)
+    accelerate_sampling(mode if fused.compilable else "auto", fused.model, fused.inference)
+    return step
 
 
 def apply_update(grads: list[tuple], metrics: dict, optimizer: torch.optim.Optimizer, rates: dict | None,

@@ -21,12 +21,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from nvil.accel import accelerate, check_mode, compiled
+from nvil.accel import check_mode, compiled
 from nvil.learners.base import SurrogateLearner, build_optimizer, directed_groups
 from nvil.learners.baselines import (InputDependentBaseline, LearningSignal, SignalFlags, baseline_loss,
                                      layerwise_signals, learning_signal, signal_metrics)
 from nvil.learners.diagnostics import GradientDiagnostics, ascent
-from nvil.learners.fused import LayeredBernoulliGradients, apply_update, covers, plain_sgd_rates
+from nvil.learners.fused import LayeredBernoulliGradients, apply_update, compile_fused, covers, plain_sgd_rates
 from nvil.ops import RunningMoments
 
 
@@ -133,7 +133,7 @@ class NVIL(GradientDiagnostics, SurrogateLearner):
         """``trainer.accel=compile`` compiles the hand-derived step (``fused_step``) where it applies, else the
         ``surrogate`` of the autograd path."""
         if compiled(check_mode(mode, device, "trainer.accel")) and self.fused is not None:
-            self.fused_step = accelerate(self.fused_step, mode, device, "trainer.accel", fixed_modules=True)
+            self.fused_step = compile_fused(self.fused_step, self.fused, mode, device)
             return self
         return super().accelerate(mode, device)
 

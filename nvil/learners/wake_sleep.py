@@ -16,9 +16,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from nvil.accel import accelerate, accelerate_sampling, check_mode, compiled
+from nvil.accel import check_mode, compiled
 from nvil.learners.base import SurrogateLearner, build_optimizer, directed_groups
-from nvil.learners.fused import LayeredBernoulliGradients, apply_update, covers, plain_sgd_rates
+from nvil.learners.fused import LayeredBernoulliGradients, apply_update, compile_fused, covers, plain_sgd_rates
 
 
 class WakeSleep(SurrogateLearner):
@@ -76,8 +76,7 @@ class WakeSleep(SurrogateLearner):
         """``trainer.accel=compile`` compiles the hand-derived step where it applies, else the surrogate; the
         autoregressive layers (fDARN's prior, which the dream samples) take the mode either way."""
         if compiled(check_mode(mode, device, "trainer.accel")) and self.fused is not None:
-            self.fused_step = accelerate(self.fused_step, mode, device, "trainer.accel", fixed_modules=True)
-            accelerate_sampling(mode, self.model, self.inference)
+            self.fused_step = compile_fused(self.fused_step, self.fused, mode, device)
             return self
         return super().accelerate(mode, device)
 

@@ -39,7 +39,7 @@ class DiscreteLearner(GradientDiagnostics, SurrogateLearner):
                  control_variate: nn.Module | None = None) -> None:
         super().__init__()
         self.model, self.inference, self.cfg = model, inference, cfg
-        if self.needs_bernoulli_q and not inference.layered_bernoulli:
+        if self.needs_bernoulli_q and not inference.factorial:
             raise ConfigError(f"learner={cfg.name} needs factorial Bernoulli inference layers "
                               "(model.inference.autoregressive=false)")
         self.control_variate = control_variate
