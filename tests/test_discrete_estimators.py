@@ -129,11 +129,16 @@ def perturbed(lrn):
     with torch.no_grad():
         cv.eta.fill_(0.7)
         cv.log_temperature.fill_(math.log(0.4))
-        if cv.net is not None:
-            g = torch.Generator().manual_seed(3)
-            for p in cv.net.parameters():
-                p.copy_(torch.randn(p.shape, generator=g))
+        g = torch.Generator().manual_seed(3)
+        for net in cv.networks():
+            for p in net.parameters():
+                p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(p.shape[-1]))
     return lrn
+
+
+# The RELAX authors' code (duvenaud/relax): one r_rho per layer on (x - mean, z_i, 2 b_<i - 1), two ReLU layers,
+# weight decay, and the logit-space variance objective.
+AUTHORS = dict(cv_inputs="x_z", cv_depth=2, cv_activation="relu", cv_weight_decay=0.01, cv_objective="logits")
 
 
 def fitted_nvil(cls=NVIL):
@@ -153,6 +158,8 @@ CASES = {  # name: (make the estimator, make its broken variant)
     "disarm": (lambda: learner("disarm"), lambda: learner("disarm", cls=SignedDisARM)),
     "rebar": (lambda: perturbed(learner("rebar")), lambda: perturbed(learner("rebar", cls=UncorrectedREBAR))),
     "relax": (lambda: perturbed(learner("relax")), lambda: perturbed(learner("relax", cls=UncorrectedRELAX))),
+    "relax_authors": (lambda: perturbed(learner("relax", **AUTHORS)),
+                      lambda: perturbed(learner("relax", cls=UncorrectedRELAX, **AUTHORS))),
 }
 
 
@@ -186,9 +193,11 @@ def test_gumbel_straight_through_bias_is_detected():
 
 
 def parameter_space_variance(lrn, x: torch.Tensor) -> tuple[torch.Tensor, dict, dict]:
-    """REBAR / RELAX's variance term by its definition, sum over every inference parameter of g_phi^2 with g_phi of
-    RELAX Eq. 5 taken by autograd with respect to the weights (create_graph), on the uniforms ``lrn.estimate`` draws
-    next: (variance, its gradient in the control variate's parameters, g_phi)."""
+    """REBAR / RELAX's variance term by its definition, on the uniforms ``lrn.estimate`` draws next: with
+    ``cv_objective=parameters`` the sum over every inference parameter of g_phi^2, g_phi of RELAX Eq. 5 taken by
+    autograd with respect to the weights (create_graph); with ``logits`` the mean square of the same estimate taken
+    with respect to each layer's logits. Returns (variance, the gradient of variance + weight decay in the control
+    variate's parameters, g_phi)."""
     inf, n = lrn.inference, x.shape[0]
     sizes = [enc.out_features for enc in inf.encoders]
     us = [lrn.open_rand((n, k), x) for k in sizes]
@@ -209,16 +218,25 @@ def parameter_space_variance(lrn, x: torch.Tensor) -> tuple[torch.Tensor, dict, 
         g = torch.autograd.grad((log_q[i], (c_z - c_zt).mean()), list(phi_i.values()),
                                 grad_outputs=((f - c_zt) / n, torch.ones((), dtype=x.dtype)), create_graph=True)
         g_phi.update(zip(phi_i, g))
-        var = var + sum(t.pow(2).sum() for t in g)
+        if lrn.objective == "logits":
+            # layer i's logits enter as alpha (z, z~) and as the recomputed logits[-1] (log q inside f's relaxation)
+            g_alpha = torch.autograd.grad((log_q[i], (c_z - c_zt).mean()), [alpha, logits[-1]], create_graph=True,
+                                          grad_outputs=((f - c_zt) / n, torch.ones((), dtype=x.dtype)))
+            var = var + (g_alpha[0] + g_alpha[1]).pow(2).mean()
+        else:
+            var = var + sum(t.pow(2).sum() for t in g)
     cv = dict(lrn.control_variate.named_parameters())
-    return var, dict(zip(cv, torch.autograd.grad(var, list(cv.values())))), g_phi
+    decay = sum(p.pow(2).sum() for k, p in cv.items() if k.startswith("net"))
+    return var, dict(zip(cv, torch.autograd.grad(var + 0.5 * lrn.weight_decay * decay, list(cv.values())))), g_phi
 
 
-@pytest.mark.parametrize("name", ["rebar", "relax"])
-def test_control_variate_gradient_matches_the_parameter_space_form(name):
-    """``estimate`` forms g_phi per example in logit space and the variance sum(g_phi^2) as a Gram form; both must
-    equal the definition (autograd with respect to the weights), in float64, with the same uniforms."""
-    lrn = perturbed(learner(name))
+@pytest.mark.parametrize("name, overrides", [("rebar", {}), ("relax", {}), ("rebar", dict(cv_objective="logits")),
+                                             ("relax", AUTHORS)], ids=["rebar", "relax", "rebar_logits", "relax_authors"])
+def test_control_variate_gradient_matches_the_parameter_space_form(name, overrides):
+    """``estimate`` forms g_phi per example in logit space and the variance sum(g_phi^2) as a Gram form (or, the
+    authors' objective, the mean square per logit); both must equal the definition (autograd with respect to the
+    weights or the logits), in float64, with the same uniforms, weight decay on r_rho included."""
+    lrn = perturbed(learner(name, **overrides))
     for m in (lrn.model, lrn.inference, lrn.control_variate):
         m.double()
     x = X.double().repeat(3, 1)
@@ -227,7 +245,7 @@ def test_control_variate_gradient_matches_the_parameter_space_form(name):
     lrn.generator.set_state(state)
     var, want, g_phi = parameter_space_variance(lrn, x)
     assert torch.allclose(metrics["rebar/grad_square"], var.detach(), rtol=1e-10)
-    assert set(cv_grads) == set(want) and all(want[k].abs().max() > 1e-3 for k in ("eta", "log_temperature"))
+    assert set(cv_grads) == set(want) and all(want[k].abs().max() > 1e-5 for k in ("eta", "log_temperature"))
     for k, g in want.items():
         assert torch.allclose(cv_grads[k], g, rtol=1e-9, atol=1e-12), k
     for k, g in g_phi.items():
@@ -280,6 +298,10 @@ def test_diagnostics_leave_the_training_stream_alone():
     (["learner=gumbel_st", "learner.temperature=0"], "learner.temperature"),
     (["learner=rebar", "learner.temperature=-1"], "learner.temperature"),
     (["learner=relax", "learner.cv_hidden=0"], "learner.cv_hidden"),
+    (["learner=relax", "learner.cv_inputs=z"], "learner.cv_inputs must be one of"),
+    (["learner=rebar", "learner.cv_objective=variance"], "learner.cv_objective must be one of"),
+    (["learner=relax", "learner.cv_weight_decay=-1"], "learner.cv_weight_decay"),
+    (["learner=rebar", "learner.beta2=1.5"], "learner.beta2 must be in"),
     (["trainer.grad_diag_repeats=1"], "trainer.grad_diag_repeats must be at least 2"),
 ])
 def test_bad_settings_are_one_line_errors(tmp_path, synthetic_overrides, override, message):

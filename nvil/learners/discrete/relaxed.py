@@ -36,6 +36,7 @@ from torch import nn
 
 from nvil.accel import check_mode
 from nvil.config import positive_float, positive_int
+from nvil.errors import ConfigError
 from nvil.learners.base import grad_norms
 from nvil.learners.discrete.common import DiscreteLearner
 from nvil.ops import bernoulli_log_prob
@@ -49,19 +50,45 @@ def conditional_logistic(alpha: torch.Tensor, b: torch.Tensor, v: torch.Tensor) 
     return torch.where(b > 0, on, off)
 
 
-class ControlVariate(nn.Module):
-    """eta, the temperature lambda (as its log) and, for RELAX, r_rho: one hidden layer of tanh units on the
-    relaxed sample, its output layer started at zero (so RELAX starts as REBAR)."""
+CV_INPUTS = ("relaxed", "x_z")
+CV_ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU}
+CV_OBJECTIVES = ("parameters", "logits")
 
-    def __init__(self, eta: float, temperature: float, n_latent: int, hidden: int | None) -> None:
+
+def mlp(n_in: int, hidden: int, depth: int, activation: str) -> nn.Sequential:
+    """``depth`` hidden layers of ``hidden`` units, then one output, the output layer started at zero (so RELAX
+    starts as REBAR)."""
+    layers, width = [], n_in
+    for _ in range(depth):
+        layers += [nn.Linear(width, hidden), CV_ACTIVATIONS[activation]()]
+        width = hidden
+    layers.append(nn.Linear(width, 1))
+    nn.init.zeros_(layers[-1].weight)
+    nn.init.zeros_(layers[-1].bias)
+    return nn.Sequential(*layers)
+
+
+class ControlVariate(nn.Module):
+    """eta, the temperature lambda (as its log) and, for RELAX, r_rho (``hidden`` units per layer, ``depth`` layers),
+    either one net on every layer's relaxed (or, below the relaxed one, hard) units (``inputs="relaxed"``), or, as in
+    the RELAX authors' code, one net per latent layer i on (x - mean, z_i, 2 b_<i - 1): the centred input, layer i's
+    logistic sample before the sigmoid, and the hard layers below (``inputs="x_z"``)."""
+
+    def __init__(self, eta: float, temperature: float, sizes: list[int], hidden: int | None, n_visible: int = 0,
+                 inputs: str = "relaxed", depth: int = 1, activation: str = "tanh") -> None:
         super().__init__()
         self.eta = nn.Parameter(torch.tensor(float(eta)))
         self.log_temperature = nn.Parameter(torch.tensor(math.log(float(temperature))))
-        self.net = None
-        if hidden:
-            self.net = nn.Sequential(nn.Linear(n_latent, int(hidden)), nn.Tanh(), nn.Linear(int(hidden), 1))
-            nn.init.zeros_(self.net[2].weight)
-            nn.init.zeros_(self.net[2].bias)
+        self.net, self.nets = None, None
+        if hidden and inputs == "relaxed":
+            self.net = mlp(sum(sizes), int(hidden), depth, activation)
+        elif hidden:
+            self.nets = nn.ModuleList(mlp(n_visible + sum(sizes[:i + 1]), int(hidden), depth, activation)
+                                      for i in range(len(sizes)))
+
+    def networks(self) -> list[nn.Module]:
+        """r_rho's networks (none for REBAR)."""
+        return [self.net] if self.net is not None else list(self.nets or [])
 
 
 class REBAR(DiscreteLearner):
@@ -71,8 +98,19 @@ class REBAR(DiscreteLearner):
 
     def __init__(self, model, inference, cfg, device, seed) -> None:
         hidden = positive_int(cfg.get("cv_hidden"), "learner.cv_hidden") if self.neural else None
-        cv = ControlVariate(float(cfg.eta), positive_float(cfg.get("temperature"), "learner.temperature"),
-                            model.n_latent, hidden)
+        inputs, activation = cfg.get("cv_inputs", "relaxed"), cfg.get("cv_activation", "tanh")
+        self.objective = cfg.get("cv_objective", "parameters")
+        for key, value, allowed in (("cv_inputs", inputs, CV_INPUTS), ("cv_activation", activation, CV_ACTIVATIONS),
+                                    ("cv_objective", self.objective, CV_OBJECTIVES)):
+            if value not in allowed:
+                raise ConfigError(f"learner.{key} must be one of {list(allowed)}, got {value!r}")
+        self.weight_decay = float(cfg.get("cv_weight_decay", 0.0))
+        if not self.weight_decay >= 0:
+            raise ConfigError(f"learner.cv_weight_decay must be >= 0, got {self.weight_decay}")
+        sizes = [enc.out_features for enc in inference.encoders]
+        cv = ControlVariate(float(cfg.eta), positive_float(cfg.get("temperature"), "learner.temperature"), sizes,
+                            hidden, model.n_visible, inputs,
+                            positive_int(cfg.get("cv_depth", 1), "learner.cv_depth") if self.neural else 1, activation)
         super().__init__(model, inference, cfg, device, seed, control_variate=cv)
         self.evaluations_per_example = 1 + 2 * len(inference.encoders)  # f(b); the relaxed f at z_i and z~_i
 
@@ -96,8 +134,10 @@ class REBAR(DiscreteLearner):
             soft.append(torch.sigmoid((logits[-1] + torch.logit(u)) / temperature))
         out = cv.eta * self.relaxed_f(x, soft, logits)
         if cv.net is not None:
-            lead = torch.broadcast_shapes(*(h.shape[:-1] for h in soft))
-            out = out + cv.net(torch.cat([h.expand(*lead, h.shape[-1]) for h in soft], -1)).squeeze(-1)
+            out = out + cv.net(_cat_broadcast(soft)).squeeze(-1)
+        elif cv.nets is not None:  # the authors' r_rho for layer i: (x - mean, z_i, 2 b_<i - 1)
+            parts = [self.inference.centre(x), z] + [2 * b - 1 for b in below]
+            out = out + cv.nets[len(below)](_cat_broadcast(parts)).squeeze(-1)
         return out
 
     def correction(self, c_z: torch.Tensor, c_zt: torch.Tensor) -> torch.Tensor:
@@ -132,12 +172,13 @@ class REBAR(DiscreteLearner):
             phi.update(phi_i)
             g_phi += torch.autograd.grad(alphas[i], list(phi_i.values()), grad_outputs=d_alpha.detach())
             if tune:
-                gram = inputs[i] @ inputs[i].T + (inf.encoders[i].bias is not None)
-                var = var + ((d_alpha @ d_alpha.T) * gram).sum()
+                var = var + self.variance_term(d_alpha, inputs[i], inf.encoders[i].bias is not None)
         cv_grads = {}
         if tune:
             cv_params = dict(self.control_variate.named_parameters())
-            grads = torch.autograd.grad(var, list(cv_params.values()), allow_unused=True)
+            decay = sum(p.pow(2).sum() for net in self.control_variate.networks() for p in net.parameters())
+            grads = torch.autograd.grad(var + 0.5 * self.weight_decay * decay, list(cv_params.values()),
+                                        allow_unused=True)
             cv_grads = {k: g for k, g in zip(cv_params, grads)}
         theta = dict(self.model.named_parameters(prefix="model"))
         g_theta = torch.autograd.grad(log_p.mean(), list(theta.values()), allow_unused=True)
@@ -150,6 +191,16 @@ class REBAR(DiscreteLearner):
                             "rebar/temperature": self.control_variate.log_temperature.detach().exp(),
                             "rebar/grad_square": var.detach()})
         return ascent, cv_grads, metrics
+
+    def variance_term(self, d_alpha: torch.Tensor, v: torch.Tensor, bias: bool) -> torch.Tensor:
+        """Layer i's part of what the control variate descends, from D_i = ``d_alpha`` [N, units] and the layer's
+        input v [N, in]: ``cv_objective=parameters``, sum(g_W^2) + sum(g_c^2) = sum_nm (D D')_nm (v_n . v_m + 1) (the
+        second moment of the weights' estimate; its mean does not depend on the control variate); ``logits``, the
+        RELAX authors' code, the mean of D_i^2 over examples and units (the same argument per logit)."""
+        if self.objective == "logits":
+            return d_alpha.pow(2).mean()
+        gram = v @ v.T + bias
+        return ((d_alpha @ d_alpha.T) * gram).sum()
 
     def gradient_estimate(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         return self.estimate(x, tune=False)[0]
@@ -173,6 +224,12 @@ class REBAR(DiscreteLearner):
         """Nothing to compile here: the double backward runs eagerly in every mode (``trainer.accel`` is checked)."""
         check_mode(mode, device, "trainer.accel")
         return self
+
+
+def _cat_broadcast(parts: list[torch.Tensor]) -> torch.Tensor:
+    """``parts`` concatenated along the last dimension, their leading dimensions broadcast (z and z~ stacked)."""
+    lead = torch.broadcast_shapes(*(t.shape[:-1] for t in parts))
+    return torch.cat([t.expand(*lead, t.shape[-1]) for t in parts], -1)
 
 
 class RELAX(REBAR):
