@@ -121,7 +121,7 @@ class LayeredBernoulliGradients:
         if self.inference.within is not None:
             within = self.inference.within[i]
             h = within.sample_given(logits, u)
-            logits = torch.addmm(logits, h, within.masked_weight().T)
+            logits = within.logits(logits, h)
             prob, softplus_sum = sigmoid_and_softplus_sum(logits)
         else:
             prob, softplus_sum = sigmoid_and_softplus_sum(logits)
@@ -173,7 +173,7 @@ class LayeredBernoulliGradients:
         for i, (enc, h) in enumerate(zip(self.inference.encoders, hs)):
             logits = F.linear(v, enc.weight, enc.bias)
             if self.inference.within is not None:
-                logits = torch.addmm(logits, h, self.inference.within[i].masked_weight().T)
+                logits = self.inference.within[i].logits(logits, h)
             prob, softplus_sum = sigmoid_and_softplus_sum(logits)
             log_q = log_q + torch.linalg.vecdot(h, logits) - softplus_sum
             d_a = prob - h
