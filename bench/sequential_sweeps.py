@@ -14,7 +14,16 @@ Rows (fixed seeds, random parameters of realistic scale):
   particles, minibatch 100, k = 1: the sweep, the hidden units, the labels, the gradient);
 - ``sbn200_50``, ``sbn200_500``: one ``SequentialGibbs`` sweep over the 200 latents of an SBN-200 given 784
   binary pixels (one softplus factor of K = 784), 50 and 500 chains (Chib, per-example AIS);
-- ``dbn_500``: one sweep over h1 of a DBN 784-500-2000 (factors of K = 784 and 2,000), 500 chains.
+- ``dbn_500``: one sweep over h1 of a DBN 784-500-2000 (factors of K = 784 and 2,000), 500 chains;
+  ``dbn_500_ais``: one temperature of per-example AIS over the same h1 (``estimators.ais.PosteriorPath``: the sweep
+  at f_beta = Q^(1 - beta) P*^beta, a factorial Q, then log Q and log P* of the new states).
+
+``--device cuda`` runs the SBN and DBN rows on the GPU (synchronised around each call); there ``--accel auto`` is the
+Triton whole-sweep kernel (``nvil.native.triton_sweep``) and ``--baseline-accel none`` times the eager sweep of the
+same tree as the "before" column:
+
+    python bench/sequential_sweeps.py --device cuda --rows sbn200_500,dbn_500,dbn_500_ais --accel auto \
+        --baseline-accel none --threads 4
 
 Each measurement is a fresh process (``--worker``) pinned to ``--threads`` threads; the two code trees are timed in
 alternation, ``--rounds`` times, and each gets the median of its rounds, so a shared machine slows them alike.
@@ -33,27 +42,29 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-ROWS = ("pixel_100", "pixel_100_sparse", "sap_srbm500", "sbn200_50", "sbn200_500", "dbn_500")
+ROWS = ("pixel_100", "pixel_100_sparse", "sap_srbm500", "sbn200_50", "sbn200_500", "dbn_500", "dbn_500_ais")
 
 
 # ---- one measurement, in a worker process that imports the tree under test -----------------------------
-def density(torch, builder, chains: int, sizes: list[int], gen):
+def density(torch, builder, chains: int, sizes: list[int], gen, device="cpu"):
     """log P(v, h1) of an SBN (``sizes`` = [784, H]) or of a DBN 784-H-top with the top RBM summed out."""
-    x = (torch.rand(chains, 784, generator=gen) < 0.13).float()
+    on = lambda t: t.to(device)  # noqa: E731 - drawn on the CPU generator, the same numbers on every device
+    x = on((torch.rand(chains, 784, generator=gen) < 0.13).float())
     hidden = sizes[1]
     d = builder(hidden, chains, x)
-    d.bernoulli(x, torch.randn(784, generator=gen), [(slice(0, hidden), 0.1 * torch.randn(784, hidden, generator=gen))])
+    d.bernoulli(x, on(torch.randn(784, generator=gen)),
+                [(slice(0, hidden), on(0.1 * torch.randn(784, hidden, generator=gen)))])
     if len(sizes) == 2:
-        d.bernoulli(slice(0, hidden), torch.randn(hidden, generator=gen))
+        d.bernoulli(slice(0, hidden), on(torch.randn(hidden, generator=gen)))
     else:
-        d.linear(slice(0, hidden), 0.1 * torch.randn(hidden, generator=gen))
-        d.softplus_factor(slice(0, hidden), 0.1 * torch.randn(hidden, sizes[2], generator=gen),
-                          0.1 * torch.randn(sizes[2], generator=gen), 1.0)
+        d.linear(slice(0, hidden), on(0.1 * torch.randn(hidden, generator=gen)))
+        d.softplus_factor(slice(0, hidden), on(0.1 * torch.randn(hidden, sizes[2], generator=gen)),
+                          on(0.1 * torch.randn(sizes[2], generator=gen)), 1.0)
     return d.build()
 
 
-def make_call(row: str, accel: str):
-    """A zero-argument callable that runs the row once."""
+def make_call(row: str, accel: str, device: str = "cpu"):
+    """A zero-argument callable that runs the row once (on ``device``: the SBN and DBN rows)."""
     import torch
     from omegaconf import OmegaConf
 
@@ -87,12 +98,29 @@ def make_call(row: str, accel: str):
     chains = int(row.split("_")[1])
     sizes = [784, 200] if row.startswith("sbn") else [784, 500, 2000]
     kw = {} if accel == "none" else {"accel": accel}
-    gibbs = SequentialGibbs([(1.0, density(torch, DensityBuilder, chains, sizes, gen))], **kw)
-    h = (torch.rand(chains, sizes[1], generator=gen) < 0.3).float()
+    joint = density(torch, DensityBuilder, chains, sizes, gen, device)
+    h = (torch.rand(chains, sizes[1], generator=gen) < 0.3).float().to(device)
+    sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
+    gen = torch.Generator(device).manual_seed(1)
+    if row.endswith("_ais"):
+        from estimators.ais import PosteriorPath
+
+        q = DensityBuilder(sizes[1], chains, joint.u[:, :0])
+        q.bernoulli(slice(0, sizes[1]), torch.randn(sizes[1]).to(device))
+        path = PosteriorPath(joint, q.build(), **kw)
+        state = {"s": path.state(h)}
+
+        def temperature():
+            state["s"] = path.transition(state["s"], 0.5, generator=gen)
+            sync()
+
+        return temperature
+    gibbs = SequentialGibbs([(1.0, joint)], **kw)
     state = {"h": h}
 
     def sweep():
         state["h"] = gibbs.sweep(state["h"], generator=gen)[0]
+        sync()
 
     return sweep
 
@@ -107,7 +135,7 @@ def worker(args) -> None:
     assert Path(nvil.__file__).resolve().is_relative_to(tree), f"nvil imported from {nvil.__file__}, not {tree}"
 
     torch.set_num_threads(int(args.threads))
-    call = make_call(args.row, args.accel)
+    call = make_call(args.row, args.accel, args.device)
     call()  # warm-up (and compilation)
     wall, cpu, start = [], [], time.perf_counter()
     while len(wall) < args.calls and (len(wall) < 2 or time.perf_counter() - start < args.budget):
@@ -121,7 +149,8 @@ def worker(args) -> None:
 # ---- the driver ------------------------------------------------------------------------------------------
 def measure(tree: Path, row: str, threads: int, args, accel: str) -> dict:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", str(tree), "--row", row, "--threads",
-           str(threads), "--calls", str(args.calls), "--budget", str(args.budget), "--accel", accel]
+           str(threads), "--calls", str(args.calls), "--budget", str(args.budget), "--accel", accel,
+           "--device", args.device]
     out = subprocess.run(cmd, capture_output=True, text=True, cwd=str(tree), timeout=3600)
     if out.returncode:
         raise RuntimeError(f"{row} in {tree} failed:\n{out.stderr[-2000:]}")
@@ -138,6 +167,9 @@ def main() -> None:
     p.add_argument("--budget", type=float, default=20.0, help="seconds per measurement before it stops early")
     p.add_argument("--accel", default="none",
                    help="none | compile | native: the sweeps of this tree (the --before tree runs its eager default)")
+    p.add_argument("--baseline-accel", default=None,
+                   help="without --before: time this tree at this accel as the before column (e.g. none)")
+    p.add_argument("--device", default="cpu", help="cpu | cuda (the SBN and DBN rows)")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     p.add_argument("--row", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -149,8 +181,8 @@ def main() -> None:
         for threads in (int(t) for t in args.threads.split(",")):
             after, before = [], []
             for _ in range(args.rounds):
-                if args.before:
-                    before.append(measure(Path(args.before), row, threads, args, "none"))
+                if args.before or args.baseline_accel:
+                    before.append(measure(Path(args.before or ROOT), row, threads, args, args.baseline_accel or "none"))
                 after.append(measure(ROOT, row, threads, args, args.accel))
             a, b = ({key: statistics.median(m[key] for m in runs) if runs else float("nan") for key in ("ms", "cpu_ms")}
                     for runs in (after, before))

@@ -34,6 +34,7 @@ import torch.nn.functional as F
 
 from models.binary_density import BinaryDensity
 from nvil import native
+from nvil.native import triton_sweep
 from nvil.accel import accelerate
 from nvil.mcmc.base import untempered
 
@@ -98,11 +99,13 @@ def move_rows(flipped: torch.Tensor, p: torch.Tensor, s: torch.Tensor, p_e: torc
 _UNIT_UPDATE = {"none": unit_update}
 
 
-def native_sweep(fields: list["_Fields"], h: torch.Tensor, reverse, picks, mode: str, beta) -> torch.Tensor | None:
-    """The sweep of ``SequentialGibbs.sweep`` as one call of ``nvil.native``: the terms' quadratic fields summed
-    (r = sum_t scale_t (u_t + J_t h), J = sum_t scale_t J_t), every active softplus factor with coef = scale_t
-    sign_f. Updates h in place and returns the per-unit logits; None where a flip table is kept in a wider dtype
-    than h (|M| too large for it), or with no terms, which the eager sweep handles."""
+def native_sweep(fields: list["_Fields"], h: torch.Tensor, reverse, picks, mode: str, beta,
+                 kernel=native.sequential_sweep) -> torch.Tensor | None:
+    """The sweep of ``SequentialGibbs.sweep`` as one call of a whole-sweep kernel (``nvil.native``'s C on the CPU,
+    ``nvil.native.triton_sweep`` on CUDA): the terms' quadratic fields summed (r = sum_t scale_t (u_t + J_t h),
+    J = sum_t scale_t J_t), every active softplus factor with coef = scale_t sign_f. Updates h in place and returns
+    the per-unit logits; None where a flip table is kept in a wider dtype than h (|M| too large for it), with no
+    terms, or where the kernel declines (returns False), all of which the eager sweep handles."""
     if not fields:
         return None
     factors = []
@@ -118,14 +121,13 @@ def native_sweep(fields: list["_Fields"], h: torch.Tensor, reverse, picks, mode:
     if torch.is_tensor(reverse):
         reverse = reverse.to(torch.uint8).expand(chains).contiguous()
     else:
-        reverse = torch.full((chains,), int(bool(reverse)), dtype=torch.uint8)
+        reverse = torch.full((chains,), int(bool(reverse)), dtype=torch.uint8, device=h.device)
     if beta is not None:
         beta = beta.to(h.dtype).expand(chains).contiguous()
     logits = torch.empty_like(h)
-    native.sequential_sweep(h, r, mode=mode, picks=None if picks is None else picks.to(h.dtype).contiguous(),
-                            beta=beta, reverse=reverse, logits=logits, J=sum(Js).contiguous() if Js else None,
-                            factors=factors)
-    return logits
+    done = kernel(h, r, mode=mode, picks=None if picks is None else picks.to(h.dtype).contiguous(), beta=beta,
+                  reverse=reverse, logits=logits, J=sum(Js).contiguous() if Js else None, factors=factors)
+    return None if done is False else logits
 
 
 class _Fields:
@@ -188,8 +190,10 @@ class SequentialGibbs:
         picks = force if force is not None else None if argmax else torch.rand(
             h.shape, generator=generator, device=h.device, dtype=h.dtype)
         beta = None if untempered(beta) else torch.as_tensor(beta, dtype=h.dtype, device=h.device)
-        if native.wanted(self.accel, h.device):
-            logits = native_sweep(fields, h, reverse, picks, mode, beta)
+        kernel = triton_sweep.sequential_sweep if triton_sweep.wanted(self.accel, h.device) else (
+            native.sequential_sweep if native.wanted(self.accel, h.device) else None)
+        if kernel is not None:
+            logits = native_sweep(fields, h, reverse, picks, mode, beta, kernel)
             if logits is not None:
                 return h, F.logsigmoid(torch.where(h > 0, logits, -logits)).sum(-1)
         coefs = {}  # per set of active factors: scale_t * sign_f, one tensor (no recompilation as scales change)
