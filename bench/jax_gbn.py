@@ -23,7 +23,7 @@ import numpy as np
 
 LOG_2PI = math.log(2 * math.pi)
 NONLINEARITIES = {"tanh": jnp.tanh, "sigmoid": jax.nn.sigmoid, "hard_tanh": lambda a: jnp.clip(a, -1.0, 1.0),
-                  "identity": lambda a: a}
+                  "hard_sigmoid": lambda a: jnp.clip(a / 6 + 0.5, 0.0, 1.0), "identity": lambda a: a}
 
 
 class Spec(NamedTuple):

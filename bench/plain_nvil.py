@@ -73,7 +73,7 @@ class PlainNVIL:
         groups = [{"params": p.parameters(), "lr": lr}, {"params": q.parameters(), "lr": lr * inference_scale},
                   {"params": baseline.parameters(), "lr": lr * baseline_scale}]
         self.optimizer = torch.optim.SGD(groups, lr=lr) if optimizer == "sgd" else torch.optim.Adam(groups, lr=lr)
-        self.generator = torch.Generator().manual_seed(seed)
+        self.generator = torch.Generator(next(p.parameters()).device).manual_seed(seed)
         self.c, self.v = None, None
 
     def step(self, x: torch.Tensor) -> torch.Tensor:

@@ -67,19 +67,23 @@ class Differentiable(Protocol):
 
 
 class Autograd:
-    """Any log density as a ``Differentiable``: its gradient by autograd (the general fallback)."""
+    """Any log density as a ``Differentiable``: its gradient by autograd (the general fallback). ``keep_grads``:
+    return a copy of each gradient (under ``accel=cudagraphs`` the backward pass is replayed from a CUDA graph
+    too, and its output lives in memory that the next replay overwrites, while HMC keeps the last gradient)."""
 
-    def __init__(self, log_density: LogDensity) -> None:
+    def __init__(self, log_density: LogDensity, keep_grads: bool = False) -> None:
         self.log_density = log_density
+        self.keep_grads = keep_grads
 
     def __call__(self, q: torch.Tensor) -> torch.Tensor:
         return self.log_density(q)
 
     def grad(self, q: torch.Tensor) -> torch.Tensor:
-        return value_and_grad(self.log_density, q)[1]
+        return self.value_and_grad(q)[1]
 
     def value_and_grad(self, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return value_and_grad(self.log_density, q)
+        value, grad = value_and_grad(self.log_density, q)
+        return (value, grad.clone()) if self.keep_grads else (value, grad)
 
 
 class Accelerated:
@@ -99,7 +103,7 @@ def differentiable(log_density, accel: str = "none") -> Differentiable:
     compiles what computes the gradient: the target's own functions, or the log density autograd runs through."""
     if isinstance(log_density, Differentiable):
         return Accelerated(log_density, accel) if compiled(accel) else log_density
-    return Autograd(accelerate(log_density, accel))
+    return Autograd(accelerate(log_density, accel), keep_grads=accel == "cudagraphs")
 
 
 def kinetic_energy(momentum: torch.Tensor, inv_mass: torch.Tensor | None = None) -> torch.Tensor:
