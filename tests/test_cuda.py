@@ -89,3 +89,22 @@ def test_torchrun_nccl_on_two_gpus(tmp_path, learner):
     assert ckpt["world_size"] == 2 and ckpt["step"] == 40
     if "final_eval.enabled=true" in learner:
         assert json_lines(proc.stdout)[-1]["num_processes"] == 2
+
+
+def test_hmc_under_cudagraphs_makes_the_eager_chain():
+    """accel=cudagraphs on the autograd path: the backward pass is replayed from a CUDA graph too, so the gradient HMC
+    keeps from one step to the next must be a copy (before, the next replay overwrote it: a RuntimeError)."""
+    from nvil.mcmc.hmc import HMC
+
+    def log_density(q):
+        return -0.5 * (q * q).sum(-1) - torch.log1p(torch.exp(q[:, 0] - q[:, 1]))
+
+    chains = {}
+    for mode in ("none", "cudagraphs"):
+        hmc = HMC(log_density, num_leapfrog=5, accel=mode)
+        g = torch.Generator("cuda").manual_seed(0)
+        state = hmc.init(torch.zeros(64, 3, device="cuda"), generator=g)
+        for _ in range(5):
+            state = hmc.step(state, generator=g, step_size=0.3)[0]
+        chains[mode] = state.position
+    torch.testing.assert_close(chains["cudagraphs"], chains["none"], rtol=1e-4, atol=1e-4)
