@@ -310,3 +310,32 @@ def test_bad_settings_are_one_line_errors(tmp_path, synthetic_overrides, overrid
 
     with pytest.raises(ConfigError, match=message):
         train(make_cfg("train", synthetic_overrides + ["trainer.max_steps=5"] + override), tmp_path)
+
+
+def ratio_form(alpha, b, v):
+    """REBAR's Appendix as written (the form used before update 68,300 of RELAX's protocol went NaN)."""
+    on = torch.log1p(v / ((1 - v) * torch.sigmoid(-alpha).clamp_min(1e-30)))
+    off = -torch.log1p((1 - v) / (v * torch.sigmoid(alpha).clamp_min(1e-30)))
+    return torch.where(b > 0, on, off)
+
+
+def test_conditional_logistic_matches_rebar_s_form_and_stays_finite_in_the_tails():
+    """z~ = the ratio form where that is finite (float64), on the side of 0 that b says (z~ > 0 iff b = 1); in float32
+    with alpha = +-40 and v at the open-uniform clamp, z~ and its first and second alpha-derivatives (the control
+    variate's variance objective differentiates twice) are finite, where the ratio form's are NaN (the broken
+    variant)."""
+    g = torch.Generator().manual_seed(0)
+    alpha = 6 * torch.randn(4000, generator=g, dtype=torch.float64)
+    v = torch.rand(4000, generator=g, dtype=torch.float64).clamp(1e-3, 1 - 1e-3)
+    b = (torch.rand(4000, generator=g, dtype=torch.float64) < 0.5).double()
+    z = conditional_logistic(alpha, b, v)
+    torch.testing.assert_close(z, ratio_form(alpha, b, v), rtol=1e-10, atol=1e-10)
+    assert torch.equal(z > 0, b > 0)
+    tails = torch.tensor([-40.0, 40.0, -40.0, 40.0], requires_grad=True)
+    v32, b32 = torch.tensor([1e-6, 1e-6, 1 - 1e-6, 1 - 1e-6]), torch.tensor([1.0, 0.0, 1.0, 0.0])
+    for form, finite in ((conditional_logistic, True), (ratio_form, False)):
+        out = form(tails, b32, v32)
+        (grad,) = torch.autograd.grad(out.sum(), tails, create_graph=True)
+        (second,) = torch.autograd.grad((grad * grad).sum(), tails)
+        assert bool(torch.isfinite(out).all() and torch.isfinite(grad).all()
+                    and torch.isfinite(second).all()) == finite, form.__name__

@@ -32,6 +32,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from nvil.accel import check_mode
@@ -44,9 +45,14 @@ from nvil.ops import bernoulli_log_prob
 
 def conditional_logistic(alpha: torch.Tensor, b: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """z~ ~ p(z | b) from a uniform v, reparameterised in alpha (REBAR Appendix; theta = sigmoid(alpha)):
-    z~ = log(1 + v / ((1 - v)(1 - theta))) where b = 1, -log(1 + (1 - v) / (v theta)) where b = 0."""
-    on = torch.log1p(v / ((1 - v) * torch.sigmoid(-alpha).clamp_min(1e-30)))
-    off = -torch.log1p((1 - v) / (v * torch.sigmoid(alpha).clamp_min(1e-30)))
+    z~ = log(1 + v / ((1 - v)(1 - theta))) where b = 1, -log(1 + (1 - v) / (v theta)) where b = 0, written as
+    softplus(logit v + softplus(alpha)) and -softplus(softplus(-alpha) - logit v) (-log(1 - theta) = softplus(alpha)):
+    finite with finite gradients for every alpha and v in (0, 1), in both branches. (The ratio form overflowed in the
+    branch torch.where discards, e.g. v = 1e-6 and theta ~ 1e-30, and its gradient 0 * inf = NaN reached the update:
+    REBAR diverged at update 68,300 of RELAX's protocol.)"""
+    logit_v = torch.logit(v)
+    on = F.softplus(logit_v + F.softplus(alpha))
+    off = -F.softplus(F.softplus(-alpha) - logit_v)
     return torch.where(b > 0, on, off)
 
 
