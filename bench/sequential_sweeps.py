@@ -18,11 +18,11 @@ Rows (fixed seeds, random parameters of realistic scale):
   ``dbn_500_ais``: one temperature of per-example AIS over the same h1 (``estimators.ais.PosteriorPath``: the sweep
   at f_beta = Q^(1 - beta) P*^beta, a factorial Q, then log Q and log P* of the new states).
 
-``--device cuda`` runs the SBN and DBN rows on the GPU (synchronised around each call); there ``--accel auto`` is the
+``--device cuda`` runs every row on the GPU (synchronised around each call); there ``--accel auto`` is the
 Triton whole-sweep kernel (``nvil.native.triton_sweep``) and ``--baseline-accel none`` times the eager sweep of the
 same tree as the "before" column:
 
-    python bench/sequential_sweeps.py --device cuda --rows sbn200_500,dbn_500,dbn_500_ais --accel auto \
+    python bench/sequential_sweeps.py --device cuda --rows pixel_100,sbn200_500,dbn_500,dbn_500_ais --accel auto \
         --baseline-accel none --threads 4
 
 Each measurement is a fresh process (``--worker``) pinned to ``--threads`` threads; the two code trees are timed in
@@ -83,18 +83,31 @@ def make_call(row: str, accel: str, device: str = "cpu"):
         if accel != "none":
             model.visible_layer.accelerate(accel)
         if row.startswith("pixel_100"):
-            layer, lateral = model.visible_layer, model.lateral().detach()
-            field = torch.randn(100, 784, generator=gen) - (2.0 if row.endswith("sparse") else 0.0)
-            v = (torch.rand(100, 784, generator=gen) < 0.2).float()
-            beta = torch.tensor(1.0)
-            return lambda: layer.sample_field(field, gen, beta=beta, lateral=lateral, start=v)
+            layer, lateral = model.visible_layer, model.lateral().detach().to(device)
+            field = (torch.randn(100, 784, generator=gen) - (2.0 if row.endswith("sparse") else 0.0)).to(device)
+            v = (torch.rand(100, 784, generator=gen) < 0.2).float().to(device)
+            beta = torch.tensor(1.0, device=device)
+            g = torch.Generator(device).manual_seed(1)
+            sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
+
+            def pixel_sweep():
+                layer.sample_field(field, g, beta=beta, lateral=lateral, start=v)
+                sync()
+
+            return pixel_sweep
         cfg = OmegaConf.create({"name": "sap", "lr": 0.05, "num_particles": 100, "k": 1,
                                 "schedule": {"t0": 50000, "a": 100.0, "b": 2000.0}})
-        sap = SAP(model, None, cfg, torch.device("cpu"), 0)
+        sap = SAP(model.to(device), None, cfg, torch.device(device), 0)
         pixels = (torch.rand(100, 784, generator=gen) < 0.13).float()
         labels = torch.nn.functional.one_hot(torch.randint(0, 10, (100,), generator=gen), 10).float()
-        x = torch.cat([pixels, labels], -1)
-        return lambda: sap.step(x)
+        x = torch.cat([pixels, labels], -1).to(device)
+        sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
+
+        def sap_update():
+            sap.step(x)
+            sync()
+
+        return sap_update
     chains = int(row.split("_")[1])
     sizes = [784, 200] if row.startswith("sbn") else [784, 500, 2000]
     kw = {} if accel == "none" else {"accel": accel}
@@ -169,7 +182,7 @@ def main() -> None:
                    help="none | compile | native: the sweeps of this tree (the --before tree runs its eager default)")
     p.add_argument("--baseline-accel", default=None,
                    help="without --before: time this tree at this accel as the before column (e.g. none)")
-    p.add_argument("--device", default="cpu", help="cpu | cuda (the SBN and DBN rows)")
+    p.add_argument("--device", default="cpu", help="cpu | cuda")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     p.add_argument("--row", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 
 from nvil import native
 from nvil.accel import accelerate
+from nvil.native import triton_sweep
 from nvil.errors import ConfigError
 from nvil.ops import bernoulli_log_prob
 
@@ -176,7 +177,9 @@ class LateralBernoulli(Bernoulli):
     and all uniforms drawn first, as their logits. ``accelerate("compile")`` compiles the in-block updates
     (``nvil.accel``; a few seconds' compilation per chain count, so opt-in); ``accelerate("native")`` runs the whole
     sweep as one C call on the CPU (``native_sweep``), which draws its uniforms itself from one seed taken from the
-    generator (a different stream from the eager sweep's for the same seed, the same kernel p_beta(v | h))."""
+    generator (a different stream from the eager sweep's for the same seed, the same kernel p_beta(v | h)). On CUDA,
+    ``accel=auto`` runs the sweep as one Triton kernel (``nvil.native.triton_sweep.lateral_sweep``) on the eager
+    sweep's uniforms: the same chain up to rounding."""
 
     fused_gibbs = False
 
@@ -202,6 +205,9 @@ class LateralBernoulli(Bernoulli):
             return native_sweep(field, v, lateral, beta, reverse, native.seed_from(generator))
         u = torch.rand(field.shape, generator=generator, device=field.device, dtype=field.dtype)
         thresholds = log_odds(u)  # u < sigmoid(x) where x > logit(u)
+        if triton_sweep.wanted(self.sweep_mode, field.device) and triton_sweep.lateral_sweep(
+                v, field, thresholds, beta, reverse, lateral):
+            return v  # the whole sweep as one Triton kernel on CUDA (the eager sweep's uniforms and chain)
         if not reverse:
             return blocked_sweep(field, v, thresholds, lateral, beta, self.block)
         flip = lambda t: t.flip(-1)  # noqa: E731  (the reverse sweep: the forward one over reversed units)

@@ -22,7 +22,8 @@ import torch
 
 from nvil.mcmc.sequential_gibbs import SequentialGibbs
 from nvil.native import triton_sweep
-from test_sequential_fast import DIRECTIONS, DT, ReferenceSweep, density, start, wide_density
+from test_sequential_fast import (DIRECTIONS, DT, ReferenceSweep, density, pixel_case, reference_pixel_sweep, start,
+                                  wide_density)
 
 pytestmark = pytest.mark.skipif(not triton_sweep.available(), reason="needs Triton")
 MAX_COLUMNS = triton_sweep.MAX_COLUMNS
@@ -31,6 +32,21 @@ MAX_COLUMNS = triton_sweep.MAX_COLUMNS
 MODES = ("sample", "force", "argmax", "tempered", "two_terms")
 CASES = [f"{mode}-{direction}" for mode in MODES for direction in ("forward", "per_chain")] + [
     "wide", "wrong_sign", "too_wide"]
+PIXEL_CASES = ["pixel-forward", "pixel-reverse", "pixel-per_chain_beta", "pixel-no_lateral"]
+
+
+def pixel(name: str) -> dict:
+    """The semi-RBM's pixel sweep as the kernel (``lateral_sweep``) against the per-pixel loop, the same uniforms;
+    ``no_lateral``: the kernel given beta = 0 (the broken variant)."""
+    field, s0, lateral = pixel_case()
+    u = torch.rand(field.shape, generator=torch.Generator().manual_seed(5), dtype=DT)
+    reverse = name.endswith("reverse")
+    beta = torch.linspace(0.2, 1.0, 12, dtype=DT)[:, None] if name.endswith("beta") else torch.tensor(1.0, dtype=DT)
+    v = s0.clone()
+    ran = triton_sweep.lateral_sweep(v, field, torch.log(u) - torch.log1p(-u),
+                                     beta * 0 if name.endswith("no_lateral") else beta, reverse, lateral)
+    ref = reference_pixel_sweep(field, s0, u, lateral, beta, reverse)
+    return {"same_states": torch.equal(v, ref), "log_t_gap": 0.0, "moved": not torch.equal(v, s0), "ran": [ran]}
 
 
 def case(name: str, ran: list) -> dict:
@@ -74,7 +90,7 @@ def worker() -> None:
     is first imported, so the test runs this in a child process); one JSON line."""
     ran, kernel = [], triton_sweep.sequential_sweep
     triton_sweep.sequential_sweep = lambda *a, **kw: ran.append(kernel(*a, **kw)) or ran[-1]
-    print(json.dumps({name: case(name, ran) for name in CASES}))
+    print(json.dumps({**{name: case(name, ran) for name in CASES}, **{name: pixel(name) for name in PIXEL_CASES}}))
 
 
 @pytest.fixture(scope="module")
@@ -106,6 +122,18 @@ def test_kernel_on_wide_factors_with_pairwise_terms(interpreted):
 def test_kernel_with_a_wrong_sign_fails(interpreted):
     """Power: the kernel given the factors' coefficients with the wrong sign is not the reference's chain."""
     r = interpreted["wrong_sign"]
+    assert r["ran"] == [True] and not r["same_states"]
+
+
+@pytest.mark.parametrize("name", PIXEL_CASES[:3])
+def test_pixel_kernel_matches_the_per_pixel_loop(interpreted, name):
+    """The semi-RBM's sweep (``lateral_sweep``): forward, reverse, per-chain beta; the per-pixel loop's chain."""
+    r = interpreted[name]
+    assert r["ran"] == [True] and r["same_states"] and r["moved"]
+
+
+def test_pixel_kernel_without_the_lateral_input_fails(interpreted):
+    r = interpreted["pixel-no_lateral"]
     assert r["ran"] == [True] and not r["same_states"]
 
 
@@ -151,6 +179,20 @@ def test_compiled_kernel_matches_the_running_softplus_loop(mode, monkeypatch):
     monkeypatch.undo()
     assert torch.equal(h_fast.cpu(), h_ref)
     torch.testing.assert_close(t_fast.cpu(), t_ref, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("reverse", [False, True])
+def test_compiled_pixel_kernel_matches_the_per_pixel_loop(reverse):
+    """The compiled pixel sweep on the GPU in float64, per-chain beta: the per-pixel loop's chain."""
+    triton_sweep._kernel = None
+    field, s0, lateral = pixel_case()
+    u = torch.rand(field.shape, generator=torch.Generator().manual_seed(5), dtype=DT)
+    beta = torch.linspace(0.2, 1.0, 12, dtype=DT)[:, None]
+    v = s0.cuda()
+    assert triton_sweep.lateral_sweep(v, field.cuda(), (torch.log(u) - torch.log1p(-u)).cuda(), beta.cuda(), reverse,
+                                      lateral.cuda())
+    assert torch.equal(v.cpu(), reference_pixel_sweep(field, s0, u, lateral, beta, reverse))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

@@ -101,7 +101,32 @@ def _build():
                                  mask=in_m)
                 tl.debug_barrier()  # r_j of the next unit is read by every thread of the program
 
-    return sweep_kernel
+    @triton.jit
+    def lateral_kernel(v_ptr, r_ptr, field_ptr, t_ptr, jscale_ptr, L_ptr, M, REVERSE: tl.constexpr,
+                       BLOCK: tl.constexpr):
+        c = tl.program_id(0).to(tl.int64)
+        k = tl.arange(0, BLOCK)
+        in_k = k < M
+        row = c * M
+        v = tl.load(v_ptr + row + k, mask=in_k, other=0.0)
+        r = tl.load(r_ptr + row + k, mask=in_k, other=0.0)
+        beta = tl.load(jscale_ptr + c)
+        for i in range(0, M):
+            if REVERSE:
+                j = M - 1 - i
+            else:
+                j = i
+            here = k == j
+            v_j = tl.sum(tl.where(here, v, 0.0), axis=0)
+            r_j = tl.sum(tl.where(here, r, 0.0), axis=0)
+            new = tl.where(tl.load(field_ptr + row + j) + beta * r_j > tl.load(t_ptr + row + j), 1.0, 0.0)
+            delta = (new - v_j).to(v.dtype)
+            v = tl.where(here, new.to(v.dtype), v)
+            row_j = tl.load(L_ptr + j * M + k, mask=tl.where(delta != 0, in_k, False), other=0.0)
+            r = r + delta * row_j
+        tl.store(v_ptr + row + k, v, mask=in_k)
+
+    return sweep_kernel, lateral_kernel
 
 
 def _next_power_of_2(n: int) -> int:
@@ -136,10 +161,31 @@ def sequential_sweep(h: torch.Tensor, r: torch.Tensor, *, mode: str, picks=None,
                     for x, x_dtype in ((lo, torch.int32), (hi, torch.int32), (coef, dt)))
     reverse = torch.zeros(chains, dtype=torch.uint8, device=dev) if reverse is None else reverse.to(dev)
     block_k = _next_power_of_2(max(K, 16))
-    _kernel[(chains,)](h, r, h if picks is None else picks, h if beta is None else beta, reverse,
+    _kernel[0][(chains,)](h, r, h if picks is None else picks, h if beta is None else beta, reverse,
                        logits if logits is not None else torch.empty_like(h), h if J is None else J,
                        p, s, tab, lo, hi, coef, M, max(K, 1),
                        MODE=MODES[mode], HAS_BETA=beta is not None, HAS_J=J is not None,
                        BLOCK_K=block_k, BLOCK_M=min(1024, _next_power_of_2(max(M, 16))),
                        num_warps=max(4, min(16, block_k // 256)))
+    return True
+
+
+def lateral_sweep(v: torch.Tensor, field: torch.Tensor, thresholds: torch.Tensor, beta, reverse: bool,
+                  lateral: torch.Tensor) -> bool:
+    """One sequential sweep over laterally coupled binary units (the semi-RBM's pixels given h), in place on v
+    [chains, M]: unit j on where field_j + beta (v L)_j > thresholds_j, in index order (``reverse``: the opposite),
+    the running lateral input v L kept in registers and moved by (v_j' - v_j) L_j after each flip (L symmetric, zero
+    diagonal). The same decisions as ``models.visible.blocked_sweep`` for the same thresholds, up to rounding.
+    ``beta``: a scalar or one per chain. Returns False, having changed nothing, where M exceeds ``MAX_COLUMNS``."""
+    global _kernel
+    chains, M = v.shape
+    if M > MAX_COLUMNS:
+        return False
+    if _kernel is None:
+        _kernel = _build()
+    jscale = torch.as_tensor(beta, dtype=v.dtype, device=v.device).reshape(-1).expand(chains).contiguous()
+    block = _next_power_of_2(max(M, 16))
+    _kernel[1][(chains,)](v, (v @ lateral).contiguous(), field.contiguous(), thresholds.contiguous(), jscale,
+                          lateral.contiguous(), M, REVERSE=bool(reverse), BLOCK=block,
+                          num_warps=max(4, min(16, block // 256)))
     return True
