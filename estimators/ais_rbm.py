@@ -160,6 +160,8 @@ class RBMPath:
     def __init__(self, model: BoltzmannMachine, base: BaseRate, accel: str = "none") -> None:
         self.model, self.base = model, base
         self.accel = check_mode(accel, model.W.device, "estimator.accel")
+        if self.accel != "none":  # a semi-RBM's pixel sweep follows (auto: C on a CPU, Triton on CUDA); none keeps
+            model.visible_layer.accelerate(self.accel, model.W.device)  # the layer's mode (e.g. the trainer's)
         self.tempered = TemperedRBM(model, base)
         self.gibbs = BlockGibbs(self.tempered, accel=self.accel)
         self.fused_step = None
