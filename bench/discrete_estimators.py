@@ -54,7 +54,7 @@ MODELS = {"sbn200": [200], "sbn200x3": [200, 200, 200]}
 # net per layer on (x - mean, z, 2 b_below - 1), two ReLU layers of 200, weight decay 1e-4. (The authors' learning
 # rate was tuned per model and is not published in PAPERS.md; ours is the learner's 1e-3.)
 AUTHORS_REBAR = ["learner.inference_lr_scale=1", "learner.beta2=0.99999", "learner.cv_lr_scale=10",
-                 "learner.cv_objective=logits"]
+                 "learner.cv_objective=logits", "learner.cv_noise=common"]
 PROTOCOLS = {
     "relax": {"defaults": {"estimators": "nvil,rebar,relax", "models": "sbn200", "steps": 2_000_000, "batch_size": 24},
               "overrides": {"rebar": AUTHORS_REBAR,

@@ -22,7 +22,7 @@ from estimators.exact import enumerate_states, split_layers
 from nvil.learners import LEARNERS
 from nvil.learners.baselines import layerwise_signals
 from nvil.learners.discrete import ARM, REBAR, RELAX, RLOO, VIMCO, DisARM
-from nvil.learners.discrete.relaxed import conditional_logistic
+from nvil.learners.discrete.relaxed import conditional_logistic, conditional_uniform
 from nvil.learners.nvil import NVIL
 from nvil.ops import bernoulli_log_prob
 
@@ -138,7 +138,8 @@ def perturbed(lrn):
 
 # The RELAX authors' code (duvenaud/relax): one r_rho per layer on (x - mean, z_i, 2 b_<i - 1), two ReLU layers,
 # weight decay, and the logit-space variance objective.
-AUTHORS = dict(cv_inputs="x_z", cv_depth=2, cv_activation="relu", cv_weight_decay=0.01, cv_objective="logits")
+AUTHORS = dict(cv_inputs="x_z", cv_depth=2, cv_activation="relu", cv_weight_decay=0.01, cv_objective="logits",
+               cv_noise="common")  # common: z~ from z's own uniform (their v_from_u)
 
 
 def fitted_nvil(cls=NVIL):
@@ -158,6 +159,8 @@ CASES = {  # name: (make the estimator, make its broken variant)
     "disarm": (lambda: learner("disarm"), lambda: learner("disarm", cls=SignedDisARM)),
     "rebar": (lambda: perturbed(learner("rebar")), lambda: perturbed(learner("rebar", cls=UncorrectedREBAR))),
     "relax": (lambda: perturbed(learner("relax")), lambda: perturbed(learner("relax", cls=UncorrectedRELAX))),
+    "rebar_common": (lambda: perturbed(learner("rebar", cv_noise="common")),
+                     lambda: perturbed(learner("rebar", cls=UncorrectedREBAR, cv_noise="common"))),
     "relax_authors": (lambda: perturbed(learner("relax", **AUTHORS)),
                       lambda: perturbed(learner("relax", cls=UncorrectedRELAX, **AUTHORS))),
 }
@@ -201,12 +204,14 @@ def parameter_space_variance(lrn, x: torch.Tensor) -> tuple[torch.Tensor, dict, 
     inf, n = lrn.inference, x.shape[0]
     sizes = [enc.out_features for enc in inf.encoders]
     us = [lrn.open_rand((n, k), x) for k in sizes]
-    vs = [lrn.open_rand((n, k), x) for k in sizes]
+    vs = [lrn.open_rand((n, k), x) for k in sizes] if lrn.noise == "independent" else []
     alphas, bs, below = [], [], x
     for i, u in enumerate(us):
         alphas.append(inf.layer_logits(i, below))
         below = (alphas[-1].detach() + torch.logit(u) > 0).to(x.dtype)
         bs.append(below)
+        if lrn.noise == "common":  # z~ at z: the conditional uniform of z's own u
+            vs.append(conditional_uniform(u, below, alphas[-1].detach()))
     log_q = [bernoulli_log_prob(a, b) for a, b in zip(alphas, bs)]
     f = (lrn.model.log_joint(x, bs) - sum(log_q)).detach()
     var, g_phi = 0.0, {}
@@ -302,6 +307,7 @@ def test_diagnostics_leave_the_training_stream_alone():
     (["learner=rebar", "learner.cv_objective=variance"], "learner.cv_objective must be one of"),
     (["learner=relax", "learner.cv_weight_decay=-1"], "learner.cv_weight_decay"),
     (["learner=rebar", "learner.beta2=1.5"], "learner.beta2 must be in"),
+    (["learner=rebar", "learner.cv_noise=shared"], "learner.cv_noise must be one of"),
     (["trainer.grad_diag_repeats=1"], "trainer.grad_diag_repeats must be at least 2"),
 ])
 def test_bad_settings_are_one_line_errors(tmp_path, synthetic_overrides, override, message):
@@ -339,3 +345,14 @@ def test_conditional_logistic_matches_rebar_s_form_and_stays_finite_in_the_tails
         (second,) = torch.autograd.grad((grad * grad).sum(), tails)
         assert bool(torch.isfinite(out).all() and torch.isfinite(grad).all()
                     and torch.isfinite(second).all()) == finite, form.__name__
+
+
+def test_common_noise_puts_z_tilde_at_z():
+    """cv_noise=common: the conditional uniform of z's own u gives z~ = z in value (float64), on both sides of 0."""
+    g = torch.Generator().manual_seed(2)
+    alpha = 4 * torch.randn(5000, generator=g, dtype=torch.float64)
+    u = torch.rand(5000, generator=g, dtype=torch.float64).clamp(1e-4, 1 - 1e-4)
+    z = alpha + torch.logit(u)
+    b = (z > 0).double()
+    torch.testing.assert_close(conditional_logistic(alpha, b, conditional_uniform(u, b, alpha)), z, rtol=1e-8,
+                               atol=1e-8)

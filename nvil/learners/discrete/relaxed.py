@@ -39,7 +39,7 @@ from nvil.accel import check_mode
 from nvil.config import positive_float, positive_int
 from nvil.errors import ConfigError
 from nvil.learners.base import grad_norms
-from nvil.learners.discrete.common import DiscreteLearner
+from nvil.learners.discrete.common import EPS, DiscreteLearner
 from nvil.ops import bernoulli_log_prob
 
 
@@ -59,6 +59,17 @@ def conditional_logistic(alpha: torch.Tensor, b: torch.Tensor, v: torch.Tensor) 
 CV_INPUTS = ("relaxed", "x_z")
 CV_ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU}
 CV_OBJECTIVES = ("parameters", "logits")
+CV_NOISE = ("independent", "common")
+
+
+def conditional_uniform(u: torch.Tensor, b: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
+    """The uniform v that gives z~ = z through ``conditional_logistic`` when b = H(z), z = alpha + logit u: given b, u
+    is uniform on (u', 1) (b = 1) or (0, u') (b = 0), u' = sigmoid(-alpha), so v = (u - u') / (1 - u') or u / u' is
+    uniform on (0, 1) and z~(alpha; v) is a draw of p(z | b) equal to z in value (the RELAX authors' ``v_from_u``:
+    common random numbers for z and z~). No gradient flows through v."""
+    u_prime = torch.sigmoid(-alpha)
+    v = torch.where(b > 0, (u - u_prime) / (1 - u_prime).clamp_min(1e-30), u / u_prime.clamp_min(1e-30))
+    return v.clamp(EPS, 1 - EPS).detach()
 
 
 def mlp(n_in: int, hidden: int, depth: int, activation: str) -> nn.Sequential:
@@ -106,8 +117,9 @@ class REBAR(DiscreteLearner):
         hidden = positive_int(cfg.get("cv_hidden"), "learner.cv_hidden") if self.neural else None
         inputs, activation = cfg.get("cv_inputs", "relaxed"), cfg.get("cv_activation", "tanh")
         self.objective = cfg.get("cv_objective", "parameters")
+        self.noise = cfg.get("cv_noise", "independent")
         for key, value, allowed in (("cv_inputs", inputs, CV_INPUTS), ("cv_activation", activation, CV_ACTIVATIONS),
-                                    ("cv_objective", self.objective, CV_OBJECTIVES)):
+                                    ("cv_objective", self.objective, CV_OBJECTIVES), ("cv_noise", self.noise, CV_NOISE)):
             if value not in allowed:
                 raise ConfigError(f"learner.{key} must be one of {list(allowed)}, got {value!r}")
         self.weight_decay = float(cfg.get("cv_weight_decay", 0.0))
@@ -156,7 +168,7 @@ class REBAR(DiscreteLearner):
         inf, batch = self.inference, x.shape[0]
         sizes = [enc.out_features for enc in inf.encoders]
         us = [self.open_rand((batch, n), x) for n in sizes]
-        vs = [self.open_rand((batch, n), x) for n in sizes]
+        vs = [self.open_rand((batch, n), x) for n in sizes] if self.noise == "independent" else None
         alphas, bs, inputs, below = [], [], [], x
         for i, u in enumerate(us):
             alpha = inf.layer_logits(i, below)                   # with its graph to phi_i
@@ -168,7 +180,8 @@ class REBAR(DiscreteLearner):
         log_p = self.model.log_joint(x, bs)
         f = (log_p - sum(bernoulli_log_prob(a, b) for a, b in zip(fixed, bs))).detach()
         phi, g_phi, var = {}, [], torch.zeros((), device=x.device, dtype=x.dtype)
-        for i, (b, u, v) in enumerate(zip(bs, us, vs)):
+        for i, (b, u) in enumerate(zip(bs, us)):
+            v = vs[i] if vs is not None else conditional_uniform(u, b, fixed[i])  # cv_noise: z~ beside z, or at it
             a = fixed[i].clone().requires_grad_()                 # alpha_i as a leaf: D_i = d(...)/d alpha_i
             z = torch.stack([a + torch.logit(u), conditional_logistic(a, b, v)])  # z and z~: one relaxed pass
             c_z, c_zt = self.c(x, bs[:i], fixed[:i] + [a], z, us[i + 1:]).unbind(0)
