@@ -186,6 +186,11 @@ def main() -> None:
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     p.add_argument("--row", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.device != "cpu":
+        import torch
+
+        if not torch.cuda.is_available():
+            p.error(f"--device {args.device} needs a CUDA device and this machine has none; use --device cpu")
     if args.worker:
         return worker(args)
     print("| row | threads | before ms | after ms | speed-up | before CPU ms | after CPU ms | CPU speed-up | after calls/s |\n"
