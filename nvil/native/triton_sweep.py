@@ -14,7 +14,10 @@ columns of the factors unit j enters, and r moves by (h_j' - h_j) J_j. The same 
 that each log(den_k) is taken separately (a GPU's log costs no more than its multiply), so chains agree with the eager
 and C sweeps up to float rounding.
 
-``accel=auto`` (the estimators' default) selects it for CUDA tensors where Triton imports; elsewhere, or where the
+``lateral_sweep`` is the semi-RBM's pixel sweep the same way (a program per chain, the running lateral input v L in
+registers, moved by (v_j' - v_j) L_j after each flip; the thresholds are the eager sweep's).
+
+``accel=auto`` (the estimators' default) selects them for CUDA tensors where Triton imports; elsewhere, or where the
 packed factors are wider than ``MAX_COLUMNS``, the sweep runs eagerly as before. ``TRITON_INTERPRET=1`` (set before the
 first sweep) runs the same kernel in Triton's interpreter on CPU tensors, which is how the tests check it without a GPU.
 """
