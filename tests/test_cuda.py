@@ -21,6 +21,7 @@ RUNS = {
     **{name: [f"learner={name}", "model.layers=[4,3]", "trainer.grad_diag_every=20", "trainer.grad_diag_repeats=4"]
        for name in ("vimco", "rloo", "arm", "disarm", "rebar", "relax", "gumbel_st")},
     "sap": ["model=rbm", "model.n_hidden=6", "learner=sap"],
+    "sap_srbm": ["model=srbm", "model.n_hidden=6", "learner=sap"],  # the Triton pixel sweep (trainer.accel=auto)
     "trans_sap": ["model=rbm", "model.n_hidden=6", "learner=trans_sap", "learner.tt.every=10", "learner.tt.num_betas=5"],
     "pt_sap": ["model=rbm", "model.n_hidden=6", "learner=pt_sap", "learner.pt.num_temps=3"],
     "cd": ["model=rbm", "model.n_hidden=6", "learner=cd", "learner.k=3"],
@@ -47,7 +48,7 @@ def test_learner_trains_resumes_and_evaluates_on_cuda(tmp_path, name):
     m = train(make_cfg("train", CUDA + extra + ["trainer.max_steps=40"]), tmp_path)
     m = train(make_cfg("train", CUDA + extra + ["trainer.max_steps=60", "trainer.resume=true"]), tmp_path)
     assert m["step"] == 60
-    if any(e.startswith("model=rbm") for e in extra):
+    if any(e.startswith(("model=rbm", "model=srbm")) for e in extra):
         estimators = ["exact", "ais", "raise"]
     elif "model=gbn" in extra:
         estimators = ["ais_hmc", "chib_mh", "iwae"]
@@ -58,7 +59,8 @@ def test_learner_trains_resumes_and_evaluates_on_cuda(tmp_path, name):
     else:
         estimators = ["exact", "iwae", "elbo", "chib", "ais_posterior", "harmonic"]
     for est in estimators:
-        cfg = OmegaConf.merge(estimator_config(est), SMALL.get(est, {}), LOG_Z if "model=dbn" in extra else {})
+        cfg = OmegaConf.merge(estimator_config(est), SMALL.get(est, {}), LOG_Z if "model=dbn" in extra else {},
+                              {"accel": "auto"} if est in ("ais", "raise") else {})  # a semi-RBM's sweep: Triton
         result = evaluate_checkpoint(m["checkpoint"], cfg, EvalSpec(device="cuda", progress=False, num_examples=100))
         assert torch.isfinite(result.log_p).all()
 
