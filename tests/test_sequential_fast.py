@@ -182,13 +182,10 @@ def start(chains=10, seed=1):
 DIRECTIONS = {"forward": False, "reverse": True, "per_chain": torch.arange(10) % 3 == 0}
 
 
-@pytest.mark.parametrize("accel", ["none", "native"])
-@pytest.mark.parametrize("direction", list(DIRECTIONS))
-@pytest.mark.parametrize("mode", ["sample", "force", "argmax", "tempered", "two_terms"])
-def test_sequential_gibbs_matches_the_running_softplus_loop(direction, mode, accel):
-    d = density()
-    h = start()
-    terms = [(0.3, density(seed=4)), (0.7, d)] if mode == "two_terms" else [(1.0, d)]
+def sweep_case(mode: str, direction: str) -> tuple[list, dict]:
+    """(terms, sweep keywords) of one case: ``mode`` sample, force, argmax, tempered (beta per chain) or two_terms
+    (the per-example AIS target), in ``direction``."""
+    terms = [(0.3, density(seed=4)), (0.7, density())] if mode == "two_terms" else [(1.0, density())]
     kw = {"reverse": DIRECTIONS[direction]}
     if mode == "force":
         kw["force"] = start(seed=2)
@@ -196,6 +193,15 @@ def test_sequential_gibbs_matches_the_running_softplus_loop(direction, mode, acc
         kw["argmax"] = True
     elif mode == "tempered":
         kw["beta"] = torch.linspace(0.2, 1.0, 10, dtype=DT)
+    return terms, kw
+
+
+@pytest.mark.parametrize("accel", ["none", "native"])
+@pytest.mark.parametrize("direction", list(DIRECTIONS))
+@pytest.mark.parametrize("mode", ["sample", "force", "argmax", "tempered", "two_terms"])
+def test_sequential_gibbs_matches_the_running_softplus_loop(direction, mode, accel):
+    h = start()
+    terms, kw = sweep_case(mode, direction)
     (h_fast, t_fast), (h_ref, t_ref) = compare(terms, h, accel, **kw)
     assert torch.equal(h_fast, h_ref)
     torch.testing.assert_close(t_fast, t_ref, rtol=1e-10, atol=1e-10)

@@ -22,7 +22,7 @@ import torch
 
 from nvil.mcmc.sequential_gibbs import SequentialGibbs
 from nvil.native import triton_sweep
-from test_sequential_fast import (DIRECTIONS, DT, ReferenceSweep, density, pixel_case, reference_pixel_sweep, start,
+from test_sequential_fast import (DT, ReferenceSweep, density, pixel_case, reference_pixel_sweep, start, sweep_case,
                                   wide_density)
 
 pytestmark = pytest.mark.skipif(not triton_sweep.available(), reason="needs Triton")
@@ -67,16 +67,8 @@ def case(name: str, ran: list) -> dict:
         triton_sweep.MAX_COLUMNS = 8
         kw = {"force": start(seed=2)}
     else:
-        mode, direction = name.split("-")
-        kw = {"reverse": DIRECTIONS[direction]}
-        if mode == "two_terms":
-            terms = ref_terms = [(0.3, density(seed=4)), (0.7, density())]
-        elif mode == "force":
-            kw["force"] = start(seed=2)
-        elif mode == "argmax":
-            kw["argmax"] = True
-        elif mode == "tempered":
-            kw["beta"] = torch.linspace(0.2, 1.0, 10, dtype=DT)
+        terms, kw = sweep_case(*name.split("-"))
+        ref_terms = terms
     del ran[:]
     h_fast, t_fast = SequentialGibbs(terms, accel="auto").sweep(h0, generator=torch.Generator().manual_seed(11), **kw)
     h_ref, t_ref = ReferenceSweep(ref_terms).sweep(h0, generator=torch.Generator().manual_seed(11), **kw)
@@ -161,14 +153,7 @@ def test_compiled_kernel_matches_the_running_softplus_loop(mode, monkeypatch):
     """The compiled kernel on the GPU in float64, per-chain directions, fed the reference's uniforms: the reference's
     chain and log T."""
     triton_sweep._kernel = None
-    terms = [(0.3, density(seed=4)), (0.7, density())] if mode == "two_terms" else [(1.0, density())]
-    kw = {"reverse": DIRECTIONS["per_chain"]}
-    if mode == "force":
-        kw["force"] = start(seed=2)
-    elif mode == "argmax":
-        kw["argmax"] = True
-    elif mode == "tempered":
-        kw["beta"] = torch.linspace(0.2, 1.0, 10, dtype=DT)
+    terms, kw = sweep_case(mode, "per_chain")
     picks = torch.rand(start().shape, generator=torch.Generator().manual_seed(11), dtype=DT)
     h_ref, t_ref = ReferenceSweep(terms).sweep(start(), generator=torch.Generator().manual_seed(11), **kw)
     cuda_kw = {k: v.cuda() for k, v in kw.items() if torch.is_tensor(v)} | {k: v for k, v in kw.items()

@@ -120,7 +120,7 @@ def _build():
             else:
                 j = i
             here = k == j
-            v_j = tl.sum(tl.where(here, v, 0.0), axis=0)
+            v_j = tl.load(v_ptr + row + j)  # unit j's state before its own visit: v_ptr is written only at the end
             r_j = tl.sum(tl.where(here, r, 0.0), axis=0)
             new = tl.where(tl.load(field_ptr + row + j) + beta * r_j > tl.load(t_ptr + row + j), 1.0, 0.0)
             delta = (new - v_j).to(v.dtype)
