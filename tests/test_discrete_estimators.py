@@ -22,7 +22,7 @@ from estimators.exact import enumerate_states, split_layers
 from nvil.learners import LEARNERS
 from nvil.learners.baselines import layerwise_signals
 from nvil.learners.discrete import ARM, REBAR, RELAX, RLOO, VIMCO, DisARM
-from nvil.learners.discrete.relaxed import conditional_logistic, conditional_uniform
+from nvil.learners.discrete.relaxed import _cat_broadcast, conditional_logistic, conditional_uniform, mlp, on_parts
 from nvil.learners.nvil import NVIL
 from nvil.ops import bernoulli_log_prob
 
@@ -356,3 +356,24 @@ def test_common_noise_puts_z_tilde_at_z():
     b = (z > 0).double()
     torch.testing.assert_close(conditional_logistic(alpha, b, conditional_uniform(u, b, alpha)), z, rtol=1e-8,
                                atol=1e-8)
+
+
+def test_r_rho_on_parts_is_the_net_on_the_concatenated_parts():
+    """RELAX's r_rho on (x - mean, z, 2 b - 1) with z and z~ stacked: the first layer applied block by block (x and b
+    once per example) gives the net on the concatenation, value and gradients (float64); the blocks given to the
+    wrong parts (x's columns to z, z's to x) do not."""
+    torch.manual_seed(0)
+    net = mlp(4 + 4 + 3, 6, 2, "relu").double()
+    with torch.no_grad():
+        net[-1].weight.normal_()
+    x, b = torch.randn(5, 4, dtype=torch.float64), (torch.rand(5, 3) < 0.5).double()
+    z = torch.randn(2, 5, 4, dtype=torch.float64, requires_grad=True)
+    params = [z, *net.parameters()]
+
+    def value_and_grads(out):
+        return [out, *torch.autograd.grad(out.pow(2).sum(), params)]
+
+    reference = value_and_grads(net(_cat_broadcast([x, z, 2 * b - 1])))
+    for got, want in zip(value_and_grads(on_parts(net, [x, z, 2 * b - 1])), reference):
+        torch.testing.assert_close(got, want)
+    assert not torch.allclose(on_parts(net, [z, x, 2 * b - 1]), reference[0])

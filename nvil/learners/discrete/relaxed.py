@@ -155,7 +155,7 @@ class REBAR(DiscreteLearner):
             out = out + cv.net(_cat_broadcast(soft)).squeeze(-1)
         elif cv.nets is not None:  # the authors' r_rho for layer i: (x - mean, z_i, 2 b_<i - 1)
             parts = [self.inference.centre(x), z] + [2 * b - 1 for b in below]
-            out = out + cv.nets[len(below)](_cat_broadcast(parts)).squeeze(-1)
+            out = out + on_parts(cv.nets[len(below)], parts).squeeze(-1)
         return out
 
     def correction(self, c_z: torch.Tensor, c_zt: torch.Tensor) -> torch.Tensor:
@@ -195,10 +195,8 @@ class REBAR(DiscreteLearner):
         cv_grads = {}
         if tune:
             cv_params = dict(self.control_variate.named_parameters())
-            decay = sum(p.pow(2).sum() for net in self.control_variate.networks() for p in net.parameters())
-            grads = torch.autograd.grad(var + 0.5 * self.weight_decay * decay, list(cv_params.values()),
-                                        allow_unused=True)
-            cv_grads = {k: g for k, g in zip(cv_params, grads)}
+            grads = torch.autograd.grad(var, list(cv_params.values()), allow_unused=True)
+            cv_grads = self.with_weight_decay(dict(zip(cv_params, grads)), cv_params)
         theta = dict(self.model.named_parameters(prefix="model"))
         g_theta = torch.autograd.grad(log_p.mean(), list(theta.values()), allow_unused=True)
         ascent = {k: (g.detach() if g is not None else torch.zeros_like(p))
@@ -220,6 +218,18 @@ class REBAR(DiscreteLearner):
             return d_alpha.pow(2).mean()
         gram = v @ v.T + bias
         return ((d_alpha @ d_alpha.T) * gram).sum()
+
+    def with_weight_decay(self, grads: dict, params: dict) -> dict:
+        """``grads`` plus d/d rho of 0.5 wd |rho|^2 on r_rho's parameters (``learner.cv_weight_decay``, the RELAX
+        authors' L2), added outside the variance's graph (one add per tensor instead of its own backward)."""
+        if not self.weight_decay:
+            return grads
+        decayed = {id(p) for net in self.control_variate.networks() for p in net.parameters()}
+        for k, p in params.items():
+            if id(p) in decayed:
+                g = grads[k]
+                grads[k] = p.detach() * self.weight_decay if g is None else g.add(p.detach(), alpha=self.weight_decay)
+        return grads
 
     def gradient_estimate(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         return self.estimate(x, tune=False)[0]
@@ -243,6 +253,18 @@ class REBAR(DiscreteLearner):
         """Nothing to compile here: the double backward runs eagerly in every mode (``trainer.accel`` is checked)."""
         check_mode(mode, device, "trainer.accel")
         return self
+
+
+def on_parts(net: nn.Sequential, parts: list[torch.Tensor]) -> torch.Tensor:
+    """net(cat(parts, -1)), the first Linear applied part by part on the weight's column blocks: a part without the
+    stacked (z, z~) dimension (x - mean, the hard layers below) is multiplied once per example, not once per stacked
+    copy, and the sum broadcasts. The same function as concatenating the parts (tests/test_discrete_estimators.py)."""
+    first = net[0]
+    blocks = first.weight.split([t.shape[-1] for t in parts], dim=1)
+    pre = first.bias
+    for t, w in zip(parts, blocks):
+        pre = pre + F.linear(t, w)
+    return net[1:](pre)
 
 
 def _cat_broadcast(parts: list[torch.Tensor]) -> torch.Tensor:
