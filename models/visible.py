@@ -155,7 +155,8 @@ def blocked_sweep(field, v, thresholds, lateral, beta, block=lateral_block, size
 
 def native_sweep(field, v, lateral, beta, reverse: bool = False, seed: int = 0) -> torch.Tensor:
     """The same sweep as one C call (``nvil.native.lateral_sweep``, ``accel=native``): per block of units their fields
-    field + beta v L from the current v, then the block's decisions in order; ``reverse``: units in the opposite
+    field + beta v L from the current v (a register-tiled product over chains where the CPU has AVX-512, else sums of
+    the rows of L of the units that are on), then the block's decisions in order; ``reverse``: units in the opposite
     order. The thresholds are drawn inside the call, the logits of ``nvil.native.uniforms(chains, M, seed)``
     (counter-based: the C loop draws them with no pass over memory and no serial generator). Writes into and
     returns v."""

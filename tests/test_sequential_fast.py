@@ -355,6 +355,35 @@ def test_native_pixel_sweep_matches_the_per_pixel_loop(reverse, beta, mode):
     assert torch.equal(fast, reference_pixel_sweep(field, s0, u, lateral, beta, reverse))
 
 
+@pytest.mark.parametrize("kernel", ["list", "tiled"])
+@pytest.mark.parametrize("reverse", [False, True])
+def test_both_native_pixel_kernels_make_the_per_pixel_chain(kernel, reverse):
+    """Both C pixel kernels (``list``: sums of the rows of the units that are on; ``tiled``: a register-tiled product
+    over chains, the default with AVX-512) on several full blocks and a narrower one, 13 chains (not a whole number of
+    tiles), per-chain beta: the per-pixel loop's states for the kernel's own uniforms, in float64."""
+    field, s0, lateral = pixel_case(chains=13, n=150, seed=3)
+    beta = torch.linspace(0.2, 1.3, 13, dtype=DT)
+    v = s0.clone()
+    native.lateral_sweep(v, field, None, beta, reverse, lateral, seed=77, kernel=kernel)
+    u = native.uniforms(13, 150, 77, DT)
+    assert torch.equal(v, reference_pixel_sweep(field, s0, u, lateral, beta[:, None], reverse))
+
+
+def test_the_tiled_pixel_kernel_agrees_with_the_list_kernel_in_float32():
+    """MNIST-sized pixels in float32 (100 chains, 784 units, L ~ N(0, 0.02)): the kernels sum the lateral field in
+    different orders, so a decision may differ where a field meets its threshold to rounding; at most 1 in 10^4."""
+    g = torch.Generator().manual_seed(4)
+    lateral = 0.02 * torch.randn(784, 784, generator=g)
+    lateral = torch.triu(lateral, 1) + torch.triu(lateral, 1).T
+    field, s0 = torch.randn(100, 784, generator=g), (torch.rand(100, 784, generator=g) < 0.2).float()
+    runs = []
+    for kernel in ("list", "tiled"):
+        v = s0.clone()
+        native.lateral_sweep(v, field, None, torch.ones(100), False, lateral, seed=5, kernel=kernel)
+        runs.append(v)
+    assert (runs[0] != runs[1]).float().mean() <= 1e-4 and not torch.equal(runs[0], s0)
+
+
 def uniformity_z_scores(u: torch.Tensor) -> dict[str, float]:
     """|z| of the mean and variance against U(0, 1)'s, the Kolmogorov-Smirnov distance in units of its 1/sqrt(n)
     scale, and |z| of the lag-one correlations along units and across chains (each ~N(0, 1 / n) if independent)."""
@@ -416,14 +445,14 @@ def test_native_pixel_sweep_draws_the_same_chains_in_any_number_of_threads(monke
     assert torch.equal(runs[0], runs[1]) and not torch.equal(runs[0], s0)
 
 
-def test_native_pixel_sweep_without_the_lateral_field_fails():
+@pytest.mark.parametrize("kernel", ["list", "tiled"])
+def test_native_pixel_sweep_without_the_lateral_field_fails(kernel):
     """Power: the C pixel sweep with the lateral field left out (its scale beta set to 0) is not the per-pixel chain."""
-    from nvil import native
-
     field, s0, lateral = pixel_case()
     u = torch.rand(field.shape, generator=torch.Generator().manual_seed(5), dtype=DT)
     v = s0.clone()
-    native.lateral_sweep(v, field, torch.log(u) - torch.log1p(-u), torch.zeros(12, dtype=DT), False, lateral)
+    native.lateral_sweep(v, field, torch.log(u) - torch.log1p(-u), torch.zeros(12, dtype=DT), False, lateral,
+                         kernel=kernel)
     assert not torch.equal(v, reference_pixel_sweep(field, s0, u, lateral, torch.tensor(1.0, dtype=DT)))
 
 

@@ -31,7 +31,7 @@ import torch
 from nvil.errors import ConfigError
 
 SOURCE = Path(__file__).with_name("sequential.c")
-HEADERS = (Path(__file__).with_name("lateral_sweep.h"),)
+HEADERS = (Path(__file__).with_name("lateral_sweep.h"), Path(__file__).with_name("lateral_tiled.h"))
 FLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-fPIC", "-shared", "-std=c11")
 MODES = {"sample": 0, "force": 1, "argmax": 2}
 _SUFFIX = {torch.float32: "f32", torch.float64: "f64"}
@@ -51,6 +51,10 @@ def _cpu_key() -> str:
             return next((line for line in f if line.startswith("flags")), "")
     except OSError:
         return ""
+
+
+# The pixel sweep's default kernel: register-tiled where the CPU has 512-bit registers (lateral_tiled.h).
+TILED = "avx512f" in _cpu_key().split()
 
 
 def _cache_dir() -> Path:
@@ -106,6 +110,10 @@ def library() -> ctypes.CDLL:
             fn.restype = None
             fn.argtypes = ([ctypes.c_int64] * 3 + [ctypes.c_void_p] * 4 + [ctypes.c_int] + [ctypes.c_void_p] * 4
                            + [ctypes.c_uint64])
+            fn = getattr(lib, f"lateral_tiled_{suffix}")
+            fn.restype = None
+            fn.argtypes = ([ctypes.c_int64] * 3 + [ctypes.c_void_p] * 4 + [ctypes.c_int] + [ctypes.c_void_p]
+                           + [ctypes.c_uint64] + [ctypes.c_void_p] * 2)
             fn = getattr(lib, f"autoregressive_{suffix}")
             fn.restype = None
             fn.argtypes = [ctypes.c_int64] * 3 + [ctypes.c_void_p] * 5
@@ -228,18 +236,28 @@ def autoregressive(base: torch.Tensor, wt: torch.Tensor, u: torch.Tensor) -> tor
 
 
 def lateral_sweep(v: torch.Tensor, field: torch.Tensor, thresholds: torch.Tensor | None, jscale: torch.Tensor | None,
-                  reverse: bool, lateral: torch.Tensor, seed: int = 0) -> None:
+                  reverse: bool, lateral: torch.Tensor, seed: int = 0, kernel: str | None = None) -> None:
     """One sequential sweep over laterally coupled binary units, in place on v [chains, M]: unit j on where
-    field_j + jscale (v L)_j > thresholds_j, in index order (``reverse``: the opposite), blocked
-    (``lateral_sweep.h``). v holds 0 / 1; L [M, M] symmetric with a zero diagonal. ``thresholds`` None: the kernel
-    draws them, the logits of ``uniforms(chains, M, seed)``."""
+    field_j + jscale (v L)_j > thresholds_j, in index order (``reverse``: the opposite), blocked. v holds 0 / 1; L
+    [M, M] symmetric with a zero diagonal. ``thresholds`` None: the kernel draws them, the logits of
+    ``uniforms(chains, M, seed)``. ``kernel``: ``"tiled"`` (``lateral_tiled.h``: each block's fields as a
+    register-tiled product over chains) or ``"list"`` (``lateral_sweep.h``: sums of the rows of L of the units that
+    are on); None: tiled where the CPU has AVX-512, else list. The two make the same decisions up to rounding."""
     dtype = v.dtype
-    fn = _kernel("lateral_sweep", dtype)
+    kernel = kernel or ("tiled" if TILED else "list")
+    if kernel not in ("tiled", "list"):
+        raise ValueError(f"lateral_sweep: kernel must be 'tiled' or 'list', got {kernel!r}")
+    fn = _kernel("lateral_tiled" if kernel == "tiled" else "lateral_sweep", dtype)
     for name, t in (("v", v), ("field", field), ("thresholds", thresholds), ("jscale", jscale), ("L", lateral)):
         _checked(t, dtype, name)
     chains, M = v.shape
 
     def run(lo: int, hi: int) -> None:
+        if kernel == "tiled":  # L's block columns (64 floats or 32 doubles at most), the v and field of no chain
+            panel, dummy = torch.empty(64 * M, dtype=dtype), torch.zeros(2 * M, dtype=dtype)
+            fn(lo, hi, M, _ptr(v), _ptr(field), _ptr(thresholds), _ptr(jscale), int(reverse), _ptr(lateral), seed,
+               _ptr(panel), _ptr(dummy))
+            return
         on, place = torch.empty(2, hi - lo, M, dtype=torch.int32)  # each chain's units that are on, their places
         count = torch.empty(hi - lo, dtype=torch.int32)
         fn(lo, hi, M, _ptr(v), _ptr(field), _ptr(thresholds), _ptr(jscale), int(reverse), _ptr(lateral), _ptr(on),

@@ -1,6 +1,7 @@
 /* One sequential sweep over laterally coupled binary units (the semi-RBM's pixels), blocked: included twice by
    sequential.c, with REAL (float, double), NAME(x) (x_f32, x_f64) and WIDTH (the block: 64 floats or 32 doubles,
-   8 AVX registers of running fields).
+   8 AVX registers of running fields). The list kernel: the default on CPUs without AVX-512; ``lateral_tiled.h`` is
+   the other (nvil.native.lateral_sweep picks).
 
    Unit j turns on where field_j + beta (v L)_j > threshold_j (the logit of its uniform), in index order or reversed,
    each decision seeing the units decided before it. Per block of WIDTH units and per chain, the block's fields

@@ -242,10 +242,27 @@ void autoregressive_##SUFFIX(int64_t c0, int64_t c1, int64_t n, const REAL *base
 DEFINE_AUTOREGRESSIVE(float, f32, expf)
 DEFINE_AUTOREGRESSIVE(double, f64, exp)
 
+/* The pixel sweep's two kernels (nvil.native.lateral_sweep picks one): the list kernel, and the register-tiled one
+   (4 SIMD registers of units per block, TILE chains per tile: 6 x 4 of the 32 512-bit registers; 2 x 4 of the 16
+   256-bit ones), with multiply-adds contracted to FMAs there (its products are by 0 / 1 and -1 / 0 / 1, exact either
+   way; -std=c11 turns contraction off by default). */
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=fast")
+#if defined(__AVX512F__)
+#define VECTOR_BYTES 64
+#define TILE 6
+#else
+#define VECTOR_BYTES 32
+#define TILE 2
+#endif
+
 #define REAL float
 #define NAME(x) x##_f32
 #define WIDTH 64
 #include "lateral_sweep.h"
+#undef WIDTH
+#define WIDTH (4 * VECTOR_BYTES / 4)
+#include "lateral_tiled.h"
 #undef REAL
 #undef NAME
 #undef WIDTH
@@ -254,6 +271,10 @@ DEFINE_AUTOREGRESSIVE(double, f64, exp)
 #define NAME(x) x##_f64
 #define WIDTH 32
 #include "lateral_sweep.h"
+#undef WIDTH
+#define WIDTH (4 * VECTOR_BYTES / 8)
+#include "lateral_tiled.h"
 #undef REAL
 #undef NAME
 #undef WIDTH
+#pragma GCC pop_options
