@@ -26,7 +26,7 @@ enum { NAME(LANES) = VECTOR_BYTES / sizeof(REAL), NAME(REGS) = WIDTH / NAME(LANE
 
 /* One decision of the tile's chains at block position l (a compile-time constant once the loops are unrolled). */
 #define TILE_DECIDE(l)                                                                                             \
-    do {                                                                                                            \
+    if ((l) < width) {                                                                                              \
         const NAME(tload) *row = (const NAME(tload) *)(panel + (j0 + (l)) * WIDTH);                                  \
         _Pragma("GCC unroll 16")                                                                                    \
         for (int r = 0; r < TILE; r++) {                                                                            \
@@ -36,12 +36,13 @@ enum { NAME(LANES) = VECTOR_BYTES / sizeof(REAL), NAME(REGS) = WIDTH / NAME(LANE
             _Pragma("GCC unroll 16")                                                                                \
             for (int q = 0; q < NAME(REGS); q++) sum[r][q] += delta * row[q];                                       \
         }                                                                                                           \
-    } while (0)
+    }
 
-/* The sweep of one full block (j0 + WIDTH <= M) for the tile's TILE chains: vr, fr, tr their v, field and
-   block thresholds (rows past the last chain point at scratch), panel the block's columns of L [M, WIDTH]. */
+/* The sweep of one block of ``width`` <= WIDTH units from j0 for the tile's TILE chains: vr, fr, tr their v, field
+   and block thresholds (rows past the last chain point at scratch), panel the block's columns of L [M, WIDTH]
+   (zero past ``width``). */
 static void NAME(tile_block)(int64_t M, REAL *vr[TILE], const REAL *fr[TILE], const REAL *tr[TILE],
-                             const REAL beta[TILE], const REAL *panel, int64_t j0, int reverse) {
+                             const REAL beta[TILE], const REAL *panel, int64_t j0, int64_t width, int reverse) {
     NAME(tvec) sum[TILE][NAME(REGS)];
     for (int r = 0; r < TILE; r++)
         for (int q = 0; q < NAME(REGS); q++) sum[r][q] = (NAME(tvec)){0};
@@ -63,27 +64,6 @@ static void NAME(tile_block)(int64_t M, REAL *vr[TILE], const REAL *fr[TILE], co
     }
 }
 
-/* The last, narrower block (j0 + width = M) for one chain: its fields from the units that are on, then its
-   decisions. */
-static void NAME(narrow_block)(int64_t M, REAL *vc, const REAL *fc, const REAL *tc, REAL beta, const REAL *J,
-                               int64_t j0, int64_t width, int reverse) {
-    REAL acc[WIDTH] = {0};
-    for (int64_t k = 0; k < M; k++) {
-        if (vc[k] == 0) continue;
-        const REAL *Jk = J + k * M + j0;
-        for (int64_t l = 0; l < width; l++) acc[l] += Jk[l];
-    }
-    for (int64_t t = 0; t < width; t++) {
-        int64_t l = reverse ? width - 1 - t : t, j = j0 + l;
-        REAL next = fc[j] + beta * acc[l] > tc[l] ? 1 : 0;
-        REAL delta = next - vc[j];
-        if (delta == 0) continue;
-        const REAL *Jj = J + j * M + j0;
-        for (int64_t m = 0; m < width; m++) acc[m] += delta * Jj[m];
-        vc[j] = next;
-    }
-}
-
 /* panel: WIDTH M REALs (scratch); dummy: 2 M zeros (the v and field of a tile's missing chains). */
 void NAME(lateral_tiled)(int64_t c0, int64_t c1, int64_t M, REAL *v, const REAL *field, const REAL *thresholds,
                          const REAL *jscale, int reverse, const REAL *J, uint64_t seed, REAL *panel, REAL *dummy) {
@@ -92,8 +72,10 @@ void NAME(lateral_tiled)(int64_t c0, int64_t c1, int64_t M, REAL *v, const REAL 
     for (int64_t bi = 0; bi < blocks; bi++) {
         int64_t j0 = (reverse ? blocks - 1 - bi : bi) * WIDTH;
         int64_t width = M - j0 < WIDTH ? M - j0 : WIDTH;
-        if (width == WIDTH)
-            for (int64_t k = 0; k < M; k++) memcpy(panel + k * WIDTH, J + k * M + j0, WIDTH * sizeof(REAL));
+        for (int64_t k = 0; k < M; k++) {
+            memcpy(panel + k * WIDTH, J + k * M + j0, width * sizeof(REAL));
+            for (int64_t l = width; l < WIDTH; l++) panel[k * WIDTH + l] = 0;
+        }
         for (int64_t g = c0; g < c1; g += TILE) {
             int64_t rows = c1 - g < TILE ? c1 - g : TILE;
             REAL drawn[TILE][WIDTH], beta[TILE];
@@ -113,11 +95,7 @@ void NAME(lateral_tiled)(int64_t c0, int64_t c1, int64_t M, REAL *v, const REAL 
                 fr[r] = r < rows ? field + c * M : dummy_f;
                 beta[r] = jscale ? jscale[c] : 1;
             }
-            if (width == WIDTH)
-                NAME(tile_block)(M, vr, fr, tr, beta, panel, j0, reverse);
-            else
-                for (int64_t r = 0; r < rows; r++)
-                    NAME(narrow_block)(M, vr[r], fr[r], tr[r], beta[r], J, j0, width, reverse);
+            NAME(tile_block)(M, vr, fr, tr, beta, panel, j0, width, reverse);
         }
     }
 }
