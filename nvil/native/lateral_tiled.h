@@ -64,7 +64,8 @@ static void NAME(tile_block)(int64_t M, REAL *vr[TILE], const REAL *fr[TILE], co
     }
 }
 
-/* panel: WIDTH M REALs (scratch); dummy: 2 M zeros (the v and field of a tile's missing chains). */
+/* panel: WIDTH M REALs of scratch; dummy: 2 M REALs zeroed by the caller, the v and field of a tile's missing chains
+   (their decisions land there and are discarded; zeros keep their products finite). */
 void NAME(lateral_tiled)(int64_t c0, int64_t c1, int64_t M, REAL *v, const REAL *field, const REAL *thresholds,
                          const REAL *jscale, int reverse, const REAL *J, uint64_t seed, REAL *panel, REAL *dummy) {
     REAL *dummy_v = dummy, *dummy_f = dummy + M;

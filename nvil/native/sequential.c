@@ -244,10 +244,8 @@ DEFINE_AUTOREGRESSIVE(double, f64, exp)
 
 /* The pixel sweep's two kernels (nvil.native.lateral_sweep picks one): the list kernel, and the register-tiled one
    (4 SIMD registers of units per block, TILE chains per tile: 6 x 4 of the 32 512-bit registers; 2 x 4 of the 16
-   256-bit ones), with multiply-adds contracted to FMAs there (its products are by 0 / 1 and -1 / 0 / 1, exact either
-   way; -std=c11 turns contraction off by default). */
-#pragma GCC push_options
-#pragma GCC optimize("fp-contract=fast")
+   256-bit ones). Only the tiled one has its multiply-adds contracted to FMAs (-std=c11 turns contraction off): its
+   field products are by 0 / 1 and -1 / 0 / 1, exact either way; field + beta (v L) may round once instead of twice. */
 #if defined(__AVX512F__)
 #define VECTOR_BYTES 64
 #define TILE 6
@@ -262,7 +260,10 @@ DEFINE_AUTOREGRESSIVE(double, f64, exp)
 #include "lateral_sweep.h"
 #undef WIDTH
 #define WIDTH (4 * VECTOR_BYTES / 4)
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=fast")
 #include "lateral_tiled.h"
+#pragma GCC pop_options
 #undef REAL
 #undef NAME
 #undef WIDTH
@@ -273,8 +274,10 @@ DEFINE_AUTOREGRESSIVE(double, f64, exp)
 #include "lateral_sweep.h"
 #undef WIDTH
 #define WIDTH (4 * VECTOR_BYTES / 8)
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=fast")
 #include "lateral_tiled.h"
+#pragma GCC pop_options
 #undef REAL
 #undef NAME
 #undef WIDTH
-#pragma GCC pop_options
