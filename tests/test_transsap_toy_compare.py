@@ -56,3 +56,15 @@ def test_cli_pairs_gaps_over_seeds(tmp_path, capsys):
     assert "-2.000 ± 0.000" in last and "-1.000 ± 0.500" in last and "1.000 ± 0.500" in last
     with pytest.raises(SystemExit, match="not found"):
         main([str(tmp_path / "missing")])
+
+
+def test_seeds_without_exact_ml_still_give_trans_sap_minus_sap(tmp_path, capsys):
+    with_ml = toy_seed(tmp_path / "s0", tt_offset=0.5)
+    without = toy_seed(tmp_path / "s1", tt_offset=1.5)
+    write_row(without / "exact_ml_part", lambda t: -t / 1000, lambda t: 0)   # an exact ML stopped early:
+    (without / "exact_ml" / "metrics.jsonl").write_text(                      # its curve ends before the window
+        "\n".join(ln for ln in (without / "exact_ml_part" / "metrics.jsonl").read_text().splitlines()[:50]) + "\n")
+    main([str(with_ml), str(without), "--start", "2000", "--end", "10000", "--every", "500"])
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert "not run" in lines[-2] and "+0.500" in lines[-2]           # seed 1: Trans-SAP - SAP = 2.0 - 1.5
+    assert "1 seeds with exact ML; 2 in all" in lines[-1] and "1.000 ± 0.500" in lines[-1]
