@@ -13,7 +13,7 @@ Gibbs steps onto a common grid (every ``--every`` steps of the window, default t
 last 50,000 of 100,000), and averaged over the window. Printed per seed and as mean ± SE over seeds: each row's
 window mean, its gap to exact ML (row - exact ML, paired within the seed) and Trans-SAP - SAP. The paper's claim
 is that Trans-SAP's gap is the smaller one: with both rows below exact ML, that Trans-SAP - SAP > 0, which needs no
-exact ML run (a seed directory without ``exact_ml/`` gives only that column; ``--rows sap,trans_sap`` makes one).
+exact ML run (a seed without a complete ``exact_ml/`` run gives only that column; ``--rows sap,trans_sap`` makes one).
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ def main(argv=None) -> None:
         m = window_means(d, grid)
         diff = m["trans_sap"] - m["sap"]
         gaps["diff"].append(diff)
-        ml = [f"{m['exact_ml']:.3f}"] if "exact_ml" in m else ["not run"]
+        ml = [f"{m['exact_ml']:.3f}"] if "exact_ml" in m else ["not complete"]
         if "exact_ml" in m:
             g_sap, g_tt = m["sap"] - m["exact_ml"], m["trans_sap"] - m["exact_ml"]
             gaps["sap"].append(g_sap), gaps["trans_sap"].append(g_tt)

@@ -66,5 +66,5 @@ def test_seeds_without_exact_ml_still_give_trans_sap_minus_sap(tmp_path, capsys)
         "\n".join(ln for ln in (without / "exact_ml_part" / "metrics.jsonl").read_text().splitlines()[:50]) + "\n")
     main([str(with_ml), str(without), "--start", "2000", "--end", "10000", "--every", "500"])
     lines = capsys.readouterr().out.strip().splitlines()
-    assert "not run" in lines[-2] and "+0.500" in lines[-2]           # seed 1: Trans-SAP - SAP = 2.0 - 1.5
+    assert "not complete" in lines[-2] and "+0.500" in lines[-2]           # seed 1: Trans-SAP - SAP = 2.0 - 1.5
     assert "1 seeds with exact ML; 2 in all" in lines[-1] and "1.000 ± 0.500" in lines[-1]
