@@ -19,16 +19,19 @@ exact ML run (a seed without a complete ``exact_ml/`` run gives only that column
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import common  # noqa: E402
+import common  # noqa: E402  (puts the repository root on sys.path)
+import torch  # noqa: E402
+
+from nvil.ops import mean_and_stderr  # noqa: E402
 
 TAG = "train/log_p_exact"
-ROWS = ("exact_ml", "sap", "trans_sap")
 
 
 def curve_in_gibbs_steps(run_dir: Path) -> list[tuple[float, float]]:
@@ -48,9 +51,9 @@ def curve_in_gibbs_steps(run_dir: Path) -> list[tuple[float, float]]:
     logged = sorted(sweeps_at)
     out = []
     for step in sorted(points):
-        before = [s for s in logged if s <= step]
+        i = bisect.bisect_right(logged, step)  # the last log at or before this validation
         # the TT sweeps made so far; exact ML logs 0 sweeps, and its x is its update count
-        extra = max(0, sweeps_at[before[-1]] - before[-1]) if before else 0
+        extra = max(0, sweeps_at[logged[i - 1]] - logged[i - 1]) if i else 0
         out.append((float(step + extra), points[step]))
     return out
 
@@ -78,11 +81,10 @@ def window_means(seed_dir: Path, grid: list[float]) -> dict[str, float]:
 
 
 def mean_se(xs: list[float]) -> str:
-    m = sum(xs) / len(xs)
-    if len(xs) < 2:
-        return f"{m:.3f}"
-    se = (sum((x - m) ** 2 for x in xs) / (len(xs) - 1) / len(xs)) ** 0.5
-    return f"{m:.3f} ± {se:.3f}"
+    if not xs:
+        return "—"
+    m, se = mean_and_stderr(torch.tensor(xs))
+    return f"{m:.3f} ± {se:.3f}" if len(xs) > 1 else f"{m:.3f}"
 
 
 def main(argv=None) -> None:
@@ -100,19 +102,15 @@ def main(argv=None) -> None:
         m = window_means(d, grid)
         diff = m["trans_sap"] - m["sap"]
         gaps["diff"].append(diff)
-        ml = [f"{m['exact_ml']:.3f}"] if "exact_ml" in m else ["not complete"]
+        ml_cells = ["not complete", "—", "—"]
         if "exact_ml" in m:
             g_sap, g_tt = m["sap"] - m["exact_ml"], m["trans_sap"] - m["exact_ml"]
             gaps["sap"].append(g_sap), gaps["trans_sap"].append(g_tt)
-            ml += [f"{g_sap:.3f}", f"{g_tt:.3f}"]
-        else:
-            ml += ["—", "—"]
-        rows.append([common.rel(d), ml[0], f"{m['sap']:.3f}", f"{m['trans_sap']:.3f}", *ml[1:], f"{diff:+.3f}",
-                     str(m["points"])])
-    n_ml = len(gaps["sap"])
-    rows.append([f"mean ± SE ({n_ml} seeds with exact ML; {len(gaps['diff'])} in all)", "", "", "",
-                 mean_se(gaps["sap"]) if n_ml else "—", mean_se(gaps["trans_sap"]) if n_ml else "—",
-                 mean_se(gaps["diff"]), ""])
+            ml_cells = [f"{m['exact_ml']:.3f}", f"{g_sap:.3f}", f"{g_tt:.3f}"]
+        rows.append([common.rel(d), ml_cells[0], f"{m['sap']:.3f}", f"{m['trans_sap']:.3f}", *ml_cells[1:],
+                     f"{diff:+.3f}", str(m["points"])])
+    rows.append([f"mean ± SE ({len(gaps['sap'])} seeds with exact ML; {len(gaps['diff'])} in all)", "", "", "",
+                 mean_se(gaps["sap"]), mean_se(gaps["trans_sap"]), mean_se(gaps["diff"]), ""])
     print(f"Exact training log p averaged over Gibbs steps {args.start:,}-{args.end:,} (nats; gaps paired per seed):")
     print(common.markdown_table(["seed dir", "exact ML", "SAP", "Trans-SAP", "SAP - ML", "Trans-SAP - ML",
                                  "Trans-SAP - SAP", "grid points"], rows))
