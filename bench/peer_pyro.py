@@ -44,6 +44,12 @@ do not matter with one latent layer. Pyro runs with its validation off (``pyro.e
 compiled variant, ``JitTraceGraph_ELBO``, stops with "Cannot insert a Tensor that requires grad as a constant"
 (Pyro 1.9.2) with this model and guide.
 
+``--isolate R`` runs every side in a fresh process of its own (this script with ``--only``), R rounds with the order
+rotated each round, and reports the median updates per second of each side and the range of the per-round ratios:
+in one process, Pyro's side slows the sides that run beside it (RESULTS.md, issue 16), so the in-process ratio
+understates every side's own speed by a varying amount. The bounds come from the first round (every round trains
+the same models from the same seeds).
+
 Our side runs ``--warmup`` untimed updates first (compilation with ``--accel compile``, CUDA warm-up), whose effects
 are undone before the timed run (``bench/peers.py: warm_up``).
 """
@@ -52,7 +58,12 @@ from __future__ import annotations
 
 import argparse
 import copy
+import statistics
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 
 from common import markdown_table, sync  # noqa: I001  (puts the repository root on sys.path)
 from peers import (PyroSBN, accelerate_ours, compose_train, limit_threads, machine_line, plain_from_ours,
@@ -67,6 +78,7 @@ from nvil.config import resolve_device
 from nvil.data import MinibatchStream, take_rows
 from nvil.ops import mean_and_stderr
 
+ONLY = {"ours": "ours", "autograd": "ours, autograd path", "plain": "plain", "pyro": "Pyro"}  # --only -> side
 PRESETS = {  # learner overrides: the paper's SGD protocol, or configs/learner/nvil.yaml's Adam
     "sgd": ["learner.optimizer=sgd", "learner.lr=0.006", "learner.inference_lr_scale=0.2"],
     "adam": ["learner.optimizer=adam", "learner.lr=0.001", "learner.inference_lr_scale=0.2"],
@@ -135,7 +147,7 @@ def fmt(x: torch.Tensor) -> str:
     return f"{mean:.2f} ± {se:.2f}"
 
 
-def parse_args():
+def parse_args(argv: list[str] | None = None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--updates", type=int, default=2000, help="parameter updates per side (default 2000)")
     p.add_argument("--batch-size", type=int, default=20, help="minibatch size (default 20; the paper's; also 100)")
@@ -156,16 +168,26 @@ def parse_args():
                    help="untimed updates of our side before its timed run, then undone (default 5)")
     p.add_argument("--block", type=int, default=50, help="updates per turn of each side (default 50)")
     p.add_argument("--skip-pyro", action="store_true", help="leave Pyro out (no Pyro needed)")
-    args = p.parse_args()
+    p.add_argument("--isolate", type=int, default=0, metavar="R",
+                   help="run each side in a process of its own, R rounds in rotated order; medians (default 0: "
+                        "all sides in this process, taking turns)")
+    p.add_argument("--only", choices=tuple(ONLY), default=None, help=argparse.SUPPRESS)  # --isolate's child
+    p.add_argument("--result", default=None, help=argparse.SUPPRESS)  # where the child saves its side's result
+    args = p.parse_args(argv)
     if min(args.updates, args.batch_size, args.latents, args.val_examples, args.iwae_k, args.block) < 1:
         p.error("--updates, --batch-size, --latents, --val-examples, --iwae-k and --block must be positive")
+    if args.isolate < 0:
+        p.error("--isolate must not be negative")
+    if (args.only is None) != (args.result is None):
+        p.error("--only and --result go together")
     if (args.threads is not None and args.threads < 1) or args.warmup < 0:
         p.error("--threads must be positive and --warmup not negative")
     return args
 
 
-def main() -> None:
-    args = parse_args()
+def run_sides(args) -> tuple[dict, dict, dict, dict]:
+    """Build every side from the same start, time the chosen ones (all, or ``--only``'s) taking turns, and score
+    them: labels, seconds, per-example bounds, and the initial ELBO(10)."""
     limiter = limit_threads(args.threads)  # noqa: F841  (keeps the BLAS limit alive)
     device = resolve_device(args.device)
     if not args.skip_pyro:
@@ -194,17 +216,68 @@ def main() -> None:
     if not args.skip_pyro:
         svi_step = pyro_svi(PyroSBN(*pyro_copies, decaying_avg=True, baseline_beta=float(lc.smoothing)), cfg, args.seed)
         sides["Pyro"] = (f"Pyro {pyro.__version__}: TraceGraph_ELBO + nn_baseline ({lc.optimizer})", svi_step)
+    trained = dict(zip(sides, [(ours.model, ours.inference), (autograd.model, autograd.inference), plain_scored,
+                               pyro_copies[:2]]))
+    if args.only is not None:
+        sides = {ONLY[args.only]: sides[ONLY[args.only]]}
     seconds = timed_sides({k: update for k, (_, update) in sides.items()}, stream, args.updates, args.block, device)
     plain_to_ours(plain_p, plain_q, *plain_scored)
-    trained = [(ours.model, ours.inference), (autograd.model, autograd.inference), plain_scored, pyro_copies[:2]]
-    scores = {k: score(m, q, valid, args, device) for k, (m, q) in zip(sides, trained)}
+    scores = {k: score(*trained[k], valid, args, device) for k in sides}
+    return {k: label for k, (label, _) in sides.items()}, seconds, scores, initial
+
+
+def child_argv(args) -> list[str]:
+    """The command line of an ``--isolate`` child: every option of ``args`` except ``--isolate`` itself."""
+    argv = []
+    for name, value in vars(args).items():
+        flag = "--" + name.replace("_", "-")
+        if name in ("isolate", "only", "result") or value is None or value is False:
+            continue
+        argv.append(flag if value is True else f"{flag}={value}")
+    return argv
+
+
+def isolated(args) -> tuple[dict, dict, dict, dict, dict]:
+    """``--isolate``: each side in a fresh process per round, the order rotated; median seconds per side, the
+    per-round ours / side ratios, and the first round's labels, bounds and initial ELBO."""
+    keys = [k for k in ONLY if not (args.skip_pyro and k == "pyro")]
+    child = child_argv(args)
+    runs = {ONLY[k]: [] for k in keys}
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(args.isolate):
+            for k in keys[r % len(keys):] + keys[:r % len(keys)]:
+                out = Path(tmp) / f"{k}{r}.pt"
+                subprocess.run([sys.executable, __file__, *child, "--only", k, "--result", str(out)], check=True)
+                runs[ONLY[k]].append(torch.load(out, weights_only=True))
+    first = {k: v[0] for k, v in runs.items()}
+    seconds = {k: statistics.median(run["seconds"] for run in v) for k, v in runs.items()}
+    ratios = {k: [v[i]["seconds"] / runs["ours"][i]["seconds"] for i in range(args.isolate)] for k, v in runs.items()}
+    return ({k: f["label"] for k, f in first.items()}, seconds, {k: f["scores"] for k, f in first.items()},
+            first["ours"]["initial"], ratios)
+
+
+def main() -> None:
+    args = parse_args()
+    if args.only is not None:
+        labels, seconds, scores, initial = run_sides(args)
+        (k,) = labels
+        torch.save({"label": labels[k], "seconds": seconds[k], "scores": scores[k], "initial": initial}, args.result)
+        return
+    if args.isolate:
+        labels, seconds, scores, initial, ratios = isolated(args)
+    else:
+        (labels, seconds, scores, initial), ratios = run_sides(args), None
+    device = resolve_device(args.device)
+    valid_n = next(iter(scores.values()))["elbo"].numel()
     rows = [[label, str(args.updates), f"{seconds[k]:.1f}", f"{args.updates / seconds[k]:.1f}",
-             fmt(scores[k]["elbo"]), fmt(scores[k]["iwae"])] for k, (label, _) in sides.items()]
-    for k in list(sides)[1:]:
-        rows.append([f"ours / {k} (rate), ours - {k} (bounds)", "", "", f"{seconds[k] / seconds['ours']:.2f}x",
+             fmt(scores[k]["elbo"]), fmt(scores[k]["iwae"])] for k, label in labels.items()]
+    for k in list(labels)[1:]:
+        spread = "" if ratios is None else f" (rounds {min(ratios[k]):.2f}-{max(ratios[k]):.2f}x)"
+        rows.append([f"ours / {k} (rate), ours - {k} (bounds)", "", "", f"{seconds[k] / seconds['ours']:.2f}x{spread}",
                      fmt(scores["ours"]["elbo"] - scores[k]["elbo"]), fmt(scores["ours"]["iwae"] - scores[k]["iwae"])])
+    how = "one process, sides taking turns" if ratios is None else f"a process per side, {args.isolate} rounds, medians"
     print(f"\nSBN-{args.latents} on fixed-binarised MNIST, batch {args.batch_size}, --preset {args.preset}, seed "
-          f"{args.seed}; {machine_line(device)}; validation bounds (nats) on {valid.shape[0]} images, initial "
+          f"{args.seed}; {machine_line(device)}; {how}; validation bounds (nats) on {valid_n} images, initial "
           f"ELBO(10) {fmt(initial['elbo'])}:")
     print(markdown_table(["side", "updates", "train s", "updates/s", "val ELBO(10) ± se",
                           f"val IWAE({args.iwae_k}) ± se"], rows))

@@ -167,3 +167,22 @@ def test_sklearn_learning_rate_is_our_sgd_rate_on_the_free_energy_gap():
     np.testing.assert_allclose(rbm.W.detach().numpy(), sk.components_.T, rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(rbm.c.detach().numpy(), sk.intercept_hidden_, rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(rbm.b.detach().numpy(), sk.intercept_visible_, rtol=1e-10, atol=1e-12)
+
+
+# ---- bench/peer_pyro.py --isolate ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("argv", [
+    ["--isolate", "3", "--threads", "1", "--accel", "compile", "--updates", "77", "--skip-pyro"],
+    ["--isolate=2", "--preset", "adam", "--plain", "bce", "--device", "cpu", "--val-examples", "9", "--warmup", "0"],
+])
+def test_isolate_children_get_every_option_but_isolate(argv):
+    """Each ``--isolate`` child must run the parent's configuration: its command line parses back to the
+    parent's options (a dropped flag, e.g. --skip-pyro or a zero --warmup, would change what the child times)."""
+    from peer_pyro import child_argv, parse_args
+
+    parent = parse_args(argv)
+    child = parse_args([*child_argv(parent), "--only", "ours", "--result", "r.pt"])
+    drop = ("isolate", "only", "result")
+    assert {k: v for k, v in vars(child).items() if k not in drop} == \
+        {k: v for k, v in vars(parent).items() if k not in drop}
+    assert child.isolate == 0 and parent.isolate > 0
