@@ -25,7 +25,7 @@ def evaluate(cfg: DictConfig) -> Result:
         split=cfg.data.split, num_examples=cfg.eval.num_examples, seed=cfg.seed, device=cfg.eval.device,
         progress=cfg.eval.progress, data_overrides=overrides, output=cfg.eval.output, shard=cfg.eval.get("shard"),
         num_shards=cfg.eval.get("num_shards"), per_class=cfg.eval.get("per_class"),
-        strict=bool(cfg.estimator.get("strict", False))))
+        strict=bool(cfg.estimator.get("strict", False)), flush_denormal=cfg.eval.get("flush_denormal", True)))
 
 
 @hydra.main(config_path="configs", config_name="evaluate", version_base="1.3")

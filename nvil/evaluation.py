@@ -22,6 +22,7 @@ from nvil import distributed
 from nvil.checkpoint import load_checkpoint, load_module_state
 from nvil.config import positive_int, resolve_device
 from nvil.data import build_model_data, take_rows
+from nvil.denormals import flushed_denormals
 from nvil.accel import accelerate_sampling
 from nvil.errors import CertificateFailed, CheckpointError, ConfigError, DataError
 from nvil.ops import mean_and_stderr
@@ -81,6 +82,7 @@ class EvalSpec:
     num_shards: int | None = None
     per_class: int | None = None  # the first ``per_class`` examples of each class
     strict: bool = False  # an estimate that is not certified raises ``CertificateFailed``
+    flush_denormal: bool = True  # flush denormal floats to zero on the CPU (nvil/denormals.py)
 
     @property
     def sharded(self) -> bool:
@@ -90,7 +92,11 @@ class EvalSpec:
 def evaluate_checkpoint(path, estimator_cfg, spec: EvalSpec = EvalSpec()) -> Result:
     """Estimate log p(v) of ``spec.split`` under the checkpoint at ``path`` with the estimator ``estimator_cfg``
     describes; print the JSON line, append it to the output file and return the ``Result``."""
-    path = Path(path)
+    with flushed_denormals(spec.flush_denormal, "eval.flush_denormal"):
+        return _evaluate_checkpoint(Path(path), estimator_cfg, spec)
+
+
+def _evaluate_checkpoint(path: Path, estimator_cfg, spec: EvalSpec) -> Result:
     d = distributed.setup()
     dev = distributed.rank_device(resolve_device(spec.device), d)
     positive_int(spec.num_examples, "eval.num_examples", allow_none=True)

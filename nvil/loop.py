@@ -29,6 +29,7 @@ from nvil.build import Run, build
 from nvil.checkpoint import save_checkpoint
 from nvil.config import positive_float, positive_int, resolve_device
 from nvil.data import MinibatchStream, take_rows
+from nvil.denormals import flushed_denormals
 from nvil.divergence import DivergenceMonitor
 from nvil.errors import ConfigError, Interrupted, TrainingDiverged
 from nvil.interrupt import InterruptFlag
@@ -69,7 +70,12 @@ def check_trainer_config(t) -> None:
 def fit(cfg, run_dir: Path, check=None) -> dict:
     """Train the configured model and learner in ``run_dir``; return the final metrics. ``check(model,
     inference, data)``, if given, runs once the model is built and before any step (train.py: the final evaluation
-    accepts this model)."""
+    accepts this model). Denormals are flushed from the start (``trainer.flush_denormal``, nvil/denormals.py)."""
+    with flushed_denormals(cfg.trainer.get("flush_denormal", True)):
+        return _fit(cfg, run_dir, check)
+
+
+def _fit(cfg, run_dir: Path, check) -> dict:
     t = cfg.trainer
     check_trainer_config(t)
     d = distributed.setup()
@@ -254,12 +260,11 @@ def write_checkpoint(path: Path, *, run: Run, state: LoopState, monitor: Diverge
     """Everything a resumed run needs, written atomically by rank 0 (``nvil.checkpoint``). Under torchrun a
     collective: every rank comes here, with its own generators and particles."""
     _check_finite(run, state.step, last_path)
-    payload = {"divergence": monitor.state_dict(),
-        "config": resolved, "model_name": resolved["model"]["name"], "n_visible": run.data.dim,
-        "model": run.model.state_dict(), "inference": None if run.inference is None else run.inference.state_dict(),
-        "learner": run.learner.learner_state(), "step": state.step, "best_score": state.best_score,
-        "loop": asdict(state), "rng": {"torch": torch.get_rng_state()},
-    }
+    payload = {"divergence": monitor.state_dict(), "config": resolved, "model_name": resolved["model"]["name"],
+               "n_visible": run.data.dim, "model": run.model.state_dict(),
+               "inference": None if run.inference is None else run.inference.state_dict(),
+               "learner": run.learner.learner_state(), "step": state.step, "best_score": state.best_score,
+               "loop": asdict(state), "rng": {"torch": torch.get_rng_state()}}
     if d.enabled:
         payload["world_size"] = d.world_size
         payload["ranks"] = distributed.gather_objects(

@@ -29,7 +29,7 @@ RESUME_MUST_MATCH = ("model", "learner", "data", "seed")
 SAFE_ON_RESUME = ("trainer.max_steps", "trainer.log_every", "trainer.val_every", "trainer.ckpt_every",
                   "trainer.sample_every", "trainer.progress", "trainer.tensorboard", "trainer.device",
                   "trainer.accel", "trainer.resume", "trainer.patience", "trainer.divergence",
-                  "trainer.detect_anomaly", "final_eval", "print_config")
+                  "trainer.detect_anomaly", "trainer.flush_denormal", "final_eval", "print_config")
 # Overrides that are not config paths: Hydra's own settings, and presets that set the run's sections.
 NOT_CONFIG = ("hydra", "hydra/")
 PRESET_SECTIONS = ("model", "learner", "data", "seed", "trainer.batch_size")
