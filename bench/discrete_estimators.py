@@ -55,9 +55,14 @@ MODELS = {"sbn200": [200], "sbn200x3": [200, 200, 200]}
 # rate was tuned per model and is not published in PAPERS.md; ours is the learner's 1e-3.)
 AUTHORS_REBAR = ["learner.inference_lr_scale=1", "learner.beta2=0.99999", "learner.cv_lr_scale=10",
                  "learner.cv_objective=logits", "learner.cv_noise=common"]
+# NVIL as the REBAR authors' code (tensorflow/models research/rebar, ``get_nvil_gradient``) trains the anchor's NVIL:
+# the same Adam for model and q, the input-dependent baseline (100 tanh units on x - mean) alone, trained at 10x
+# the rate on the squared signal, no running mean and no variance normalisation.
+AUTHORS_NVIL = ["learner.inference_lr_scale=1", "learner.beta2=0.99999", "learner.baseline_lr_scale=10",
+                "learner.constant_baseline=false", "learner.variance_normalisation=false"]
 PROTOCOLS = {
     "relax": {"defaults": {"estimators": "nvil,rebar,relax", "models": "sbn200", "steps": 2_000_000, "batch_size": 24},
-              "overrides": {"rebar": AUTHORS_REBAR,
+              "overrides": {"nvil": AUTHORS_NVIL, "rebar": AUTHORS_REBAR,
                             "relax": AUTHORS_REBAR + ["learner.cv_inputs=x_z", "learner.cv_depth=2",
                                                       "learner.cv_activation=relu", "learner.cv_weight_decay=1e-4"]}},
     "disarm": {"defaults": {"estimators": "rloo,arm,disarm", "models": "sbn200", "steps": 1_000_000, "batch_size": 50},

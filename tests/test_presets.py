@@ -91,3 +91,43 @@ def test_variants_train_and_resume(tmp_path, extra):
     m2 = train(make_cfg("train", base + ["trainer.max_steps=60", "trainer.resume=true"]), tmp_path)
     assert (m1["step"], m2["step"]) == (40, 60)
     assert m2["val/best"] > -20  # sanity: on 12 binary pixels even a uniform model scores -8.3 nats
+
+
+def bench_protocols():
+    import sys
+    bench = str(CONFIG_DIR.parent / "bench")
+    if bench not in sys.path:
+        sys.path.insert(0, bench)
+    import discrete_estimators
+    return discrete_estimators.PROTOCOLS
+
+
+def same_value(composed, given: str) -> bool:
+    try:
+        return float(composed) == float(given)
+    except (TypeError, ValueError):
+        return str(composed).lower() == given.lower()
+
+
+def build_protocol_learner(estimator: str, extra: list[str]):
+    import torch
+    from nvil.learners import LEARNERS
+    cfg = make_cfg("train", ["model=sbn", "model.layers=[4]", f"learner={estimator}", *extra])
+    model, inference = build_model(cfg.model, 6)
+    return cfg, LEARNERS[estimator](model, inference, cfg.learner, torch.device("cpu"), 0)
+
+
+@pytest.mark.parametrize("protocol", ["relax", "disarm", "vimco"])
+def test_bench_protocols_compose_and_build(protocol):
+    """Each published protocol of bench/discrete_estimators.py (``--protocol``) composes and builds for each of its
+    estimators: every override names a key the learner's config has, with a value the learner accepts."""
+    spec = bench_protocols()[protocol]
+    for estimator in spec["defaults"]["estimators"].split(","):
+        extra = [*spec["overrides"].get("*", []), *spec["overrides"].get(estimator, [])]
+        cfg, _ = build_protocol_learner(estimator, extra)
+        for item in extra:
+            key, value = item.split("=", 1)
+            section, name = key.split(".", 1)
+            assert same_value(cfg[section][name], value), item
+    with pytest.raises(Exception, match="beta3"):  # the failing variant: a key the learner does not have
+        build_protocol_learner("nvil", ["learner.beta3=0.99999"])
