@@ -9,7 +9,7 @@ A benchmark, not run by CI.
         --test-examples 100 --iwae-k 50 --ais-examples 10 --device cpu --out /tmp/discrete_smoke   # a smoke test
 
 Each row trains ``learner=<estimator>`` on a model (``--models``: sbn200 = one layer of 200 units, sbn200x3 = three)
-on binarised MNIST (fixed binarisation; ``--extra-override data.binarize=dynamic`` for DisARM's protocol), at
+on binarised MNIST (fixed binarisation; ``--protocol disarm`` binarises dynamically), at
 minibatch ``--batch-size`` with each learner's configured optimiser (``configs/learner/NAME.yaml``), once per seed.
 Budgets (``--budget``): ``updates`` gives every estimator ``--steps`` updates; ``evaluations`` gives every estimator
 the model evaluations NVIL makes in ``--steps`` updates (an estimator that evaluates f e times per example, e.g.
@@ -60,13 +60,17 @@ AUTHORS_REBAR = ["learner.inference_lr_scale=1", "learner.beta2=0.99999", "learn
 # the rate on the squared signal, no running mean and no variance normalisation.
 AUTHORS_NVIL = ["learner.inference_lr_scale=1", "learner.beta2=0.99999", "learner.baseline_lr_scale=10",
                 "learner.constant_baseline=false", "learner.variance_normalisation=false"]
+# DisARM's protocol as its authors' code trains it (google-research disarm/binary/experiment_launcher_singlelayer.py):
+# dynamic binarisation, one Adam per network at 1e-4 (model and q alike), batch 50, 1M steps; REINFORCE LOO with two
+# samples (one pair). There the prior's logits have an SGD optimiser of their own at 1e-2; here they share the model's Adam.
+AUTHORS_DISARM = ["data.binarize=dynamic", "learner.lr=1e-4", "learner.inference_lr_scale=1"]
 PROTOCOLS = {
     "relax": {"defaults": {"estimators": "nvil,rebar,relax", "models": "sbn200", "steps": 2_000_000, "batch_size": 24},
               "overrides": {"nvil": AUTHORS_NVIL, "rebar": AUTHORS_REBAR,
                             "relax": AUTHORS_REBAR + ["learner.cv_inputs=x_z", "learner.cv_depth=2",
                                                       "learner.cv_activation=relu", "learner.cv_weight_decay=1e-4"]}},
     "disarm": {"defaults": {"estimators": "rloo,arm,disarm", "models": "sbn200", "steps": 1_000_000, "batch_size": 50},
-               "overrides": {"*": ["data.binarize=dynamic"], "rloo": ["learner.num_samples=2"]}},
+               "overrides": {"*": AUTHORS_DISARM, "rloo": ["learner.num_samples=2"]}},
     "vimco": {"defaults": {"estimators": "vimco", "models": "sbn200x3"},
               "overrides": {"vimco": ["learner.num_samples=5"]}},
 }
