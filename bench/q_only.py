@@ -1,0 +1,86 @@
+"""Is the inference network what holds a directed model's bound back? Train q alone from a checkpoint and watch.
+
+    python bench/q_only.py bench/checkpoints/nvil_sbn200_ar.pt --q-lr 0.0003,0.0012,0.006,0.024 --updates 100000
+
+Loads a training checkpoint (model, inference network, learner and optimiser state, as ``trainer.resume`` would),
+sets the model's rate to 0 (its parameters are checked unchanged at the end) and q's to each ``--q-lr`` in turn, and
+runs the checkpoint's own learner for ``--updates`` more updates on fresh minibatches, printing -ELBO(10) on the
+first ``--examples`` test images every ``--every`` updates. If q were short of budget or at a poor rate, some rate
+would lower -ELBO towards the model's -IWAE (``evaluate.py ... estimator=iwae``); if none does, q sits at the floor
+its estimator's noise sets for this model, and the gap ELBO - IWAE (q's KL to the posterior) is not q's schedule.
+One thread; a diagnostic for bench/REPRODUCTION.md, not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import common  # noqa: F401  (puts the repository on sys.path)
+import torch
+from omegaconf import OmegaConf
+
+from nvil import distributed
+from nvil.build import build
+from nvil.data import MinibatchStream, take_rows
+from nvil.denormals import flushed_denormals
+from nvil.divergence import DivergenceMonitor
+from nvil.resume import restore
+from nvil.validation import validate
+
+
+def q_only(checkpoint: Path, q_lr: float, updates: int, every: int, examples: int) -> list[tuple[int, float]]:
+    """[(update, -ELBO(10) on the test images)] while q alone trains at ``q_lr`` from ``checkpoint``."""
+    saved = torch.load(checkpoint, weights_only=True, map_location="cpu")
+    cfg = OmegaConf.create(saved["config"])
+    device = torch.device("cpu")
+    run = build(cfg, device)
+    restore(checkpoint, OmegaConf.to_container(cfg, resolve=True), run, DivergenceMonitor(20.0), device,
+            distributed.setup())
+    groups = {g.get("name"): g for g in run.learner.optimizer.param_groups}
+    if "model" not in groups or "inference" not in groups:
+        raise SystemExit(f"error: {checkpoint}'s learner has no 'model' and 'inference' parameter groups")
+    groups["model"]["lr"], groups["inference"]["lr"] = 0.0, q_lr
+    frozen = [p.detach().clone() for p in run.model.parameters()]
+    test = take_rows(run.data.split("test"), 0, examples)
+    stream = MinibatchStream(run.data, cfg.trainer.batch_size, cfg.seed + 17)  # minibatches the run did not see
+    curve = []
+    for i in range(updates + 1):
+        if i % every == 0:
+            curve.append((i, -float(validate(run.model, run.inference, test, test, 10, 0)["val/elbo"])))
+        if i < updates:
+            run.learner.step(stream.batch(i), diagnostics=False)
+    if not all(torch.equal(a, b) for a, b in zip(frozen, run.model.parameters())):
+        raise SystemExit("error: the model's parameters moved: its rate did not reach the learner's update")
+    return curve
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("checkpoint", type=Path)
+    p.add_argument("--q-lr", default="0.0012", help="comma list of q's rates to try in turn")
+    p.add_argument("--updates", type=int, default=100_000)
+    p.add_argument("--every", type=int, default=20_000)
+    p.add_argument("--examples", type=int, default=1000, help="test images scored (default 1,000)")
+    args = p.parse_args(argv)
+    if not args.checkpoint.is_file():
+        raise SystemExit(f"error: no checkpoint at {args.checkpoint}")
+    torch.set_num_threads(1)
+    rates = [float(r) for r in args.q_lr.split(",")]
+    with flushed_denormals(True, "q_only"):
+        rows = {}
+        for rate in rates:
+            started = time.perf_counter()
+            rows[rate] = q_only(args.checkpoint, rate, args.updates, args.every, args.examples)
+            print(f"q lr {rate:g}: {time.perf_counter() - started:.0f} s", flush=True)
+    steps = [u for u, _ in rows[rates[0]]]
+    print("\n| q lr | " + " | ".join(f"{u:,}" for u in steps) + " |")
+    print("|---" * (len(steps) + 1) + "|")
+    for rate, curve in rows.items():
+        print(f"| {rate:g} | " + " | ".join(f"{v:.2f}" for _, v in curve) + " |")
+    print(f"\n-ELBO(10) on the first {args.examples} test images, model frozen, by q's updates (columns)")
+
+
+if __name__ == "__main__":
+    main()
