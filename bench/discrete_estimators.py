@@ -62,7 +62,8 @@ AUTHORS_NVIL = ["learner.inference_lr_scale=1", "learner.beta2=0.99999", "learne
                 "learner.constant_baseline=false", "learner.variance_normalisation=false"]
 # DisARM's protocol as its authors' code trains it (google-research disarm/binary/experiment_launcher_singlelayer.py):
 # dynamic binarisation, one Adam per network at 1e-4 (model and q alike), batch 50, 1M steps; REINFORCE LOO with two
-# samples (one pair). There the prior's logits have an SGD optimiser of their own at 1e-2; here they share the model's Adam.
+# samples (one pair). There the prior's logits have an SGD optimiser of their own at 1e-2; here they share the
+# model's Adam.
 AUTHORS_DISARM = ["data.binarize=dynamic", "learner.lr=1e-4", "learner.inference_lr_scale=1"]
 PROTOCOLS = {
     "relax": {"defaults": {"estimators": "nvil,rebar,relax", "models": "sbn200", "steps": 2_000_000, "batch_size": 24},

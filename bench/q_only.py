@@ -17,7 +17,7 @@ import argparse
 import time
 from pathlib import Path
 
-import common  # noqa: F401  (puts the repository on sys.path)
+import common  # puts the repository on sys.path; markdown_table
 import torch
 from omegaconf import OmegaConf
 
@@ -75,10 +75,8 @@ def main(argv=None) -> None:
             rows[rate] = q_only(args.checkpoint, rate, args.updates, args.every, args.examples)
             print(f"q lr {rate:g}: {time.perf_counter() - started:.0f} s", flush=True)
     steps = [u for u, _ in rows[rates[0]]]
-    print("\n| q lr | " + " | ".join(f"{u:,}" for u in steps) + " |")
-    print("|---" * (len(steps) + 1) + "|")
-    for rate, curve in rows.items():
-        print(f"| {rate:g} | " + " | ".join(f"{v:.2f}" for _, v in curve) + " |")
+    print("\n" + common.markdown_table(["q lr", *(f"{u:,}" for u in steps)],
+                                       [[f"{rate:g}", *(f"{v:.2f}" for _, v in curve)] for rate, curve in rows.items()]))
     print(f"\n-ELBO(10) on the first {args.examples} test images, model frozen, by q's updates (columns)")
 
 
