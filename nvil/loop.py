@@ -30,7 +30,7 @@ from nvil.checkpoint import save_checkpoint
 from nvil.config import positive_float, positive_int, resolve_device
 from nvil.data import MinibatchStream, take_rows
 from nvil.denormals import flushed_denormals
-from nvil.divergence import DivergenceMonitor
+from nvil.divergence import DivergenceMonitor, check_finite, kept
 from nvil.errors import ConfigError, Interrupted, TrainingDiverged
 from nvil.interrupt import InterruptFlag
 from nvil.learners.diagnostics import log_gradient_diagnostics
@@ -50,6 +50,7 @@ class LoopState:
     best_step: int = -1
     evals_without_improvement: int = 0
     stopped_early: bool = False
+    regressions: int = 0  # validation regression episodes warned of (nvil.divergence)
 
 
 def check_trainer_config(t) -> None:
@@ -63,8 +64,9 @@ def check_trainer_config(t) -> None:
         positive_int(t.get(key, 2), f"trainer.{key}")
         if t.get(key, 2) < 2:
             raise ConfigError(f"trainer.{key} must be at least 2 (a variance needs two draws), got {t.get(key)}")
-    if t.get("divergence") is not None:
-        positive_float(t.get("divergence"), "trainer.divergence")
+    for key in ("divergence", "regression"):
+        if t.get(key) is not None:
+            positive_float(t.get(key), f"trainer.{key}")
 
 
 def fit(cfg, run_dir: Path, check=None) -> dict:
@@ -86,7 +88,7 @@ def _fit(cfg, run_dir: Path, check) -> dict:
     resume = resumes(cfg, run_dir, last_path)
     run = build(cfg, device, check)
     distribute(run, cfg.learner.name, d, device)
-    monitor = DivergenceMonitor(t.get("divergence", 20.0))
+    monitor = DivergenceMonitor(t.get("divergence", 20.0), t.get("regression", 10.0))
     resolved = OmegaConf.to_container(cfg, resolve=True)
     state = LoopState(**restore(last_path, resolved, run, monitor, device, d)) if resume else LoopState()
     open_run_dir(cfg, run_dir, resume, state.step, d)
@@ -196,10 +198,10 @@ def checked_scores(metrics: dict, step: int, monitor: DivergenceMonitor, d: dist
     if not all(map(math.isfinite, latest.values())):
         bad = sorted(k for k, v in latest.items() if not math.isfinite(v))
         raise TrainingDiverged(f"training diverged at step {step}: {', '.join(bad[:3])} not "
-                               f"finite; {_kept(last_path)} (try a smaller learner.lr)")
+                               f"finite; {kept(last_path)} (try a smaller learner.lr)")
     diverged = monitor.check(latest)
     if diverged:
-        raise TrainingDiverged(f"training diverged at step {step}: {diverged}; {_kept(last_path)} "
+        raise TrainingDiverged(f"training diverged at step {step}: {diverged}; {kept(last_path)} "
                                "(try a smaller learner.lr; trainer.divergence=null turns this check off)")
     return latest
 
@@ -232,8 +234,12 @@ def keep_best(state: LoopState, tag: str, scores: dict[str, float], patience: in
     diverged = monitor.check(scores)
     if diverged:
         raise TrainingDiverged(f"training diverged by step {state.step}: {diverged}; "
-                               f"{_kept(last_path)} (try a smaller learner.lr)")
+                               f"{kept(last_path)} (try a smaller learner.lr)")
     log.info("step %d: %s = %.4f%s", state.step, tag, score, " (best)" if score > state.best_score else "")
+    regression = monitor.regression(tag, score, state.best_score, state.best_step)
+    if regression:
+        state.regressions += 1
+        log.warning("step %d: %s", state.step, regression)
     improved = score > state.best_score
     if improved:
         state.best_score, state.best_step, state.evals_without_improvement = score, state.step, 0
@@ -259,7 +265,7 @@ def write_checkpoint(path: Path, *, run: Run, state: LoopState, monitor: Diverge
                      d: distributed.Dist, last_path: Path) -> None:
     """Everything a resumed run needs, written atomically by rank 0 (``nvil.checkpoint``). Under torchrun a
     collective: every rank comes here, with its own generators and particles."""
-    _check_finite(run, state.step, last_path)
+    check_finite(run, state.step, last_path)
     payload = {"divergence": monitor.state_dict(), "config": resolved, "model_name": resolved["model"]["name"],
                "n_visible": run.data.dim, "model": run.model.state_dict(),
                "inference": None if run.inference is None else run.inference.state_dict(),
@@ -278,23 +284,10 @@ def final_metrics(state: LoopState, tag: str | None, latest: dict[str, float], f
                   checkpoint: Path) -> dict:
     return {
         "step": state.step, "best_step": state.best_step, "val/tag": tag, "val/best": state.best_score,
-        "stopped_early": state.stopped_early,
+        "stopped_early": state.stopped_early, "val/regressions": state.regressions,
         # the last logged training scores, whatever the learner reports (train/elbo, train/log_joint, ...)
         **{k: v for k, v in latest.items() if k.startswith("train/") and k != "train/steps_per_second"},
         "steps_per_second": (state.step - first_step) / max(time.perf_counter() - started, 1e-9),
         "seconds": round(time.perf_counter() - started, 1),  # this process's training time (a resume counts its own)
         "checkpoint": str(checkpoint),
     }
-
-
-def _kept(last_path: Path) -> str:
-    if last_path.exists():
-        return f"the last good checkpoint is kept at {last_path}"
-    return "no checkpoint was written before that (none is kept)"
-
-
-def _check_finite(run: Run, step: int, last_path: Path) -> None:
-    params = list(run.model.parameters()) + (list(run.inference.parameters()) if run.inference is not None else [])
-    if not bool(torch.stack([torch.isfinite(p).all() for p in params]).all()):
-        raise TrainingDiverged(f"parameters became NaN or infinite by step {step}; {_kept(last_path)} "
-                               "(try a smaller learner.lr)")

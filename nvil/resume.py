@@ -28,7 +28,7 @@ RESUME_MUST_MATCH = ("model", "learner", "data", "seed")
 # Config paths an override may change when a run resumes; everything else is the run's own.
 SAFE_ON_RESUME = ("trainer.max_steps", "trainer.log_every", "trainer.val_every", "trainer.ckpt_every",
                   "trainer.sample_every", "trainer.progress", "trainer.tensorboard", "trainer.device",
-                  "trainer.accel", "trainer.resume", "trainer.patience", "trainer.divergence",
+                  "trainer.accel", "trainer.resume", "trainer.patience", "trainer.divergence", "trainer.regression",
                   "trainer.detect_anomaly", "trainer.flush_denormal", "final_eval", "print_config")
 # Overrides that are not config paths: Hydra's own settings, and presets that set the run's sections.
 NOT_CONFIG = ("hydra", "hydra/")
