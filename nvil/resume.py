@@ -195,4 +195,13 @@ def restore(path: Path, resolved: dict, run, monitor, device, d: distributed.Dis
         raise CheckpointError(f"cannot restore the learner state from {path}: {str(e).splitlines()[0][:200]}") from None
     torch.set_rng_state((payload["ranks"][d.rank]["torch_rng"] if d.enabled else payload["rng"]["torch"]).cpu())
     monitor.load_state_dict(payload.get("divergence", {}))
-    return payload["loop"]
+    return resumed_loop(payload["loop"], resolved["trainer"].get("patience"))
+
+
+def resumed_loop(loop: dict, patience: int | None) -> dict:
+    """The loop state to go on from: a run that stopped early goes on when resumed with a patience it has not used
+    up, or with none (``trainer.patience=null``: keep best.pt, the NVIL paper's early stopping, and train on)."""
+    loop = dict(loop)
+    if loop.get("stopped_early") and (patience is None or loop.get("evals_without_improvement", 0) < patience):
+        loop["stopped_early"] = False
+    return loop

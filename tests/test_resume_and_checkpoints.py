@@ -194,3 +194,22 @@ def test_resume_accepts_config_keys_added_after_the_checkpoint(tmp_path, synthet
                                               r"model\.inference\.autoregressive=True"):
         train(make_cfg("train", synthetic_overrides + ["trainer.max_steps=40", "trainer.resume=true",
                                                        "model.inference.autoregressive=true"]), tmp_path)
+
+
+def test_a_run_stopped_early_goes_on_when_resumed_with_patience_left_or_none(tmp_path, synthetic_overrides,
+                                                                              monkeypatch):
+    """The NVIL paper's early stopping keeps the best parameters and does not end training: a run that a patience
+    rule stopped goes on when resumed with ``trainer.patience=null`` (or a patience it has not used up)."""
+    scores = iter([-100.0 - i for i in range(100)])  # every validation worse than the first: no improvement
+    monkeypatch.setattr("nvil.loop.validate", lambda *a, **k: {"val/elbo": next(scores)})
+    base = synthetic_overrides + ["trainer.patience=2"]
+    first = train(make_cfg("train", base + ["trainer.max_steps=200"]), tmp_path)
+    assert first["stopped_early"] and first["step"] == 60  # validations at 20 (best), 40, 60: two without improving
+    again = ["trainer.max_steps=200", "trainer.resume=true"]
+    same = train(make_cfg("train", base + again), tmp_path)  # the broken variant: the used-up patience stops it again
+    assert same["stopped_early"] and same["step"] == 60
+    more = train(make_cfg("train", base + again + ["trainer.patience=4"]), tmp_path)
+    assert more["stopped_early"] and more["step"] == 100
+    on = train(make_cfg("train", base + again + ["trainer.patience=null"]), tmp_path)
+    assert not on["stopped_early"] and on["step"] == 200
+    assert load_checkpoint(tmp_path / "checkpoints" / "best.pt")["step"] == 20
