@@ -82,7 +82,7 @@ def run_config(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> tuple[Di
                                   "its checkpoint) or start a new run in another hydra.run.dir")
     merged = _restore_sections(current, saved)
     for key in override_keys(overrides):
-        if _safe(key) and _select(current, key) is not None:
+        if _safe(key) and _select(current, key, MISSING) is not MISSING:  # null too: trainer.patience=null
             _assign(merged, key, _select(current, key))
     out = OmegaConf.create(merged)
     _check_budget(out, int(payload.get("step", 0)), cfg.trainer.resume, run_dir)
@@ -115,10 +115,13 @@ def _restore_sections(current: dict, saved: dict) -> dict:
     return out
 
 
-def _select(d, path: str):
+MISSING = object()
+
+
+def _select(d, path: str, missing=None):
     for part in path.split("."):
         if not isinstance(d, dict) or part not in d:
-            return None
+            return missing
         d = d[part]
     return d
 

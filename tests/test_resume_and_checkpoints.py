@@ -199,17 +199,24 @@ def test_resume_accepts_config_keys_added_after_the_checkpoint(tmp_path, synthet
 def test_a_run_stopped_early_goes_on_when_resumed_with_patience_left_or_none(tmp_path, synthetic_overrides,
                                                                               monkeypatch):
     """The NVIL paper's early stopping keeps the best parameters and does not end training: a run that a patience
-    rule stopped goes on when resumed with ``trainer.patience=null`` (or a patience it has not used up)."""
+    rule stopped goes on when resumed with ``trainer.patience=null`` (or a patience it has not used up), through
+    the command line's path (``run_config``: the run's own config, then the safe overrides, null included)."""
+    from nvil.resume import run_config
     scores = iter([-100.0 - i for i in range(100)])  # every validation worse than the first: no improvement
     monkeypatch.setattr("nvil.loop.validate", lambda *a, **k: {"val/elbo": next(scores)})
-    base = synthetic_overrides + ["trainer.patience=2"]
-    first = train(make_cfg("train", base + ["trainer.max_steps=200"]), tmp_path)
+    first = train(make_cfg("train", synthetic_overrides + ["trainer.patience=2", "trainer.max_steps=200"]), tmp_path)
     assert first["stopped_early"] and first["step"] == 60  # validations at 20 (best), 40, 60: two without improving
-    again = ["trainer.max_steps=200", "trainer.resume=true"]
-    same = train(make_cfg("train", base + again), tmp_path)  # the broken variant: the used-up patience stops it again
+
+    def resume(*extra):
+        overrides = ["trainer.resume=true", *extra]
+        cfg, resumed = run_config(make_cfg("train", overrides), tmp_path, overrides)
+        assert resumed
+        return train(cfg, tmp_path)
+
+    same = resume()  # the broken variant: the run's own patience, used up, stops it again at once
     assert same["stopped_early"] and same["step"] == 60
-    more = train(make_cfg("train", base + again + ["trainer.patience=4"]), tmp_path)
+    more = resume("trainer.patience=4")
     assert more["stopped_early"] and more["step"] == 100
-    on = train(make_cfg("train", base + again + ["trainer.patience=null"]), tmp_path)
+    on = resume("trainer.patience=null")
     assert not on["stopped_early"] and on["step"] == 200
     assert load_checkpoint(tmp_path / "checkpoints" / "best.pt")["step"] == 20
