@@ -48,7 +48,7 @@ def test_a_late_fall_is_said_once_and_a_healthy_curve_never():
 
 
 @pytest.mark.parametrize("run", ["nvil_sbn200_sgd", "nvil_fdarn200", "ws_sbn200", "ws_sbn200_lr0.001",
-                                 "nvil_sbn200_ar", "nvil_sbn200_ar_lr0.003"])
+                                 "nvil_sbn200_ar", "nvil_sbn200_ar_lr0.003", "ws_sbn200_q1"])
 def test_the_committed_runs_real_curves_are_not_called_regressions(run):
     """The validation curves of the committed reproduction runs (134 to 750 validations each, to 7.5M updates): none
     fell, and none is said to; at a factor of 3 (the broken variant) their noise is, in all but one."""
