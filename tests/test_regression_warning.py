@@ -59,6 +59,16 @@ def test_the_committed_runs_real_curves_are_not_called_regressions(run):
         assert warnings_along(DivergenceMonitor(regression=3), scores)
 
 
+def test_relaxs_real_fall_is_said():
+    """RELAX under its published protocol, updates 1,448,000-2,000,000 (committed curve): its control variate's
+    temperature ran from 0.28 to 320 at update ~1.811M and the validation -ELBO(10) went from 113.3 to 159.8 before
+    recovering. The rule says so at the first validation after the fall, once; with the rule off nothing is said."""
+    rows = [json.loads(line) for line in (ROOT / "bench" / "checkpoints" / "discrete_relax_relax_s0.val.jsonl").open()]
+    steps, scores = [r["step"] for r in rows], [r["val/elbo"] for r in rows]
+    assert [steps[i] for i in warnings_along(DivergenceMonitor(), scores)] == [1_812_000]
+    assert warnings_along(DivergenceMonitor(regression=None), scores) == []
+
+
 def test_the_rule_survives_a_resume_and_reads_older_checkpoints():
     curve = healthy_curve() + [-147.4, -140.0]
     whole = DivergenceMonitor()
