@@ -82,8 +82,9 @@ def run_config(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> tuple[Di
                                   "its checkpoint) or start a new run in another hydra.run.dir")
     merged = _restore_sections(current, saved)
     for key in override_keys(overrides):
-        if _safe(key) and _select(current, key, MISSING) is not MISSING:  # null too: trainer.patience=null
-            _assign(merged, key, _select(current, key))
+        value = _select(current, key, _MISSING)
+        if _safe(key) and value is not _MISSING:  # a null too: trainer.patience=null
+            _assign(merged, key, value)
     out = OmegaConf.create(merged)
     _check_budget(out, int(payload.get("step", 0)), cfg.trainer.resume, run_dir)
     return out, True
@@ -115,7 +116,7 @@ def _restore_sections(current: dict, saved: dict) -> dict:
     return out
 
 
-MISSING = object()
+_MISSING = object()  # _select's answer for a path that is not there (None is a value)
 
 
 def _select(d, path: str, missing=None):
