@@ -11,12 +11,13 @@ Learning moves a score up, and the minibatch noise of a healthy run stays within
 shown, so ``factor = 20`` flags only a collapse by orders of magnitude.
 
 Regression (a warning, not a stop): the validation score kept for best.pt falling far below its best, as RELAX's
-protocol run did at updates 1,365,000 and 1,811,000 (its control variate's temperature ran away in a few Adam
-steps; validation -ELBO(10) 113.5 -> 147.4 and 113.3 -> 159.8, each recovering over ~50-100k updates) while
-staying inside the collapse rule's range. The scale is the run's own: ``step`` = the median absolute change between consecutive validations so far (the last 100; at least 5
-needed). A validation more than ``regression * step`` below the best starts a regression episode, said once in the
-log (the run goes on: it may recover, and best.pt keeps the best); the episode ends when a validation is back within
-that distance. With ``regression = 10`` a healthy run's validations, whose changes are of one size, do not start one.
+protocol run did at updates 1,365,000 and 1,811,000 (its control variate's temperature ran away in a few Adam steps;
+validation -ELBO(10) 113.5 -> 147.4 and 113.3 -> 159.8, each recovering over ~50-100k updates) while staying inside
+the collapse rule's range. The scale is the run's own: ``step`` = the median absolute change between consecutive
+validations so far (the last 100; at least 5 needed). A validation more than ``regression * step`` below the best
+starts a regression episode, said once in the log (the run goes on: it may recover, and best.pt keeps the best); the
+episode ends when a validation is back within that distance. With ``regression = 10`` a healthy run's validations,
+whose changes are of one size, do not start one.
 """
 
 from __future__ import annotations
