@@ -72,7 +72,7 @@ def accelerate(fn: Callable, mode: str = "none", device=None, what: str = "accel
     Every graph is compiled for static shapes (``dynamic=False``): a call with new shapes (another batch size, the
     pilot's and the reverse run's chain counts) compiles a graph of its own instead of Dynamo's automatic dynamic
     graph. The dynamic graph of the fused NVIL step corrupted the heap on AVX-512 CPUs with torch 2.14.1 ("malloc():
-    unaligned tcache chunk detected" after batch 20 then 100 in one process; tests/test_accel.py), and our shapes
+    unaligned tcache chunk detected" after batch 20 then 100 in one process; tests/test_compile_shapes.py), and our shapes
     are few and fixed within a run."""
     check_mode(mode, device, what)
     if not compiled(mode):  # native, auto: only the sequential sweeps have C kernels (nvil.native)

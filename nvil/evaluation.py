@@ -22,6 +22,7 @@ from nvil import distributed
 from nvil.checkpoint import load_checkpoint, load_module_state
 from nvil.config import positive_int, resolve_device
 from nvil.data import build_model_data, take_rows
+from nvil.cpu_kernels import capability
 from nvil.denormals import flushed_denormals
 from nvil.accel import accelerate_sampling
 from nvil.errors import CertificateFailed, CheckpointError, ConfigError, DataError
@@ -132,7 +133,8 @@ def _evaluate_checkpoint(path: Path, estimator_cfg, spec: EvalSpec) -> Result:
         result, lengths = gather_result(result, lengths)
     if lengths is not None:
         result.extras.update(perplexity(result, lengths, exact=estimator.name == "exact"))
-    result.extras.update({"split": spec.split, "checkpoint": str(path), "step": int(payload.get("step", -1))})
+    result.extras.update({"split": spec.split, "checkpoint": str(path), "step": int(payload.get("step", -1)),
+                          "cpu_kernels": capability()})  # torch's CPU kernel set (nvil/cpu_kernels.py)
     if spec.num_shards is not None:
         result.extras.update(shard_sums(result, spec.shard, spec.num_shards, (start, stop)))
     if d.is_main:

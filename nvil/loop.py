@@ -26,6 +26,7 @@ from tqdm import tqdm
 
 from nvil import distributed
 from nvil.build import Run, build
+from nvil.cpu_kernels import capability
 from nvil.checkpoint import save_checkpoint
 from nvil.config import positive_float, positive_int, resolve_device
 from nvil.data import MinibatchStream, take_rows
@@ -289,5 +290,6 @@ def final_metrics(state: LoopState, tag: str | None, latest: dict[str, float], f
         **{k: v for k, v in latest.items() if k.startswith("train/") and k != "train/steps_per_second"},
         "steps_per_second": (state.step - first_step) / max(time.perf_counter() - started, 1e-9),
         "seconds": round(time.perf_counter() - started, 1),  # this process's training time (a resume counts its own)
+        "cpu_kernels": capability(),  # torch's CPU kernel set (nvil/cpu_kernels.py)
         "checkpoint": str(checkpoint),
     }

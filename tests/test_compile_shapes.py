@@ -5,15 +5,19 @@ learner compiled at batch 20 and then another at batch 100 in one process died w
 chunk detected" (every run on the machine where it was found). ``accelerate`` now compiles with ``dynamic=False``, so
 each shape gets a graph of its own. Each check runs in a fresh process (a corrupted heap must not take pytest down)
 and compares the compiled learner's parameters after its updates with the eager learner's from the same seed.
-The broken variant, the same script with Dynamo's dynamic graphs allowed, must fail where the CPU has AVX-512."""
+The broken variant, the same script with Dynamo's dynamic graphs allowed and torch's AVX-512 kernels, must fail where
+the CPU has AVX-512."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from nvil.cpu_kernels import cpu_flags
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -48,16 +52,14 @@ sys.exit(0 if worst < 1e-4 else 3)
 """
 
 
-def run(variant: str) -> subprocess.CompletedProcess:
+def run(variant: str, kernel_set: str | None = None) -> subprocess.CompletedProcess:
+    """The script in a fresh process; ``kernel_set`` pins torch's CPU kernels (else nvil's choice, nvil/cpu_kernels.py)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("ATEN_CPU_CAPABILITY", None)
+    if kernel_set:
+        env["ATEN_CPU_CAPABILITY"] = kernel_set
     return subprocess.run([sys.executable, "-c", SCRIPT, variant], cwd=ROOT, capture_output=True, text=True,
-                          timeout=600, env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
-
-
-def avx512() -> bool:
-    try:
-        return "avx512f" in Path("/proc/cpuinfo").read_text().split()
-    except OSError:
-        return False
+                          timeout=600, env=env)
 
 
 def test_compiled_step_takes_new_batch_sizes_and_matches_eager():
@@ -67,7 +69,7 @@ def test_compiled_step_takes_new_batch_sizes_and_matches_eager():
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not avx512(), reason="the dynamic graph's heap corruption was seen on AVX-512 CPUs only")
+@pytest.mark.skipif("avx512f" not in cpu_flags(), reason="the dynamic graph's heap corruption was seen on AVX-512 CPUs only")
 def test_dynamic_graphs_the_broken_variant_fail():
-    out = run("dynamic")
+    out = run("dynamic", "avx512")  # where it was seen: torch's AVX-512 kernels (AVX2 ran it clean)
     assert out.returncode != 0, f"dynamic graphs ran clean: {out.stdout[-300:]} (has torch fixed it?)"
