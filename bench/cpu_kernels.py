@@ -1,7 +1,7 @@
 """torch's AVX-512 CPU kernels against its AVX2 kernels on this machine (nvil/cpu_kernels.py chooses AVX2).
 
     python bench/cpu_kernels.py                                 # element-wise ops, the hot loops eager, IWAE
-    python bench/cpu_kernels.py --parts loops --compile         # the hot loops compiled too (may crash on AVX-512)
+    python bench/cpu_kernels.py --parts loops --compile         # the hot loops compiled too
     python bench/cpu_kernels.py --rounds 5 --threads 1
 
 Every measurement runs in a fresh process with ``ATEN_CPU_CAPABILITY`` set to each kernel set in turn (torch picks
@@ -11,8 +11,8 @@ load falls on both; the tables give the median of the rounds and the ratio avx51
 - ``ops``: ms per call of an element-wise op on a [100, 500] float32 tensor (50,000 elements: an AIS step's hidden
   inputs at 100 chains), one thread;
 - ``loops``: ``bench/profile_hot_loops.py`` (NVIL step, block Gibbs, tempered transitions, HMC, AIS), eager, or
-  with ``--compile`` also ``torch.compile``d; a process that dies (Inductor's AVX-512 code corrupted the heap here)
-  is reported with its signal;
+  with ``--compile`` also ``torch.compile``d (each set in its own compile cache, nvil/cpu_kernels.py); a process
+  that dies is reported with its signal;
 - ``iwae``: seconds of ``evaluate.py estimator=iwae`` (K = 1000) on ``--examples`` test images of the committed
   ``bench/checkpoints/nvil_sbn200_sgd.pt``, and its estimate (which must not depend on the kernel set).
 """
@@ -26,6 +26,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 
 from common import ROOT, markdown_table  # noqa: I001  (puts the repository root on sys.path)
 
@@ -96,9 +97,10 @@ def iwae_rounds(args) -> tuple[dict, dict]:
     seconds, estimates = {s: [] for s in SETS}, {s: set() for s in SETS}
     for _ in range(args.rounds):
         for s in SETS:
-            proc = child([sys.executable, "evaluate.py", "checkpoint=bench/checkpoints/nvil_sbn200_sgd.pt",
-                          "estimator=iwae", f"eval.num_examples={args.examples}", "eval.progress=false"], s,
-                         args.threads)
+            with tempfile.TemporaryDirectory() as tmp:  # the JSON lines go there, not beside the checkpoint
+                proc = child([sys.executable, "evaluate.py", "checkpoint=bench/checkpoints/nvil_sbn200_sgd.pt",
+                              "estimator=iwae", f"eval.num_examples={args.examples}", "eval.progress=false",
+                              f"eval.output={tmp}/iwae.jsonl"], s, args.threads)
             if died(proc):
                 raise SystemExit(f"evaluate.py failed under {s}: {proc.stderr[-500:]}")
             result = json.loads(proc.stdout.strip().splitlines()[-1])

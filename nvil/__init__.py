@@ -2,6 +2,6 @@
 
 __version__ = "0.1.0"
 
-from nvil.cpu_kernels import prefer_avx2 as _prefer_avx2
+from nvil.cpu_kernels import choose_kernels as _choose_kernels
 
-_prefer_avx2()  # before any torch operation: torch's AVX2 kernels on AVX-512 CPUs (nvil/cpu_kernels.py)
+_choose_kernels()  # before any torch operation: AVX2 kernels on AVX-512 CPUs, a compile cache per set (cpu_kernels.py)

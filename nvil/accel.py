@@ -67,22 +67,15 @@ def accelerate(fn: Callable, mode: str = "none", device=None, what: str = "accel
     (and Python constants) that draws no random numbers. ``fixed_modules``: the ``nn.Module``s that ``fn`` reaches
     are never swapped or restructured while it is in use (their parameters change in place only), so ``compile``
     drops Dynamo's guards on them (``torch.compiler.skip_guard_on_all_nn_modules_unsafe``): on a step of ~1 ms,
-    checking ~400 module guards per call costs ~5%.
-
-    Every graph is compiled for static shapes (``dynamic=False``): a call with new shapes (another batch size, the
-    pilot's and the reverse run's chain counts) compiles a graph of its own instead of Dynamo's automatic dynamic
-    graph. The dynamic graph of the fused NVIL step corrupted the heap on AVX-512 CPUs with torch 2.14.1 ("malloc():
-    unaligned tcache chunk detected" after batch 20 then 100 in one process; tests/test_compile_shapes.py), and our shapes
-    are few and fixed within a run."""
+    checking ~400 module guards per call costs ~5%."""
     check_mode(mode, device, what)
     if not compiled(mode):  # native, auto: only the sequential sweeps have C kernels (nvil.native)
         return fn
     if mode == "compile":
         if fixed_modules:
-            return torch.compile(fn, dynamic=False,
-                                 options={"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe})
-        return torch.compile(fn, dynamic=False)
-    graphed = torch.compile(fn, mode="reduce-overhead", dynamic=False)
+            return torch.compile(fn, options={"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe})
+        return torch.compile(fn)
+    graphed = torch.compile(fn, mode="reduce-overhead")
 
     @functools.wraps(fn)
     def replay(*args, **kwargs):

@@ -1,32 +1,39 @@
-"""Which of torch's CPU kernel sets runs: AVX2 on CPUs with AVX-512, unless the user chose (``ATEN_CPU_CAPABILITY``).
+"""Which of torch's CPU kernel sets runs (AVX2 on CPUs with AVX-512, unless the user chose), and a compile cache
+of its own for each set.
 
 torch picks its vectorised CPU kernels once per process, at the first operation, from the CPU's instruction sets
-or the environment variable ``ATEN_CPU_CAPABILITY`` (``default``, ``avx2``, ``avx512``). On a CPU with AVX-512
-it picks ``avx512``, and with torch 2.14.1 two things go wrong there (bench/cpu_kernels.py measures both):
+or the environment variable ``ATEN_CPU_CAPABILITY`` (``default``, ``avx2``, ``avx512``). On a CPU with AVX-512 it
+picks ``avx512``, whose ``softplus``, ``log1p`` and ``expm1`` kernels run 5-9x slower than the AVX2 set's with torch
+2.14.1 (50,000 floats on one thread of an AMD EPYC: log1p 1.04 ms against 0.11, softplus 1.06 against 0.22;
+``python bench/cpu_kernels.py``). Every Bernoulli log-probability (``nvil.ops.bernoulli_log_prob``), RBM free
+energy and AIS weight increment goes through them: with the AVX2 set, HMC on a Gaussian belief net runs 1.9x, AIS on
+a 784-500 RBM 1.33x, IWAE(1000) 1.7x faster, with identical estimates. (torch's AVX-512 ``sigmoid`` and ``exp`` are
+the faster ones; block Gibbs comes out even and tempered transitions 3% slower.)
 
-- **Speed.** Several element-wise kernels that this framework's hot loops use (``softplus``, ``log1p``,
-  ``expm1``) run 5-10x slower in the AVX-512 set than in the AVX2 set (50,000 floats: log1p 0.97 ms against 0.10,
-  softplus 1.06 against 0.21, one thread of an AMD EPYC with AVX-512). Every Bernoulli log-probability
-  (``nvil.ops.bernoulli_log_prob``), RBM free energy and AIS weight increment goes through them: with the AVX2 set
-  AIS on a 784-500 RBM takes 1.4x less time per step and IWAE(1000) 1.7x less, with identical results.
-- **Memory safety of compiled code.** ``torch.compile`` (Inductor) generates C++ for the same instruction set; its
-  AVX-512 code for the HMC, Gibbs, tempered-transitions and AIS steps of ``bench/profile_hot_loops.py`` corrupted the
-  heap ("malloc(): unaligned tcache chunk detected") on that machine, and the same graphs built for AVX2 ran clean
-  and equal to eager (tests/test_cpu_kernels.py).
-
-So the first import of ``nvil`` sets ``ATEN_CPU_CAPABILITY=avx2`` when the CPU reports AVX-512 and the variable is
-not set: before any torch operation in the processes of ``train.py``, ``evaluate.py``, the benches and the tests
-(they import ``nvil`` first), and inherited by their child processes (torchrun workers, launcher jobs). A user who
-sets the variable keeps their choice (``ATEN_CPU_CAPABILITY=avx512 python train.py`` restores torch's). Where torch
+So the first import of ``nvil`` sets ``ATEN_CPU_CAPABILITY=avx2`` where the CPU reports AVX-512 and the variable is
+unset: before any torch operation in the processes of ``train.py``, ``evaluate.py``, the benches and the tests (they
+import ``nvil`` first), and inherited by their child processes (torchrun workers, launcher jobs). A user who sets
+the variable keeps their choice (``ATEN_CPU_CAPABILITY=avx512 python train.py`` restores torch's pick). Where torch
 had already picked its kernels before ``nvil`` was imported (a notebook that ran torch first) nothing changes;
 ``capability()`` says what runs, and the training summary and the evaluator's JSON record it.
+
+**The compile cache.** ``torch.compile`` (Inductor) generates C++ for the kernel set in force and caches it on disk
+(by default in ``<tmp>/torchinductor_<user>``), keyed without the kernel set: a process under one set loads what a
+process under another compiled. Seen here: block Gibbs compiled under ``avx512`` and then run under ``avx2`` from the
+same cache drew non-binary "pixels", and the other order corrupted the heap ("malloc(): unaligned tcache chunk
+detected"); each set alone, in a clean cache, matches eager. So wherever the variable is set (by nvil or by the
+user) and ``TORCHINDUCTOR_CACHE_DIR`` is not, ``choose_kernels`` gives each set a cache of its own,
+``<tmp>/torchinductor_<user>_<set>`` (tests/test_cpu_kernels.py runs both orders).
 """
 
 from __future__ import annotations
 
+import getpass
 import os
+import tempfile
 
 VARIABLE = "ATEN_CPU_CAPABILITY"
+CACHE_VARIABLE = "TORCHINDUCTOR_CACHE_DIR"
 PREFERRED = "avx2"
 
 
@@ -40,16 +47,28 @@ def cpu_flags() -> set[str]:
     return set(line.partition(":")[2].split())
 
 
-def prefer_avx2(environ=os.environ, flags: set[str] | None = None) -> str | None:
+def choose_kernels(environ=os.environ, flags: set[str] | None = None) -> str | None:
     """Set ``ATEN_CPU_CAPABILITY=avx2`` in ``environ`` where the CPU has AVX-512 (and so AVX2) and the variable is
-    unset; returns the value set, or None where nothing was changed."""
-    if VARIABLE in environ:
-        return None
-    flags = cpu_flags() if flags is None else flags
-    if "avx512f" not in flags or "avx2" not in flags:
-        return None
-    environ[VARIABLE] = PREFERRED
-    return PREFERRED
+    unset; then, where the variable is set and ``TORCHINDUCTOR_CACHE_DIR`` is not, point the latter at the set's own
+    cache (``inductor_cache``). Returns the kernel set now asked for, or None where torch will pick it itself."""
+    if VARIABLE not in environ:
+        flags = cpu_flags() if flags is None else flags
+        if "avx512f" in flags and "avx2" in flags:
+            environ[VARIABLE] = PREFERRED
+    kernel_set = environ.get(VARIABLE)
+    if kernel_set and CACHE_VARIABLE not in environ:
+        environ[CACHE_VARIABLE] = inductor_cache(kernel_set)
+    return kernel_set
+
+
+def inductor_cache(kernel_set: str) -> str:
+    """``<tmp>/torchinductor_<user>_<set>``: beside torch's default ``<tmp>/torchinductor_<user>``, one per set."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no name for this uid (some containers)
+        user = str(os.getuid()) if hasattr(os, "getuid") else "user"
+    safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in f"{user}_{kernel_set.lower()}")
+    return os.path.join(tempfile.gettempdir(), f"torchinductor_{safe}")
 
 
 def capability() -> str:

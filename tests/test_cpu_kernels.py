@@ -1,11 +1,12 @@
-"""torch's CPU kernel set (nvil/cpu_kernels.py): AVX2 where the CPU has AVX-512, unless the user chose.
+"""torch's CPU kernel set (nvil/cpu_kernels.py): AVX2 where the CPU has AVX-512 unless the user chose, and a compile
+cache of its own for each set.
 
-The choice itself is tested on given flags; in fresh processes, that importing nvil first gives the AVX2 kernels
-and that a user's ``ATEN_CPU_CAPABILITY`` wins. The reason for it is tested too: a compiled HMC transition of the
-Gaussian belief net of ``bench/profile_hot_loops.py`` (784-64-64, 1,000 chains, L = 10), which corrupted the heap
-under torch's AVX-512 kernels with torch 2.14.1, runs clean under nvil's choice and makes the eager chain's moves;
-the broken variant (``ATEN_CPU_CAPABILITY=avx512``) must fail on a CPU with AVX-512 (marked slow: it documents
-torch's bug, and starts passing when torch fixes it)."""
+The choice is tested on given flags and environments; in fresh processes, that importing nvil first gives the AVX2
+kernels and that a user's ``ATEN_CPU_CAPABILITY`` wins. The cache: torch.compile's on-disk cache is keyed without the
+kernel set, so block Gibbs compiled under one set and replayed under the other from a shared cache draws wrong states
+(or corrupts the heap). The test compiles under ``avx512`` into torch's default cache, then runs nvil's default
+(AVX2, its own cache) and checks the compiled chain against the eager one; the broken variant shares the cache and
+must fail."""
 
 from __future__ import annotations
 
@@ -16,29 +17,37 @@ from pathlib import Path
 
 import pytest
 
-from nvil.cpu_kernels import VARIABLE, cpu_flags, prefer_avx2
+from nvil.cpu_kernels import CACHE_VARIABLE, VARIABLE, choose_kernels, cpu_flags, inductor_cache
 
 ROOT = Path(__file__).resolve().parents[1]
 AVX512 = "avx512f" in cpu_flags()
 
 
-def test_avx2_is_chosen_only_on_avx512_cpus_and_a_users_choice_is_kept():
+def test_avx2_is_chosen_only_on_avx512_cpus_a_users_choice_is_kept_and_each_set_has_its_cache():
     env = {}
-    assert prefer_avx2(env, {"avx2", "avx512f", "fma"}) == "avx2" and env == {VARIABLE: "avx2"}
+    assert choose_kernels(env, {"avx2", "avx512f", "fma"}) == "avx2"
+    assert env == {VARIABLE: "avx2", CACHE_VARIABLE: inductor_cache("avx2")}
     env = {}
-    assert prefer_avx2(env, {"avx2", "fma"}) is None and env == {}      # no AVX-512: torch's own pick is AVX2
+    assert choose_kernels(env, {"avx2", "fma"}) is None and env == {}  # no AVX-512: torch picks AVX2 itself
     env = {}
-    assert prefer_avx2(env, set()) is None and env == {}                # no /proc/cpuinfo (macOS): nothing
+    assert choose_kernels(env, set()) is None and env == {}            # no /proc/cpuinfo (macOS): nothing
     env = {VARIABLE: "avx512"}
-    assert prefer_avx2(env, {"avx2", "avx512f"}) is None and env == {VARIABLE: "avx512"}
+    assert choose_kernels(env, {"avx2", "avx512f"}) == "avx512"
+    assert env == {VARIABLE: "avx512", CACHE_VARIABLE: inductor_cache("avx512")}
+    env = {VARIABLE: "avx512", CACHE_VARIABLE: "/mine"}
+    assert choose_kernels(env, {"avx2", "avx512f"}) == "avx512" and env[CACHE_VARIABLE] == "/mine"
+    assert inductor_cache("avx2") != inductor_cache("avx512")
 
 
-def python(code: str, kernel_set: str | None = None) -> subprocess.CompletedProcess:
-    """``code`` in a fresh interpreter at the repository root; ``kernel_set`` sets ATEN_CPU_CAPABILITY (else unset)."""
+def python(code: str, kernel_set: str | None = None, **extra: str) -> subprocess.CompletedProcess:
+    """``code`` in a fresh interpreter at the repository root; ``kernel_set`` sets ATEN_CPU_CAPABILITY (else unset),
+    ``extra`` more variables (TMPDIR, TORCHINDUCTOR_CACHE_DIR)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop(VARIABLE, None)
+    env.pop(CACHE_VARIABLE, None)
     if kernel_set:
         env[VARIABLE] = kernel_set
+    env.update(extra)
     return subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
 
 
@@ -51,38 +60,50 @@ def test_importing_nvil_first_gives_torchs_avx2_kernels_unless_the_user_set_them
     assert python("import train, torch; print(torch.backends.cpu.get_cpu_capability())").stdout.split()[-1] == "AVX2"
 
 
-HMC_SCRIPT = r"""
+GIBBS_SCRIPT = r"""
 import torch
 import nvil
-from models.gaussian import GaussianBeliefNet
-from nvil.mcmc.hmc import HMC
+from models.rbm import BoltzmannMachine
+from nvil.mcmc import BlockGibbs
 
-torch.set_num_threads(1)
 torch.manual_seed(0)
-net = GaussianBeliefNet(784, [64, 64])
-x = (torch.rand(1000, 784, generator=torch.Generator().manual_seed(1)) < 0.13).float()
-start = net.sample_prior(1000, torch.Generator().manual_seed(2))
-
-def chain(mode):
-    hmc, g = HMC(lambda s: net.log_joint(x, s), 10, accel=mode), torch.Generator().manual_seed(3)
-    state = hmc.init(start)
-    for _ in range(5):
-        state = hmc.step(state, generator=g, step_size=0.01)[0]
-    return state.position
-
-close = ((chain("compile") - chain("none")).abs().amax(-1) < 1e-3).float().mean().item()
-print(f"chains within 1e-3 of eager: {close:.3f}", flush=True)
-raise SystemExit(0 if close >= 0.99 else 3)
+rbm = BoltzmannMachine(12, 6)
+with torch.no_grad():
+    for p in (rbm.W, rbm.b, rbm.c):
+        p.normal_(0, 0.5)
+start = rbm.init_chains((torch.rand(8, 12, generator=torch.Generator().manual_seed(1)) < 0.4).float(),
+                        torch.Generator().manual_seed(2))
+states = {}
+for mode in ("none", "compile"):
+    g = torch.Generator().manual_seed(3)
+    states[mode], _ = BlockGibbs(rbm, accel=mode).step(start, 0.9, g)
+same = all(torch.equal(a, b) for a, b in zip(states["none"], states["compile"]))
+print(torch.backends.cpu.get_cpu_capability(), "compiled chain == eager chain:", same, flush=True)
+raise SystemExit(0 if same else 3)
 """
 
 
-def test_compiled_hmc_runs_clean_under_nvils_kernels_and_makes_the_eager_moves():
-    out = python(HMC_SCRIPT)
-    assert out.returncode == 0, f"exit {out.returncode}: {out.stdout[-300:]} {out.stderr[-1500:]}"
+def avx512_then_nvil(tmp_path, share_the_cache: bool) -> subprocess.CompletedProcess:
+    """Compile under torch's AVX-512 kernels into torch's default cache (as a user's earlier work left it), then run
+    the script with nvil's defaults (AVX2), in nvil's own cache or, the broken variant, in that default cache."""
+    tmp = {"TMPDIR": str(tmp_path)}
+    default_cache = python("import os; os.environ.pop('ATEN_CPU_CAPABILITY', None); from torch._inductor.runtime."
+                           "cache_dir_utils import default_cache_dir; print(default_cache_dir())", **tmp).stdout.split()[-1]
+    assert default_cache.startswith(str(tmp_path))
+    first = python(GIBBS_SCRIPT, "avx512", **tmp, TORCHINDUCTOR_CACHE_DIR=default_cache)
+    assert first.returncode == 0, first.stdout[-300:] + first.stderr[-1000:]
+    return python(GIBBS_SCRIPT, **tmp, **({"TORCHINDUCTOR_CACHE_DIR": default_cache} if share_the_cache else {}))
+
+
+@pytest.mark.skipif(not AVX512, reason="two kernel sets exist only on a CPU with AVX-512")
+def test_compiled_gibbs_after_an_avx512_compile_in_the_default_cache_matches_eager(tmp_path):
+    second = avx512_then_nvil(tmp_path, share_the_cache=False)
+    assert second.returncode == 0, second.stdout[-300:] + second.stderr[-1000:]
+    assert second.stdout.split()[0] == "AVX2"
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not AVX512, reason="torch's AVX-512 kernels exist only on a CPU with AVX-512")
-def test_compiled_hmc_under_torchs_avx512_kernels_the_broken_variant_fails():
-    out = python(HMC_SCRIPT, "avx512")
-    assert out.returncode != 0, f"the AVX-512 build ran clean: {out.stdout[-300:]} (has torch fixed it?)"
+@pytest.mark.skipif(not AVX512, reason="two kernel sets exist only on a CPU with AVX-512")
+def test_one_cache_shared_by_both_kernel_sets_the_broken_variant_fails(tmp_path):
+    second = avx512_then_nvil(tmp_path, share_the_cache=True)
+    assert second.returncode != 0, f"the shared cache gave the eager chain: {second.stdout[-200:]} (torch fixed it?)"
