@@ -23,7 +23,8 @@ process under another compiled. Seen here: block Gibbs compiled under ``avx512``
 same cache drew non-binary "pixels", and the other order corrupted the heap ("malloc(): unaligned tcache chunk
 detected"); each set alone, in a clean cache, matches eager. So wherever the variable is set (by nvil or by the
 user) and ``TORCHINDUCTOR_CACHE_DIR`` is not, ``choose_kernels`` gives each set a cache of its own,
-``<tmp>/torchinductor_<user>_<set>`` (tests/test_cpu_kernels.py runs both orders).
+``<tmp>/torchinductor_<user>_<set>``, and re-points a child process that inherited its parent's per-set cache but
+runs the other set (``bench/cpu_kernels.py``'s children did; tests/test_cpu_kernels.py).
 """
 
 from __future__ import annotations
@@ -56,7 +57,8 @@ def choose_kernels(environ=os.environ, flags: set[str] | None = None) -> str | N
         if "avx512f" in flags and "avx2" in flags:
             environ[VARIABLE] = PREFERRED
     kernel_set = environ.get(VARIABLE)
-    if kernel_set and CACHE_VARIABLE not in environ:
+    if kernel_set and (CACHE_VARIABLE not in environ or _per_set_cache(environ[CACHE_VARIABLE])):
+        # a child of an nvil process inherits its parent's per-set cache: re-pointed if it runs another set
         environ[CACHE_VARIABLE] = inductor_cache(kernel_set)
     return kernel_set
 
@@ -69,6 +71,12 @@ def inductor_cache(kernel_set: str) -> str:
         user = str(os.getuid()) if hasattr(os, "getuid") else "user"
     safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in f"{user}_{kernel_set.lower()}")
     return os.path.join(tempfile.gettempdir(), f"torchinductor_{safe}")
+
+
+def _per_set_cache(path: str) -> bool:
+    """Whether ``path`` is one of ``inductor_cache``'s folders (set by nvil, not by the user)."""
+    prefix = inductor_cache("")  # <tmp>/torchinductor_<user>_
+    return path.startswith(prefix) and os.sep not in path[len(prefix):]
 
 
 def capability() -> str:

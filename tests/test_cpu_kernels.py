@@ -36,6 +36,11 @@ def test_avx2_is_chosen_only_on_avx512_cpus_a_users_choice_is_kept_and_each_set_
     assert env == {VARIABLE: "avx512", CACHE_VARIABLE: inductor_cache("avx512")}
     env = {VARIABLE: "avx512", CACHE_VARIABLE: "/mine"}
     assert choose_kernels(env, {"avx2", "avx512f"}) == "avx512" and env[CACHE_VARIABLE] == "/mine"
+    # a child that inherited an nvil parent's AVX2 cache but runs AVX-512 gets the AVX-512 cache
+    env = {VARIABLE: "avx512", CACHE_VARIABLE: inductor_cache("avx2")}
+    assert choose_kernels(env, {"avx2", "avx512f"}) == "avx512" and env[CACHE_VARIABLE] == inductor_cache("avx512")
+    env = {VARIABLE: "avx512", CACHE_VARIABLE: inductor_cache("avx2") + "/sub"}  # not ours: kept
+    assert choose_kernels(env, {"avx2", "avx512f"}) == "avx512" and env[CACHE_VARIABLE].endswith("/sub")
     assert inductor_cache("avx2") != inductor_cache("avx512")
 
 
