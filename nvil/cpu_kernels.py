@@ -7,8 +7,9 @@ picks ``avx512``, whose ``softplus``, ``log1p`` and ``expm1`` kernels run 5-9x s
 2.14.1 (50,000 floats on one thread of an AMD EPYC: log1p 1.04 ms against 0.11, softplus 1.06 against 0.22;
 ``python bench/cpu_kernels.py``). Every Bernoulli log-probability (``nvil.ops.bernoulli_log_prob``), RBM free
 energy and AIS weight increment goes through them: with the AVX2 set, HMC on a Gaussian belief net runs 1.9x, AIS on
-a 784-500 RBM 1.33x, IWAE(1000) 1.7x faster, with identical estimates. (torch's AVX-512 ``sigmoid`` and ``exp`` are
-the faster ones; block Gibbs comes out even and tempered transitions 3% slower.)
+a 784-500 RBM 1.4x, IWAE(1000) 1.7x faster, with identical estimates. (torch's AVX-512 ``sigmoid`` and ``exp`` are
+the faster ones; block Gibbs comes out even and tempered transitions 2-3% slower. Compiled steps differ: Inductor's
+own AVX-512 code ran the compiled HMC 18% and AIS 5-8% faster, so a compiled job may prefer ``avx512``.)
 
 So the first import of ``nvil`` sets ``ATEN_CPU_CAPABILITY=avx2`` where the CPU reports AVX-512 and the variable is
 unset: before any torch operation in the processes of ``train.py``, ``evaluate.py``, the benches and the tests (they
