@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from nvil.cpu_kernels import cpu_flags
 from nvil.errors import ConfigError
 
 SOURCE = Path(__file__).with_name("sequential.c")
@@ -46,15 +47,12 @@ class NativeUnavailable(RuntimeError):
 
 
 def _cpu_key() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next((line for line in f if line.startswith("flags")), "")
-    except OSError:
-        return ""
+    """The CPU's instruction-set flags as one string, part of the compiled library's cache key."""
+    return " ".join(sorted(cpu_flags()))
 
 
 # The pixel sweep's default kernel: register-tiled where the CPU has 512-bit registers (lateral_tiled.h).
-TILED = "avx512f" in _cpu_key().split()
+TILED = "avx512f" in cpu_flags()
 
 
 def _cache_dir() -> Path:
