@@ -79,14 +79,21 @@ def gibbs_run(model: BoltzmannMachine, x: torch.Tensor, sweeps: int, generator=N
 
 
 def reverse_start(model: BoltzmannMachine, num_chains: int, particles: torch.Tensor | None,
-                  rows: torch.Tensor | None, burn_in: int, generator=None) -> tuple[torch.Tensor, str]:
+                  rows: torch.Tensor | None, burn_in: int, generator=None,
+                  particle_burn_in: int = 0) -> tuple[torch.Tensor, str]:
     """(x at beta = 1 for the reverse chains, how they were drawn): the checkpoint's persistent particles when it
-    stores them (the learner's own samples of the model), else ``burn_in`` block-Gibbs sweeps from training rows."""
+    stores them (the learner's own samples of the model), then ``particle_burn_in`` block-Gibbs sweeps from them
+    (0 by default: particles that lag the final parameters, or that a tempered-transitions run left in a few modes,
+    can invert the sandwich, and more sweeps at beta = 1 move them towards the model); else ``burn_in`` block-Gibbs
+    sweeps from training rows."""
     dev = model.W.device
     if particles is not None and len(particles) and particles.shape[1] == model.n_visible:
         idx = torch.randperm(len(particles), generator=torch.Generator().manual_seed(0))[:num_chains]
         x = particles[idx.to(particles.device)].to(dev, model.W.dtype)
-        return x, f"{len(x)} persistent particles stored in the checkpoint"
+        how = f"{len(x)} persistent particles stored in the checkpoint"
+        if particle_burn_in:
+            return gibbs_run(model, x, particle_burn_in, generator), f"{how}, then {particle_burn_in} block-Gibbs sweeps"
+        return x, how
     if rows is None or not len(rows):
         raise ConfigError("reverse AIS needs persistent particles or training rows to start from")
     idx = torch.randint(0, len(rows), (num_chains,), generator=torch.Generator().manual_seed(0))
@@ -201,7 +208,7 @@ def run_checks(c: CertifiedLogZ, settings: dict) -> None:
         c.check("sandwich_order", rev.log_z >= fwd.log_z - 3 * se - _tolerance(fwd.log_z),
               f"reverse AIS log Z {rev.log_z:.2f} is below forward AIS log Z {fwd.log_z:.2f} by more than 3 SE: the "
               f"sandwich is inverted, so one side is wrong (reverse chains from {c.reverse_init} may not represent "
-              "the model; try more reverse burn-in, more betas or more chains)")
+              "the model; try estimator.reverse_burn_in=N sweeps before the reverse run, more betas or more chains)")
         gap = rev.log_z - fwd.log_z
         c.check("sandwich_gap", gap <= settings["max_gap"],
               f"forward and reverse AIS disagree by {gap:.2f} nats (more than estimator.max_gap="
@@ -260,8 +267,9 @@ def certified_log_z(model: BoltzmannMachine, base, settings: dict, cert: dict, g
     t3 = time.perf_counter()
     announce("reverse AIS")
     k_rev = max(1, round(cert["reverse_fraction"] * K))
-    burn_in = cert["reverse_burn_in"] if cert["reverse_burn_in"] is not None else max(1, K // 4)
-    x0, c.reverse_init = reverse_start(model, n, particles, rows, burn_in, generator)
+    explicit = cert["reverse_burn_in"]  # None: from rows K / 4 sweeps, from stored particles none
+    burn_in = explicit if explicit is not None else max(1, K // 4)
+    x0, c.reverse_init = reverse_start(model, n, particles, rows, burn_in, generator, particle_burn_in=explicit or 0)
     c.reverse = reverse_log_z(path, x0, betas if k_rev == K else ladder.betas(k_rev), generator, progress)
     seconds["reverse"] = time.perf_counter() - t3
     run_checks(c, cert)

@@ -95,8 +95,9 @@ class AIS(Estimator):
 class RAISE(AIS):
     """``estimator=raise``: forward and reverse AIS for log Z on the whole ladder, both sides per example.
     ``mean_log_p`` is the conservative side (from the reverse log Z); ``mean_log_p_ais`` the forward one. The
-    reverse chains start from the checkpoint's persistent particles, else from ``reverse_burn_in`` block-Gibbs
-    sweeps from rows of ``init_split``: states near the model, not data rows themselves."""
+    reverse chains start from the checkpoint's persistent particles (with ``reverse_burn_in`` block-Gibbs sweeps from
+    them when set), else from ``reverse_burn_in`` sweeps from rows of ``init_split``: states near the model, not data
+    rows themselves."""
 
     name = "raise"
     reverse_fraction = 1.0
