@@ -12,6 +12,12 @@ in centred form). Every ``--eval-every`` iterations the clock stops and log p(x)
 training rows is estimated by AIS-HMC (the same estimator and random numbers for both forms). The speed-up is the
 ratio of the times (and of the gradient evaluations) each form needs to first reach a target log-likelihood:
 50%, 75%, 90% and 100% of the way from the common start to where the slower form ends. Paper: about 10x in favour of the auxiliary form, for 2 and 3 layers and the DBN.
+
+The curves' evaluator is checked on each trained model: AIS-HMC with ``--check-betas`` (default 10x) and
+``--check-chains`` (default 4x) against the curve's last value on the same rows. AIS is a stochastic lower bound that
+loosens as the posterior sharpens, so a check far above the end (flagged LOOSE, with a warning) means the curve
+understates that run: with the default 100 betas x 4 chains the dynamic net's curves fell after ~3,000 iterations
+while log p by 1,000 betas x 16 chains kept rising (bench/REPRODUCTION.md, row 10).
 """
 
 from __future__ import annotations
@@ -71,7 +77,29 @@ def run(overrides: list[str], args) -> dict:
         seconds += time.perf_counter() - t0
         if it % args.eval_every == 0 or it == args.iterations:
             evaluate(it)
+    curve.update(check_evaluator(model, x_eval, args, device))
     return curve
+
+
+def check_evaluator(model, x_eval: torch.Tensor, args, device) -> dict:
+    """The curve's evaluator checked on the trained model: log p by AIS-HMC with ``--check-betas`` and
+    ``--check-chains`` against the curve's last value, per example (paired, the same rows). AIS is a stochastic
+    lower bound, so a check well above the curve's end says the curve's evaluator is loose there."""
+    g = torch.Generator(device=device).manual_seed(args.seed + 1)
+    end = continuous_log_likelihood(model, x_eval, args.eval_chains, args.eval_betas, g)
+    check = continuous_log_likelihood(model, x_eval, args.check_chains, args.check_betas, g)
+    diff = check - end
+    n = x_eval.shape[0]
+    return {"log_p_end_se": (end.std() / n ** 0.5).item(), "log_p_check": check.mean().item(),
+            "log_p_check_se": (check.std() / n ** 0.5).item(), "check_minus_end": diff.mean().item(),
+            "check_minus_end_se": (diff.std() / n ** 0.5).item(),
+            "check_betas": args.check_betas, "check_chains": args.check_chains}
+
+
+def loose(c: dict) -> bool:
+    """The check lies more than 3 paired standard errors (and 0.1 nats) above the curve's end."""
+    gap, se = c["check_minus_end"], c["check_minus_end_se"]
+    return gap > max(3 * se, 0.1)
 
 
 def first_reach(curve: dict, key: str, target: float) -> float | None:
@@ -110,8 +138,14 @@ def report(results: dict, args, out: Path) -> None:
     rows, speed_rows = [], []
     for name, curves in results.items():
         for form, c in curves.items():
-            rows.append([name, form, f"{c['log_p'][0]:.2f}", f"{c['log_p'][-1]:.2f}", str(c["iteration"][-1]),
-                         f"{c['seconds'][-1]:.1f}", str(c["grad_evals"][-1])])
+            check = "-"
+            if "log_p_check" in c:
+                check = (f"{c['log_p_check']:.2f} ± {c['log_p_check_se']:.2f} ({c['check_betas']} betas x "
+                         f"{c['check_chains']}): {c['check_minus_end']:+.2f} ± {c['check_minus_end_se']:.2f}"
+                         + (" LOOSE" if loose(c) else ""))
+            end_se = f" ± {c['log_p_end_se']:.2f}" if "log_p_end_se" in c else ""
+            rows.append([name, form, f"{c['log_p'][0]:.2f}", f"{c['log_p'][-1]:.2f}{end_se}", check,
+                         str(c["iteration"][-1]), f"{c['seconds'][-1]:.1f}", str(c["grad_evals"][-1])])
         for sp in speedups(curves):
             fmt = lambda v, d=1: "-" if v is None else f"{v:.{d}f}"  # noqa: E731
             r = sp["reach"]
@@ -119,7 +153,17 @@ def report(results: dict, args, out: Path) -> None:
                                f"{fmt(r['auxiliary']['seconds'])} / {fmt(r['centred']['seconds'])}",
                                f"{fmt(r['auxiliary']['grad_evals'], 0)} / {fmt(r['centred']['grad_evals'], 0)}",
                                f"{fmt(sp['speedup']['seconds'], 2)}x", f"{fmt(sp['speedup']['grad_evals'], 2)}x"])
-    print(markdown_table(["model", "form", "log p start", "log p end", "iterations", "train s", "grad evals"], rows))
+    print(markdown_table(["model", "form", "log p start", "log p end (SE over rows)",
+                          "check at the end: log p, and check - end (paired SE)", "iterations", "train s",
+                          "grad evals"], rows))
+    flagged = [f"{name} {form}" for name, curves in results.items() for form, c in curves.items()
+               if "log_p_check" in c and loose(c)]
+    if flagged:
+        print(f"warning: the curves' evaluator ({args['eval_betas']} betas x {args['eval_chains']} chains) is loose "
+              f"at the end of {', '.join(flagged)}: the check with more betas lies above it by more than 3 SE, so the "
+              f"curves and speed-ups below understate those runs; rerun with a larger --eval-betas / --eval-chains")
+    else:
+        print("the curves' evaluator agrees with the check at the end of every run (within 3 SE or 0.1 nats)")
     print()
     print(markdown_table(["model", "target: share of the way to the slower form's end (log p)", "s aux / centred",
                           "grads aux / centred", "speed-up in time", "speed-up in grads"], speed_rows))
@@ -158,6 +202,9 @@ def main() -> None:
     p.add_argument("--eval-examples", type=int, default=100)
     p.add_argument("--eval-chains", type=int, default=4)
     p.add_argument("--eval-betas", type=int, default=100)
+    p.add_argument("--check-betas", type=int, default=None,
+                   help="AIS temperatures of the check of the evaluator on each trained model (default 10x --eval-betas)")
+    p.add_argument("--check-chains", type=int, default=None, help="its chains per example (default 4x --eval-chains)")
     p.add_argument("--batch-size", type=int, default=None, help="default: the preset's trainer.batch_size")
     p.add_argument("--device", default="cpu")
     p.add_argument("--seed", type=int, default=0)
@@ -165,6 +212,8 @@ def main() -> None:
     p.add_argument("--out", default=str(ROOT / "bench" / "out" / "auxiliary_vs_centred"))
     p.add_argument("--from-json", nargs="+", default=None, help="redo the table and figures from saved results.json files")
     args = p.parse_args()
+    args.check_betas = args.check_betas or 10 * args.eval_betas
+    args.check_chains = args.check_chains or 4 * args.eval_chains
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.from_json:
