@@ -58,10 +58,12 @@ def run(overrides: list[str], args) -> dict:
     x_eval = take_rows(data.split("train"), 0, args.eval_examples)
     curve = {"iteration": [], "seconds": [], "grad_evals": [], "log_p": []}
     seconds = 0.0
+    last = {}  # the latest evaluation, per example (the check below pairs with it)
 
     def evaluate(it: int) -> None:
         g = torch.Generator(device=device).manual_seed(args.seed + 1)
-        log_p = continuous_log_likelihood(model, x_eval, args.eval_chains, args.eval_betas, g).mean().item()
+        last["log_p"] = continuous_log_likelihood(model, x_eval, args.eval_chains, args.eval_betas, g)
+        log_p = last["log_p"].mean().item()
         for key, value in (("iteration", it), ("seconds", seconds), ("grad_evals", learner.grad_evals), ("log_p", log_p)):
             curve[key].append(value)
         print(f"  {cfg.model.form:9s} it {it:6d}  {seconds:8.1f} s  {learner.grad_evals:9d} grads  log p {log_p:10.3f}", flush=True)
@@ -77,16 +79,15 @@ def run(overrides: list[str], args) -> dict:
         seconds += time.perf_counter() - t0
         if it % args.eval_every == 0 or it == args.iterations:
             evaluate(it)
-    curve.update(check_evaluator(model, x_eval, args, device))
+    curve.update(check_evaluator(model, x_eval, last["log_p"], args, device))
     return curve
 
 
-def check_evaluator(model, x_eval: torch.Tensor, args, device) -> dict:
+def check_evaluator(model, x_eval: torch.Tensor, end: torch.Tensor, args, device) -> dict:
     """The curve's evaluator checked on the trained model: log p by AIS-HMC with ``--check-betas`` and
-    ``--check-chains`` against the curve's last value, per example (paired, the same rows). AIS is a stochastic
-    lower bound, so a check well above the curve's end says the curve's evaluator is loose there."""
+    ``--check-chains`` against ``end``, the curve's last evaluation per example (paired, the same rows). AIS is a
+    stochastic lower bound, so a check well above the curve's end says the curve's evaluator is loose there."""
     g = torch.Generator(device=device).manual_seed(args.seed + 1)
-    end = continuous_log_likelihood(model, x_eval, args.eval_chains, args.eval_betas, g)
     check = continuous_log_likelihood(model, x_eval, args.check_chains, args.check_betas, g)
     diff = check - end
     n = x_eval.shape[0]
