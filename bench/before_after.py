@@ -59,12 +59,16 @@ g = torch.Generator().manual_seed(0)
 if "nvil" in groups:
     cfg = OmegaConf.load(f"{root}/configs/learner/nvil.yaml")
     for optimizer, lr in (("adam", 0.001), ("sgd", 0.006)):  # the default preset; the paper's (nvil_mnist_paper)
-        cfg.optimizer, cfg.lr = optimizer, lr
-        model, inference = build_model(model_cfg("sbn", layers=[200]), 784)
-        nvil = build_learner(cfg, model, inference, torch.device("cpu"), 0)
-        for batch in (20, 100):
-            x = binary(batch)
-            out[f"NVIL step ({optimizer}), SBN-200, batch {batch}"] = per_call(lambda: nvil.step(x), 200 if batch == 20 else 50)
+        for mode in ("none", "auto", "compile"):  # trainer.accel
+            cfg.optimizer, cfg.lr = optimizer, lr
+            model, inference = build_model(model_cfg("sbn", layers=[200]), 784)
+            inference.set_input_mean(torch.full((784,), 0.13))  # centred x, as trained on MNIST
+            nvil = build_learner(cfg, model, inference, torch.device("cpu"), 0)
+            nvil.accelerate(mode)
+            for batch in (20, 100):
+                x = binary(batch)
+                key = f"NVIL step ({optimizer}, accel={mode}), SBN-200, batch {batch}"
+                out[key] = per_call(lambda: nvil.step(x), 200 if batch == 20 else 50)
 if "autoregressive" in groups:  # NVIL with an autoregressive q (Mnih & Gregor, Table 2), trainer.accel's default auto
     cfg = OmegaConf.load(f"{root}/configs/learner/nvil.yaml")
     for optimizer, lr in (("adam", 0.001), ("sgd", 0.006)):  # the default preset; the paper's (nvil_sbn200_ar)

@@ -36,6 +36,17 @@ def sigmoid_and_softplus_sum(logits: torch.Tensor) -> tuple[torch.Tensor, torch.
     return torch.where(logits >= 0, 1.0, e) / (1 + e), logits.clamp(min=0).sum(-1) + log_terms
 
 
+def input_major_(linear: torch.nn.Linear) -> torch.nn.Linear:
+    """Store ``linear``'s weight input-major, in place: the [out, in] parameter (the same object, the same values)
+    becomes a view of [in, out] memory, so the weights out of one input are contiguous, as
+    ``nvil.native.sparse_rows`` reads them for the inputs that are on. ``F.linear``, autograd, unfused optimisers,
+    ``.to`` and state dicts (which load by copying into it) take either layout."""
+    w = linear.weight
+    if not w.t().is_contiguous():
+        w.data = w.data.t().contiguous().t()
+    return linear
+
+
 def chunks(n: int, size: int):
     """(start, stop) pairs covering range(n) in pieces of at most ``size``."""
     for start in range(0, n, size):

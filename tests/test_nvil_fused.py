@@ -20,7 +20,8 @@ from omegaconf import OmegaConf
 from conftest import make_cfg, tiny_model
 from models.sbn import SBN
 from models.inference import LayeredInference
-from nvil.learners import fused
+from nvil.learners import fused, weight_steps
+from nvil.native import sparse_rows
 from nvil.learners.nvil import NVIL
 from nvil.ops import RunningMoments, sigmoid_and_softplus_sum
 
@@ -111,8 +112,8 @@ def test_a_broken_fused_path_fails_the_comparison(broken, monkeypatch):
     else:
         forward = fast.fused.forward_from
 
-        def no_sigmoid(x, uniforms):
-            f = forward(x, uniforms)
+        def no_sigmoid(x, uniforms, offset=None):
+            f = forward(x, uniforms, offset)
             f.q_probs = [torch.zeros_like(p) for p in f.q_probs]  # dlog q/da = h instead of h - sigmoid(a)
             return f
 
@@ -131,18 +132,18 @@ def test_plain_sgd_applied_in_the_gemm_takes_the_optimisers_steps(layers):
     """Steps that log nothing, with plain SGD (the paper's preset): the fused path writes theta - lr g in the GEMM
     that computes g and skips the optimiser; the parameters equal the autograd path's torch.optim.SGD steps."""
     fast, slow = pair(layers)
-    assert fused.plain_sgd_rates(fast.optimizer) is not None
+    assert weight_steps.plain_sgd_rates(fast.optimizer) is not None
     for t, x in enumerate(batches(5)):
         fast.step(x), slow.step(x)
         assert_same_parameters(fast, slow, f"after step {t + 1}")
     fast, _ = pair(layers, switches=dict(ALL_ON, momentum=0.9))
-    assert fused.plain_sgd_rates(fast.optimizer) is None  # momentum: the optimiser keeps a buffer, so it steps
+    assert weight_steps.plain_sgd_rates(fast.optimizer) is None  # momentum: the optimiser keeps a buffer, so it steps
 
 
 def test_a_wrong_rate_in_the_gemm_fails_the_comparison(monkeypatch):
     """Power: the same comparison catches a step applied at a rate off by a factor (e.g. a missing 1/N)."""
     fast, slow = pair()
-    right = fused.plain_sgd_rates
+    right = weight_steps.plain_sgd_rates
     monkeypatch.setattr("nvil.learners.nvil.plain_sgd_rates", lambda opt: {k: 1.1 * v for k, v in right(opt).items()})
     fast.step(batches(1)[0]), slow.step(batches(1)[0])
     with pytest.raises(AssertionError):
@@ -198,8 +199,8 @@ def test_autoregressive_q_under_compile_stays_eager_and_draws_in_c():
 def test_an_unmasked_autoregressive_gradient_fails_the_comparison(name, autoregressive_q, monkeypatch):
     """Power: the comparison catches the autoregressive weights' gradient (fDARN's prior, q's) left unmasked."""
     fast, slow = pair(name=name, autoregressive_q=autoregressive_q)
-    monkeypatch.setattr(fused, "_masked_grads",
-                        lambda layer, d, v, scale, rates: fused._grad_buffer(layer.weight).copy_(scale * d.t() @ v))
+    monkeypatch.setattr(weight_steps, "_masked_grads",
+                        lambda layer, d, v, scale, rates: weight_steps._grad_buffer(layer.weight).copy_(scale * d.t() @ v))
     with pytest.raises(AssertionError):
         assert_same_step(fast, slow, batches(1)[0])
 
@@ -280,3 +281,104 @@ def test_sigmoid_and_softplus_sum_compiled_form_is_exact(width):
     torch.testing.assert_close(softplus_sum, torch.nn.functional.softplus(a).sum(-1), rtol=1e-10, atol=1e-10)
     eager = sigmoid_and_softplus_sum(a)
     assert torch.equal(eager[0], torch.sigmoid(a))
+
+
+# ---- the centred x's layers from the pixels that are on (nvil.native.sparse_rows) -----------
+INPUT_MEAN = torch.tensor([0.3, 0.0, 0.5, 0.9, 0.0, 0.25], dtype=torch.float64)  # two inputs with mean 0
+
+
+def sparse_pair(layers, momentum=0.0):
+    """``pair`` with a training mean that centres x, the fused learner on the sparse-input path (trainer.accel=auto
+    on a CPU), the other on autograd."""
+    fast, slow = pair(layers, switches=dict(ALL_ON, momentum=momentum))
+    for learner in (fast, slow):
+        learner.inference.set_input_mean(INPUT_MEAN)
+    assert fast.accelerate("auto") is fast and fast.fused.sparse_input
+    assert fast.inference.encoders[0].weight.t().is_contiguous()  # stored input-major (nvil.ops.input_major_)
+    return fast, slow
+
+
+@pytest.mark.parametrize("layers", LAYERS.values(), ids=LAYERS.keys())
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_sparse_input_path_equals_autograd(layers, momentum):
+    """Logging steps (gradients into .grad, then the optimiser) and steps that log nothing (plain SGD: the step
+    written by the kernel; with momentum: into .grad, then the optimiser): the same gradients and parameters as
+    autograd's, in float64. (Not Adam: its first step is lr sign(g), and the baselines' output bias has g = 0 up to
+    rounding there, which two paths summing in different orders round differently.)"""
+    fast, slow = sparse_pair(layers, momentum)
+    for x in batches(3):
+        assert_same_step(fast, slow, x)
+    for x in batches(3):
+        fast.step(x), slow.step(x)
+    assert_same_parameters(fast, slow, "after steps that log nothing")
+
+
+CENTRED_UPDATE = sparse_rows.centred_update_
+
+
+def uncentred_update(wt, v, m, d, alpha):
+    return CENTRED_UPDATE(wt, v + m, torch.zeros_like(m), d, alpha)  # x' d: the mean's rank-one part lost
+
+
+def forgets_the_shift(linear, v, offset=None):
+    if offset is None:
+        return torch.nn.functional.linear(v, linear.weight, linear.bias)
+    return sparse_rows.centred_linear(v, offset, linear.weight.t(), linear.bias)  # x W' + b: not centred
+
+
+@pytest.mark.parametrize("broken", ["update", "forward"])
+def test_a_sparse_path_that_drops_the_centring_fails(broken, monkeypatch):
+    """Power: the comparison above catches a weight step from x instead of x - m, and a forward pass without -m W'."""
+    if broken == "update":
+        monkeypatch.setattr(sparse_rows, "centred_update_", uncentred_update)
+    else:
+        monkeypatch.setattr(fused, "affine", forgets_the_shift)
+    fast, slow = sparse_pair((4, 3))
+    with pytest.raises(AssertionError):
+        for x in batches(3):
+            fast.step(x), slow.step(x)
+        assert_same_parameters(fast, slow)
+
+
+@pytest.mark.parametrize("mode, optimizer", [("none", "sgd"), ("auto", "adam")])
+def test_accel_none_and_fused_adam_keep_the_dense_products(mode, optimizer):
+    """trainer.accel=none is the plain code path; fused Adam would copy input-major weights at every step."""
+    fast, _ = pair(optimizer=optimizer)
+    assert fast.accelerate(mode) is fast and not fast.fused.sparse_input
+    assert fast.inference.encoders[0].weight.is_contiguous()  # nn.Linear's own layout, untouched
+
+
+@pytest.mark.slow
+def test_the_compiled_sparse_input_step_takes_the_same_updates():
+    """trainer.accel=compile with the sparse-input path: its forward operator inside the compiled graph, the same
+    parameters as autograd's SGD steps."""
+    fast, slow = pair()
+    for learner in (fast, slow):
+        learner.inference.set_input_mean(INPUT_MEAN)
+    assert fast.accelerate("compile") is fast and fast.fused.sparse_input
+    for x in batches(4):
+        fast.step(x), slow.step(x)
+    assert_same_parameters(fast, slow)
+
+
+@pytest.mark.slow
+def test_compiled_dense_and_sparse_learners_in_one_process_keep_their_own_graphs(monkeypatch):
+    """Dynamo's guards on the learners' modules are dropped (``fixed_modules``), so the sparse-input path is an
+    argument of the compiled step: a learner on the dense products (as where the C kernels do not build) compiled
+    first, then one on sparse inputs, each takes its eager twin's updates."""
+    learners = {}
+    for path in ("dense", "sparse"):
+        learners[path] = pair()[0], pair()[0]
+        for learner in learners[path]:
+            learner.inference.set_input_mean(INPUT_MEAN)
+        with monkeypatch.context() as m:
+            if path == "dense":
+                m.setattr(fused.native, "wanted", lambda mode, device: False)
+            learners[path][0].accelerate("compile"), learners[path][1].accelerate("auto")
+    assert not learners["dense"][0].fused.sparse_input and learners["sparse"][0].fused.sparse_input
+    for x in batches(3):
+        for path in ("dense", "sparse"):
+            for learner in learners[path]:
+                learner.step(x)
+    for path in ("dense", "sparse"):
+        assert_same_parameters(*learners[path], msg=path)

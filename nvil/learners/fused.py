@@ -35,10 +35,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from nvil import native
 from nvil.accel import accelerate, accelerate_sampling
-from nvil.learners.base import grad_norms
 from nvil.learners.baselines import LearningSignal, baseline_loss_grad
-from nvil.ops import bernoulli_log_prob, sigmoid_and_softplus_sum
+from nvil.learners.weight_steps import affine
+from nvil.ops import bernoulli_log_prob, input_major_, sigmoid_and_softplus_sum
 
 
 def covers(model: nn.Module, inference: nn.Module) -> bool:
@@ -59,6 +60,7 @@ class Forward:
     log_p: list[torch.Tensor]     # [log p(x | h_1), ..., log p(h_n)], as SBN.log_prob_layers
     log_q: list[torch.Tensor]     # [log q(h_1 | x), ...], as LayeredInference.sample
     b: list[torch.Tensor]         # b_psi of each layer (zeros without an input baseline)
+    offset: torch.Tensor | None   # m of the centred x = x - m on the sparse-input path (``input_offset``), else None
 
 
 class LayeredBernoulliGradients:
@@ -67,10 +69,33 @@ class LayeredBernoulliGradients:
 
     def __init__(self, model: nn.Module, inference: nn.Module, baselines: nn.ModuleList) -> None:
         self.model, self.inference, self.baselines = model, inference, baselines
+        self.sparse_input = False  # the centred x's layers from the pixels that are on (``use_sparse_input``)
+
+    def use_sparse_input(self, mode: str, device, optimizer: torch.optim.Optimizer) -> None:
+        """With ``trainer.accel`` auto, native or compile on a CPU where the C kernels build, and an optimiser that is
+        not fused: the layers that read the centred x (q's first layer, the first baseline's hidden layer), forward
+        and weight step, from the rows of their weights of the pixels that are on (``nvil.native.sparse_rows``):
+        (nonzeros of x) x H multiply-adds instead of a GEMM's N x D x H, the same values up to rounding. Their
+        weights are stored input-major for it (``nvil.ops.input_major_``). A fused optimiser (Adam here) copies
+        parameters that are not contiguous at every step, which costs more than the sparse products save, so with
+        it the dense products stay."""
+        layers = [self.inference.encoders[0]] + [b.net[0] for b in self.baselines[:1]]
+        self.sparse_input = (mode in ("auto", "native", "compile") and torch.device(device or "cpu").type == "cpu"
+                             and not optimizer.defaults.get("fused") and native.wanted("auto", device or "cpu"))
+        if self.sparse_input:
+            for layer in layers:
+                input_major_(layer)
+
+    def input_offset(self) -> torch.Tensor | None:
+        """m of the centred x = x - m where its layers take the sparse path (``sparse_input``), else None: the
+        ``offset`` argument of ``forward_from`` and ``sleep_grads``. An argument, not an attribute they read, so a
+        compiled step guards on it (Dynamo's guards on the learner's modules and attributes are dropped,
+        ``nvil.accel.accelerate``'s ``fixed_modules``) and two learners in one process never share a graph."""
+        return self.inference.input_mean if self.sparse_input else None
 
     @torch.no_grad()
     def forward(self, x: torch.Tensor, generator: torch.Generator) -> Forward:
-        return self.forward_from(x, self.uniforms(x, generator))
+        return self.forward_from(x, self.uniforms(x, generator), self.input_offset())
 
     def uniforms(self, x: torch.Tensor, generator: torch.Generator) -> list[torch.Tensor]:
         """The uniforms the forward pass compares with, one [N, units] tensor per inference layer, drawn in the order
@@ -79,13 +104,14 @@ class LayeredBernoulliGradients:
                 for enc in self.inference.encoders]
 
     @torch.no_grad()
-    def forward_from(self, x: torch.Tensor, uniforms: list[torch.Tensor]) -> Forward:
-        """The forward pass given its uniforms: h = [u < sigmoid(logits)] layer by layer. A function of tensors (and
-        the modules' parameters), so ``trainer.accel`` may compile it together with the backward pass."""
+    def forward_from(self, x: torch.Tensor, uniforms: list[torch.Tensor], offset: torch.Tensor | None = None) -> Forward:
+        """The forward pass given its uniforms: h = [u < sigmoid(logits)] layer by layer; with ``offset``
+        (``input_offset``) the centred x's layers on the sparse-input path. A function of tensors (and the modules'
+        parameters), so ``trainer.accel`` may compile it together with the backward pass."""
         inputs, hs, q_probs, log_q = [], [], [], []
         v = self.inference.centre(x)
         for i, (enc, u) in enumerate(zip(self.inference.encoders, uniforms)):
-            h, logits, prob, softplus_sum = self._draw(i, F.linear(v, enc.weight, enc.bias), u)
+            h, logits, prob, softplus_sum = self._draw(i, affine(enc, v, offset if i == 0 else None), u)
             inputs.append(v), hs.append(h), q_probs.append(prob)
             log_q.append(torch.linalg.vecdot(h, logits) - softplus_sum)  # bernoulli_log_prob(logits, h)
             v = h
@@ -102,11 +128,12 @@ class LayeredBernoulliGradients:
             prob, softplus_sum = sigmoid_and_softplus_sum(logits)
             p_probs.append(prob), log_p.append(torch.linalg.vecdot(hs[-1], logits) - softplus_sum)
         hidden, b = [], []
-        for baseline, v in zip(self.baselines, inputs):
+        for i, (baseline, v) in enumerate(zip(self.baselines, inputs)):
             first, last = baseline.net[0], baseline.net[2]
-            hidden.append(torch.tanh(F.linear(v, first.weight, first.bias)))
+            hidden.append(torch.tanh(affine(first, v, offset if i == 0 else None)))
             b.append(F.linear(hidden[-1], last.weight, last.bias).squeeze(-1))
-        return Forward(inputs, hs, q_probs, p_probs, hidden, log_p, log_q, b or [torch.zeros_like(q) for q in log_q])
+        return Forward(inputs, hs, q_probs, p_probs, hidden, log_p, log_q, b or [torch.zeros_like(q) for q in log_q],
+                       offset)
 
     @property
     def compilable(self) -> bool:
@@ -137,15 +164,15 @@ class LayeredBernoulliGradients:
         gradient the mean of d_out), except the baseline's (already divided by N: scale 1, the sum). The bias
         reductions are made here, so a compiled step fuses them with the d_out that they reduce."""
         out = self.model_grads(f, x)
-        n = x.shape[0]
+        n, offset = x.shape[0], f.offset
         for i, (enc, s, prob, h, v) in enumerate(zip(self.inference.encoders, signals, f.q_probs, f.hs, f.inputs)):
             d_a = (prob - h).mul_(s.a.unsqueeze(-1))
-            out += [(enc, d_a, v, 1 / n, d_a.mean(0))] + self._within_grads(i, d_a, h)
-        for baseline, s, t, v in zip(self.baselines, signals, f.hidden, f.inputs):
+            out += [(enc, d_a, v, 1 / n, d_a.mean(0), offset if i == 0 else None)] + self._within_grads(i, d_a, h)
+        for i, (baseline, s, t, v) in enumerate(zip(self.baselines, signals, f.hidden, f.inputs)):
             first, last = baseline.net[0], baseline.net[2]
             d_b = baseline_loss_grad(s).unsqueeze(-1)     # [N, 1], already divided by N
             d_hidden = (d_b * last.weight).mul_(1 - t * t)  # tanh' = 1 - tanh^2, at the weights before this step
-            out += [(last, d_b, t, 1, d_b.sum(0)), (first, d_hidden, v, 1, d_hidden.sum(0))]
+            out += [(last, d_b, t, 1, d_b.sum(0)), (first, d_hidden, v, 1, d_hidden.sum(0), offset if i == 0 else None)]
         return out
 
     @torch.no_grad()
@@ -166,18 +193,19 @@ class LayeredBernoulliGradients:
         return out
 
     @torch.no_grad()
-    def sleep_grads(self, x: torch.Tensor, hs: list[torch.Tensor]) -> tuple[list[tuple], torch.Tensor]:
+    def sleep_grads(self, x: torch.Tensor, hs: list[torch.Tensor], offset: torch.Tensor | None = None
+                    ) -> tuple[list[tuple], torch.Tensor]:
         """Wake-sleep's sleep phase at dreamed (x, h) ~ p: the gradients of -mean log q(h | x), dL/da_i =
         (sigmoid(a_i) - h_i) / N for each inference layer, as ``output_grads``' entries; and log q(h | x) [N]."""
         out, log_q, v, n = [], 0.0, self.inference.centre(x), x.shape[0]
         for i, (enc, h) in enumerate(zip(self.inference.encoders, hs)):
-            logits = F.linear(v, enc.weight, enc.bias)
+            logits = affine(enc, v, offset if i == 0 else None)
             if self.inference.within is not None:
                 logits = self.inference.within[i].logits(logits, h)
             prob, softplus_sum = sigmoid_and_softplus_sum(logits)
             log_q = log_q + torch.linalg.vecdot(h, logits) - softplus_sum
             d_a = prob - h
-            out += [(enc, d_a, v, 1 / n, d_a.mean(0))] + self._within_grads(i, d_a, h)
+            out += [(enc, d_a, v, 1 / n, d_a.mean(0), offset if i == 0 else None)] + self._within_grads(i, d_a, h)
             v = h
         return out, log_q
 
@@ -188,20 +216,6 @@ class LayeredBernoulliGradients:
             return []
         return [(self.inference.within[i], d_a, h, 1 / h.shape[0], None)]
 
-    @staticmethod
-    @torch.no_grad()
-    def apply(grads: list[tuple], rates: dict | None) -> None:
-        """Each layer's weight gradient d_out' v by one GEMM, into ``.grad``; or with ``rates`` ({id(parameter): lr},
-        from ``plain_sgd_rates``) plain SGD's step theta <- theta - lr dL/dtheta, written by the GEMM that computes
-        the gradient (``.grad`` left alone): no gradient buffer written and read back, no optimiser pass."""
-        for layer, d_out, v, scale, d_bias in grads:
-            if v is None:
-                _sink(layer, d_bias, rates)
-            elif d_bias is None:
-                _masked_grads(layer, d_out, v, scale, rates)
-            else:
-                _affine_grads(layer, d_out, v, scale, d_bias, rates)
-
 
 def compile_fused(step, fused: LayeredBernoulliGradients, mode: str, device) -> object:
     """``trainer.accel=compile`` for a learner's fused step: ``step`` compiled where the forward pass is one graph
@@ -211,67 +225,3 @@ def compile_fused(step, fused: LayeredBernoulliGradients, mode: str, device) -> 
         step = accelerate(step, mode, device, "trainer.accel", fixed_modules=True)
     accelerate_sampling(mode if fused.compilable else "auto", fused.model, fused.inference)
     return step
-
-
-def apply_update(grads: list[tuple], metrics: dict, optimizer: torch.optim.Optimizer, rates: dict | None,
-                 diagnostics: bool) -> dict:
-    """The end of a fused step (NVIL, wake-sleep): the gradients applied (``LayeredBernoulliGradients.apply``; with
-    ``rates`` plain SGD in the GEMMs), else the optimiser's step, with the gradient norms on a logging step."""
-    LayeredBernoulliGradients.apply(grads, rates)
-    if rates is None:
-        if diagnostics:
-            metrics.update(grad_norms(optimizer))
-        optimizer.step()
-    return metrics
-
-
-def plain_sgd_rates(optimizer: torch.optim.Optimizer) -> dict[int, float] | None:
-    """{id(parameter): lr} when ``optimizer`` is plain SGD (no momentum, weight decay, nesterov or maximize), whose
-    step theta <- theta - lr g ``apply(grads, rates)`` can apply itself; None for any other optimiser."""
-    if not isinstance(optimizer, torch.optim.SGD):
-        return None
-    rates = {}
-    for group in optimizer.param_groups:
-        if group["momentum"] or group["weight_decay"] or group["nesterov"] or group["maximize"]:
-            return None
-        rates.update({id(p): group["lr"] for p in group["params"]})
-    return rates
-
-
-def _sink(p: nn.Parameter, grad: torch.Tensor, rates: dict | None) -> None:
-    """``grad`` into ``p.grad``, or with ``rates`` the SGD step p <- p - lr grad."""
-    if rates is None:
-        _grad_buffer(p).copy_(grad)
-    else:
-        p.sub_(grad, alpha=rates[id(p)])
-
-
-def _grad_buffer(p: nn.Parameter) -> torch.Tensor:
-    """``p.grad``, kept from step to step: every gradient is written into the same memory (fresh pages for each
-    weight-sized gradient cost more on a CPU than the GEMM that fills them)."""
-    if p.grad is None:
-        p.grad = torch.empty_like(p)
-    return p.grad
-
-
-def _affine_grads(linear: nn.Linear, d_out: torch.Tensor, v: torch.Tensor, scale: float, d_bias: torch.Tensor,
-                  rates: dict | None) -> None:
-    """Gradients of an ``nn.Linear`` with input ``v`` [N, in] given dL/d(output) ``d_out`` [N, out]: dL/dW =
-    scale d_out' v (one GEMM) and dL/db = ``d_bias`` (reduced by ``output_grads``). Into ``.grad`` (beta=0 ignores
-    the buffer's old values), or with ``rates`` into the weight itself, W <- W - lr scale d_out' v."""
-    if rates is None:
-        _grad_buffer(linear.weight).addmm_(d_out.t(), v, beta=0, alpha=scale)
-        _grad_buffer(linear.bias).copy_(d_bias)
-    else:
-        linear.weight.addmm_(d_out.t(), v, alpha=-rates[id(linear.weight)] * scale)
-        linear.bias.sub_(d_bias, alpha=rates[id(linear.bias)])
-
-
-def _masked_grads(layer: nn.Module, d_out: torch.Tensor, v: torch.Tensor, scale: float, rates: dict | None) -> None:
-    """The weight gradient of an ``AutoregressiveLinear`` (logits + v (W * mask)'): dL/dW = mask * scale d_out' v,
-    the masked entries zero as autograd gives them; into ``.grad``, or with ``rates`` the SGD step on W."""
-    g = torch.mm(d_out.t(), v).mul_(layer.mask)
-    if rates is None:
-        torch.mul(g, scale, out=_grad_buffer(layer.weight))
-    else:
-        layer.weight.sub_(g, alpha=rates[id(layer.weight)] * scale)

@@ -26,7 +26,8 @@ from nvil.learners.base import SurrogateLearner, build_optimizer, directed_group
 from nvil.learners.baselines import (InputDependentBaseline, LearningSignal, SignalFlags, baseline_loss,
                                      layerwise_signals, learning_signal, signal_metrics)
 from nvil.learners.diagnostics import GradientDiagnostics, ascent
-from nvil.learners.fused import LayeredBernoulliGradients, apply_update, compile_fused, covers, plain_sgd_rates
+from nvil.learners.fused import LayeredBernoulliGradients, compile_fused, covers
+from nvil.learners.weight_steps import apply_update, plain_sgd_rates
 from nvil.ops import RunningMoments
 
 
@@ -111,30 +112,35 @@ class NVIL(GradientDiagnostics, SurrogateLearner):
         if self.fused is None:
             return super().step(x, diagnostics)
         rates = None if diagnostics else plain_sgd_rates(self.optimizer)  # a logging step reports gradient norms
-        uniforms = self.fused.uniforms(x, self.generator)
-        grads, metrics = self.fused_signals(x, uniforms, diagnostics) if diagnostics else self.fused_step(x, uniforms)
+        uniforms, offset = self.fused.uniforms(x, self.generator), self.fused.input_offset()
+        grads, metrics = (self.fused_signals(x, uniforms, offset, diagnostics) if diagnostics
+                          else self.fused_step(x, uniforms, offset))
         return apply_update(grads, metrics, self.optimizer, rates, diagnostics)
 
     @torch.no_grad()
-    def fused_signals(self, x: torch.Tensor, uniforms: list[torch.Tensor], diagnostics: bool = False) -> tuple:
-        """The hand-derived step up to its weight GEMMs, from the forward pass's uniforms: forward, signals (c and v
-        updated), every layer's dL/d(output) (``LayeredBernoulliGradients.output_grads``). Returns (grads, metrics)."""
-        f = self.fused.forward_from(x, uniforms)
+    def fused_signals(self, x: torch.Tensor, uniforms: list[torch.Tensor], offset: torch.Tensor | None = None,
+                      diagnostics: bool = False) -> tuple:
+        """The hand-derived step up to its weight GEMMs, from the forward pass's uniforms (and the sparse-input
+        path's ``offset``, ``LayeredBernoulliGradients.input_offset``): forward, signals (c and v updated), every
+        layer's dL/d(output) (``LayeredBernoulliGradients.output_grads``). Returns (grads, metrics)."""
+        f = self.fused.forward_from(x, uniforms, offset)
         signals, metrics = self.signals(f.log_p, f.log_q, f.b, True, diagnostics)
         return self.fused.output_grads(f, x, signals), metrics
 
-    def fused_step(self, x: torch.Tensor, uniforms: list[torch.Tensor]) -> tuple:
+    def fused_step(self, x: torch.Tensor, uniforms: list[torch.Tensor], offset: torch.Tensor | None = None) -> tuple:
         """``fused_signals`` on a step that logs nothing: compiled with ``trainer.accel=compile`` (one graph, the
         small elementwise ops fused around the forward GEMMs; the weight GEMMs stay outside, writing in place),
         else eager."""
-        return self.fused_signals(x, uniforms)
+        return self.fused_signals(x, uniforms, offset)
 
     def accelerate(self, mode: str, device=None) -> "NVIL":
         """``trainer.accel=compile`` compiles the hand-derived step (``fused_step``) where it applies, else the
         ``surrogate`` of the autograd path."""
-        if compiled(check_mode(mode, device, "trainer.accel")) and self.fused is not None:
-            self.fused_step = compile_fused(self.fused_step, self.fused, mode, device)
-            return self
+        if self.fused is not None:
+            self.fused.use_sparse_input(check_mode(mode, device, "trainer.accel"), device, self.optimizer)
+            if compiled(mode):
+                self.fused_step = compile_fused(self.fused_step, self.fused, mode, device)
+                return self
         return super().accelerate(mode, device)
 
     def distribute(self, d, device: torch.device) -> None:

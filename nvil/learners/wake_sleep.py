@@ -18,7 +18,8 @@ from torch import nn
 
 from nvil.accel import check_mode, compiled
 from nvil.learners.base import SurrogateLearner, build_optimizer, directed_groups
-from nvil.learners.fused import LayeredBernoulliGradients, apply_update, compile_fused, covers, plain_sgd_rates
+from nvil.learners.fused import LayeredBernoulliGradients, compile_fused, covers
+from nvil.learners.weight_steps import apply_update, plain_sgd_rates
 
 
 class WakeSleep(SurrogateLearner):
@@ -57,16 +58,16 @@ class WakeSleep(SurrogateLearner):
         rates = None if diagnostics else plain_sgd_rates(self.optimizer)
         uniforms = self.fused.uniforms(x, self.generator)
         x_dream, h_dream = self.model.sample(int(self.sleep_batch or x.shape[0]), generator=self.generator)
-        grads, metrics = self.fused_step(x, uniforms, x_dream, h_dream)
+        grads, metrics = self.fused_step(x, uniforms, x_dream, h_dream, self.fused.input_offset())
         return apply_update(grads, metrics, self.optimizer, rates, diagnostics)
 
     @torch.no_grad()
     def fused_step(self, x: torch.Tensor, uniforms: list[torch.Tensor], x_dream: torch.Tensor,
-                   h_dream: list[torch.Tensor]) -> tuple[list[tuple], dict]:
-        """Both phases' dL/d(output) entries and the metrics, from the draws: a function of tensors, compiled with
-        ``trainer.accel=compile``."""
-        f = self.fused.forward_from(x, uniforms)
-        sleep, sleep_log_q = self.fused.sleep_grads(x_dream, h_dream)
+                   h_dream: list[torch.Tensor], offset: torch.Tensor | None = None) -> tuple[list[tuple], dict]:
+        """Both phases' dL/d(output) entries and the metrics, from the draws (and the sparse-input path's
+        ``offset``): a function of tensors, compiled with ``trainer.accel=compile``."""
+        f = self.fused.forward_from(x, uniforms, offset)
+        sleep, sleep_log_q = self.fused.sleep_grads(x_dream, h_dream, offset)
         log_p = sum(f.log_p)
         metrics = {"train/elbo": (log_p - sum(f.log_q)).mean(), "train/model_loss": -log_p.mean(),
                    "wake_sleep/sleep_log_q": sleep_log_q.mean()}
@@ -75,9 +76,11 @@ class WakeSleep(SurrogateLearner):
     def accelerate(self, mode: str, device=None) -> "WakeSleep":
         """``trainer.accel=compile`` compiles the hand-derived step where it applies, else the surrogate; the
         autoregressive layers (fDARN's prior, which the dream samples) take the mode either way."""
-        if compiled(check_mode(mode, device, "trainer.accel")) and self.fused is not None:
-            self.fused_step = compile_fused(self.fused_step, self.fused, mode, device)
-            return self
+        if self.fused is not None:
+            self.fused.use_sparse_input(check_mode(mode, device, "trainer.accel"), device, self.optimizer)
+            if compiled(mode):
+                self.fused_step = compile_fused(self.fused_step, self.fused, mode, device)
+                return self
         return super().accelerate(mode, device)
 
     def distribute(self, d, device: torch.device) -> None:

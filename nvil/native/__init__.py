@@ -32,7 +32,7 @@ from nvil.cpu_kernels import cpu_flags
 from nvil.errors import ConfigError
 
 SOURCE = Path(__file__).with_name("sequential.c")
-HEADERS = (Path(__file__).with_name("lateral_sweep.h"), Path(__file__).with_name("lateral_tiled.h"))
+HEADERS = tuple(Path(__file__).with_name(h) for h in ("lateral_sweep.h", "lateral_tiled.h", "sparse_rows.h"))
 FLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-fPIC", "-shared", "-std=c11")
 MODES = {"sample": 0, "force": 1, "argmax": 2}
 _SUFFIX = {torch.float32: "f32", torch.float64: "f64"}
@@ -119,6 +119,13 @@ def library() -> ctypes.CDLL:
                 fn = getattr(lib, f"{name}_{suffix}")
                 fn.restype = None
                 fn.argtypes = [ctypes.c_int64, ctypes.c_int64, ctypes.c_uint64, ctypes.c_void_p]
+            real = ctypes.c_float if suffix == "f32" else ctypes.c_double
+            fn = getattr(lib, f"centred_linear_{suffix}")
+            fn.restype = None
+            fn.argtypes = [ctypes.c_int64] * 4 + [ctypes.c_void_p] * 6
+            fn = getattr(lib, f"centred_update_{suffix}")
+            fn.restype = None
+            fn.argtypes = [ctypes.c_int64] * 5 + [ctypes.c_void_p] * 4 + [real] + [ctypes.c_void_p] * 2
         _library = lib
         return lib
 

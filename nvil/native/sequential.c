@@ -281,3 +281,41 @@ DEFINE_AUTOREGRESSIVE(double, f64, exp)
 #undef REAL
 #undef NAME
 #undef WIDTH
+
+/* An affine layer on centred sparse inputs (sparse_rows.h): the first layer of NVIL's inference network and
+   baselines, from the pixels that are on. */
+#if defined(__AVX512F__)
+#define SPARSE_ROWS_AVX512 1
+#endif
+#define REAL float
+#define NAME(x) x##_f32
+#define SR_VEC __m512
+#define SR_MASK __mmask16
+#define SR_LANES 16
+#define SR_LOADZ(mk, p) _mm512_maskz_loadu_ps(mk, p)
+#define SR_STORE(p, mk, x) _mm512_mask_storeu_ps(p, mk, x)
+#define SR_SET1(s) _mm512_set1_ps(s)
+#define SR_FMA(a, b, c) _mm512_fmadd_ps(a, b, c)
+#include "sparse_rows.h"
+#undef REAL
+#undef NAME
+#undef SR_VEC
+#undef SR_MASK
+#undef SR_LANES
+#undef SR_LOADZ
+#undef SR_STORE
+#undef SR_SET1
+#undef SR_FMA
+
+#define REAL double
+#define NAME(x) x##_f64
+#define SR_VEC __m512d
+#define SR_MASK __mmask8
+#define SR_LANES 8
+#define SR_LOADZ(mk, p) _mm512_maskz_loadu_pd(mk, p)
+#define SR_STORE(p, mk, x) _mm512_mask_storeu_pd(p, mk, x)
+#define SR_SET1(s) _mm512_set1_pd(s)
+#define SR_FMA(a, b, c) _mm512_fmadd_pd(a, b, c)
+#include "sparse_rows.h"
+#undef REAL
+#undef NAME

@@ -1,0 +1,112 @@
+"""The weight steps of the hand-derived gradients (``nvil.learners.fused``): every entry of
+``LayeredBernoulliGradients.output_grads``, (layer, dL/d(output), input v, scale, dL/d bias[, offset]), made into
+the layer's ``.grad`` or, with plain SGD, into its weights directly; and ``affine``, the forward product that the
+sparse-input path replaces for the centred x (``nvil.native.sparse_rows``)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from nvil.learners.base import grad_norms
+from nvil.native import sparse_rows
+
+
+@torch.no_grad()
+def apply_grads(grads: list[tuple], rates: dict | None) -> None:
+    """Each layer's weight gradient d_out' v by one GEMM, into ``.grad``; or with ``rates`` ({id(parameter): lr},
+    from ``plain_sgd_rates``) plain SGD's step theta <- theta - lr dL/dtheta, written by the GEMM that computes
+    the gradient (``.grad`` left alone): no gradient buffer written and read back, no optimiser pass."""
+    for layer, d_out, v, scale, d_bias, *offset in grads:
+        if v is None:
+            _sink(layer, d_bias, rates)
+        elif d_bias is None:
+            _masked_grads(layer, d_out, v, scale, rates)
+        else:
+            _affine_grads(layer, d_out, v, scale, d_bias, rates, offset[0] if offset else None)
+
+
+
+
+def apply_update(grads: list[tuple], metrics: dict, optimizer: torch.optim.Optimizer, rates: dict | None,
+                 diagnostics: bool) -> dict:
+    """The end of a fused step (NVIL, wake-sleep): the gradients applied (``apply_grads``; with
+    ``rates`` plain SGD in the GEMMs), else the optimiser's step, with the gradient norms on a logging step."""
+    apply_grads(grads, rates)
+    if rates is None:
+        if diagnostics:
+            metrics.update(grad_norms(optimizer))
+        optimizer.step()
+    return metrics
+
+
+def plain_sgd_rates(optimizer: torch.optim.Optimizer) -> dict[int, float] | None:
+    """{id(parameter): lr} when ``optimizer`` is plain SGD (no momentum, weight decay, nesterov or maximize), whose
+    step theta <- theta - lr g ``apply(grads, rates)`` can apply itself; None for any other optimiser."""
+    if not isinstance(optimizer, torch.optim.SGD):
+        return None
+    rates = {}
+    for group in optimizer.param_groups:
+        if group["momentum"] or group["weight_decay"] or group["nesterov"] or group["maximize"]:
+            return None
+        rates.update({id(p): group["lr"] for p in group["params"]})
+    return rates
+
+
+def _sink(p: nn.Parameter, grad: torch.Tensor, rates: dict | None) -> None:
+    """``grad`` into ``p.grad``, or with ``rates`` the SGD step p <- p - lr grad."""
+    if rates is None:
+        _grad_buffer(p).copy_(grad)
+    else:
+        p.sub_(grad, alpha=rates[id(p)])
+
+
+def _grad_buffer(p: nn.Parameter) -> torch.Tensor:
+    """``p.grad``, kept from step to step: every gradient is written into the same memory (fresh pages for each
+    weight-sized gradient cost more on a CPU than the GEMM that fills them)."""
+    if p.grad is None:
+        p.grad = torch.empty_like(p)
+    return p.grad
+
+
+def affine(linear: nn.Linear, v: torch.Tensor, offset: torch.Tensor | None = None) -> torch.Tensor:
+    """W v + b; for a centred sparse input v = x - ``offset`` (``LayeredBernoulliGradients.sparse_input``) from the
+    rows of the input-major W' of the inputs that are on (``nvil.native.centred_linear``, an operator
+    ``torch.compile`` calls in its graph), with base b - m W'."""
+    if offset is None:
+        return F.linear(v, linear.weight, linear.bias)
+    wt = linear.weight.t()
+    return sparse_rows.centred_linear_op(v, offset, wt, linear.bias - offset @ wt)
+
+
+def _affine_grads(linear: nn.Linear, d_out: torch.Tensor, v: torch.Tensor, scale: float, d_bias: torch.Tensor,
+                  rates: dict | None, offset: torch.Tensor | None = None) -> None:
+    """Gradients of an ``nn.Linear`` with input ``v`` [N, in] given dL/d(output) ``d_out`` [N, out]: dL/dW =
+    scale d_out' v (one GEMM) and dL/db = ``d_bias`` (reduced by ``output_grads``). Into ``.grad`` (beta=0 ignores
+    the buffer's old values), or with ``rates`` into the weight itself, W <- W - lr scale d_out' v. With ``offset``
+    (v = x - offset, x sparse, the weight input-major) the product is ``nvil.sparse_rows.centred_update_``'s one pass
+    over W' from the inputs that are on."""
+    w = linear.weight
+    if rates is None:
+        if offset is not None and _grad_buffer(w).t().is_contiguous():
+            sparse_rows.centred_update_(_grad_buffer(w).t().zero_(), v, offset, d_out, scale)
+        else:
+            _grad_buffer(w).addmm_(d_out.t(), v, beta=0, alpha=scale)
+        _grad_buffer(linear.bias).copy_(d_bias)
+    else:
+        if offset is not None:
+            sparse_rows.centred_update_(w.detach().t(), v, offset, d_out, -rates[id(w)] * scale)
+        else:
+            w.addmm_(d_out.t(), v, alpha=-rates[id(w)] * scale)
+        linear.bias.sub_(d_bias, alpha=rates[id(linear.bias)])
+
+
+def _masked_grads(layer: nn.Module, d_out: torch.Tensor, v: torch.Tensor, scale: float, rates: dict | None) -> None:
+    """The weight gradient of an ``AutoregressiveLinear`` (logits + v (W * mask)'): dL/dW = mask * scale d_out' v,
+    the masked entries zero as autograd gives them; into ``.grad``, or with ``rates`` the SGD step on W."""
+    g = torch.mm(d_out.t(), v).mul_(layer.mask)
+    if rates is None:
+        torch.mul(g, scale, out=_grad_buffer(layer.weight))
+    else:
+        layer.weight.sub_(g, alpha=rates[id(layer.weight)] * scale)

@@ -1,0 +1,138 @@
+/* An affine layer whose input is centred sparse data, v = x - m with x mostly zero (binarised MNIST: ~13% of the
+   pixels on), as the first layer of NVIL's inference network and of its input-dependent baselines sees it (Mnih &
+   Gregor 2014, Sec. 4: "centering the input vectors"). Included twice by sequential.c, with REAL (float, double) and
+   NAME(x) (x_f32, x_f64); nvil/native/sparse_rows.py: centred_linear, centred_update_.
+
+   The weight is stored input-major, wt [D, H] = W' (row j: the weights out of input j; nvil.ops.input_major_), so
+   the rows of the inputs that are on are contiguous:
+
+       centred_linear:  out[n, :] = base + sum_{j : x_nj != 0} x_nj wt[j, :],   base = b - m wt   (= v W' + b)
+       centred_update:  wt[j, :] += alpha (sum_{n : x_nj != 0} x_nj d[n, :] - m_j dsum),   dsum = sum_n d[n, :]
+                                                                                (= wt + alpha v' d, one pass over wt)
+
+   with x_nj = v_nj + m_j, exactly 0 where x_nj = 0 (-m + m = 0 in floating point). A dense GEMM does N D H
+   multiply-adds; these do (nonzeros of x) H and one pass over wt, each row read once per example that has it on
+   (centred_linear) or once in all (centred_update). With AVX-512 the H outputs of a row are taken 8 registers at a
+   time, their sums held in registers over the row's inputs (masked loads for the last partial register); elsewhere
+   plain loops that the compiler vectorises. The sums come in another order than a GEMM's: equal up to rounding
+   (tests/test_native_sparse.py, float64 and float32). */
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+/* The inputs j of row n of x = v + m that are nonzero, into idx; returns how many. */
+static int64_t NAME(row_nonzeros)(const REAL *vn, const REAL *m, int64_t D, int32_t *idx) {
+    int64_t c = 0;
+    for (int64_t j = 0; j < D; j++) {
+        idx[c] = (int32_t)j;
+        c += (vn[j] + m[j] != (REAL)0);
+    }
+    return c;
+}
+
+/* The examples n of the column j of x = v + m that are nonzero, into ex; returns how many. */
+static int64_t NAME(column_nonzeros)(const REAL *v, REAL mj, int64_t N, int64_t D, int64_t j, int32_t *ex) {
+    int64_t c = 0;
+    for (int64_t n = 0; n < N; n++) {
+        ex[c] = (int32_t)n;
+        c += (v[n * D + j] + mj != (REAL)0);
+    }
+    return c;
+}
+
+#if defined(__AVX512F__) && SPARSE_ROWS_AVX512
+#define SR_REGS 8
+
+/* The masks of a block of SR_REGS registers from output k0 of H: full registers, then the partial one, then none. */
+static void NAME(block_masks)(int64_t H, int64_t k0, SR_MASK mk[SR_REGS]) {
+    for (int q = 0; q < SR_REGS; q++) {
+        int64_t left = H - k0 - (int64_t)q * SR_LANES;
+        mk[q] = left >= SR_LANES ? (SR_MASK)~(SR_MASK)0 : left > 0 ? (SR_MASK)((1u << left) - 1) : (SR_MASK)0;
+    }
+}
+
+void NAME(centred_linear)(int64_t n0, int64_t n1, int64_t D, int64_t H, const REAL *v, const REAL *m, const REAL *wt,
+                          const REAL *base, REAL *out, int32_t *idx) {
+    for (int64_t n = n0; n < n1; n++) {
+        const REAL *vn = v + n * D;
+        int64_t c = NAME(row_nonzeros)(vn, m, D, idx);
+        for (int64_t k0 = 0; k0 < H; k0 += SR_REGS * SR_LANES) {
+            SR_MASK mk[SR_REGS];
+            SR_VEC acc[SR_REGS];
+            NAME(block_masks)(H, k0, mk);
+            for (int q = 0; q < SR_REGS; q++) acc[q] = SR_LOADZ(mk[q], base + k0 + q * SR_LANES);
+            for (int64_t t = 0; t < c; t++) {
+                int64_t j = idx[t];
+                const REAL *w = wt + j * H + k0;
+                SR_VEC s = SR_SET1(vn[j] + m[j]);
+                for (int q = 0; q < SR_REGS; q++) acc[q] = SR_FMA(s, SR_LOADZ(mk[q], w + q * SR_LANES), acc[q]);
+            }
+            for (int q = 0; q < SR_REGS; q++) SR_STORE(out + n * H + k0 + q * SR_LANES, mk[q], acc[q]);
+        }
+    }
+}
+
+void NAME(centred_update)(int64_t j0, int64_t j1, int64_t N, int64_t D, int64_t H, const REAL *v, const REAL *m,
+                          const REAL *d, const REAL *dsum, REAL alpha, REAL *wt, int32_t *ex) {
+    for (int64_t j = j0; j < j1; j++) {
+        int64_t c = NAME(column_nonzeros)(v, m[j], N, D, j, ex);
+        if (c == 0 && m[j] == (REAL)0) continue;
+        REAL *w = wt + j * H;
+        SR_VEC shift = SR_SET1(-alpha * m[j]);
+        for (int64_t k0 = 0; k0 < H; k0 += SR_REGS * SR_LANES) {
+            SR_MASK mk[SR_REGS];
+            SR_VEC acc[SR_REGS];
+            NAME(block_masks)(H, k0, mk);
+            for (int q = 0; q < SR_REGS; q++)
+                acc[q] = SR_FMA(shift, SR_LOADZ(mk[q], dsum + k0 + q * SR_LANES), SR_LOADZ(mk[q], w + k0 + q * SR_LANES));
+            for (int64_t t = 0; t < c; t++) {
+                int64_t n = ex[t];
+                const REAL *dn = d + n * H + k0;
+                SR_VEC s = SR_SET1(alpha * (v[n * D + j] + m[j]));
+                for (int q = 0; q < SR_REGS; q++) acc[q] = SR_FMA(s, SR_LOADZ(mk[q], dn + q * SR_LANES), acc[q]);
+            }
+            for (int q = 0; q < SR_REGS; q++) SR_STORE(w + k0 + q * SR_LANES, mk[q], acc[q]);
+        }
+    }
+}
+#undef SR_REGS
+
+#else /* plain loops, vectorised by the compiler */
+
+void NAME(centred_linear)(int64_t n0, int64_t n1, int64_t D, int64_t H, const REAL *v, const REAL *m, const REAL *wt,
+                          const REAL *base, REAL *out, int32_t *idx) {
+    for (int64_t n = n0; n < n1; n++) {
+        const REAL *vn = v + n * D;
+        REAL *o = out + n * H;
+        int64_t c = NAME(row_nonzeros)(vn, m, D, idx);
+        memcpy(o, base, (size_t)H * sizeof(REAL));
+        for (int64_t t = 0; t < c; t++) {
+            int64_t j = idx[t];
+            const REAL *w = wt + j * H;
+            REAL s = vn[j] + m[j];
+            _Pragma("omp simd")
+            for (int64_t k = 0; k < H; k++) o[k] += s * w[k];
+        }
+    }
+}
+
+void NAME(centred_update)(int64_t j0, int64_t j1, int64_t N, int64_t D, int64_t H, const REAL *v, const REAL *m,
+                          const REAL *d, const REAL *dsum, REAL alpha, REAL *wt, int32_t *ex) {
+    for (int64_t j = j0; j < j1; j++) {
+        int64_t c = NAME(column_nonzeros)(v, m[j], N, D, j, ex);
+        if (c == 0 && m[j] == (REAL)0) continue;
+        REAL *w = wt + j * H;
+        REAL shift = -alpha * m[j];
+        _Pragma("omp simd")
+        for (int64_t k = 0; k < H; k++) w[k] += shift * dsum[k];
+        for (int64_t t = 0; t < c; t++) {
+            int64_t n = ex[t];
+            const REAL *dn = d + n * H;
+            REAL s = alpha * (v[n * D + j] + m[j]);
+            _Pragma("omp simd")
+            for (int64_t k = 0; k < H; k++) w[k] += s * dn[k];
+        }
+    }
+}
+#endif

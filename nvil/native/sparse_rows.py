@@ -1,0 +1,58 @@
+"""An affine layer on centred sparse inputs as C (``sparse_rows.h``, built into the library of ``nvil.native``): NVIL's
+first inference and baseline layers, which read the centred binary data x - m, from the rows of their input-major
+weights of the pixels that are on (``nvil.learners.fused``)."""
+
+from __future__ import annotations
+
+import torch
+
+from nvil.native import _checked, _in_ranges, _kernel, _ptr
+
+
+def centred_linear(v: torch.Tensor, m: torch.Tensor, wt: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
+    """v wt + base for v = x - m [N, D] with x mostly zero, from the rows of wt [D, H] of the inputs that are on
+    (``sparse_rows.h``): the affine layer W v + b with wt = W' (stored input-major, ``nvil.ops.input_major_``) and
+    base = b - m wt. The examples in torch.get_num_threads() ranges. Returns [N, H]."""
+    dtype = v.dtype
+    fn = _kernel("centred_linear", dtype)
+    for name, t in (("v", v), ("m", m), ("wt", wt), ("base", base)):
+        _checked(t, dtype, name)
+    (n, d), h = v.shape, wt.shape[1]
+    out = torch.empty(n, h, dtype=dtype)
+
+    def run(lo: int, hi: int) -> None:
+        idx = torch.empty(d, dtype=torch.int32)
+        fn(lo, hi, d, h, _ptr(v), _ptr(m), _ptr(wt), _ptr(base), _ptr(out), _ptr(idx))
+
+    _in_ranges(n, run, per_thread=16)
+    return out
+
+
+@torch.library.custom_op("nvil::centred_linear", mutates_args=())
+def centred_linear_op(v: torch.Tensor, m: torch.Tensor, wt: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
+    """``centred_linear`` as an operator that ``torch.compile`` calls inside its graph (an opaque call, no break)."""
+    return centred_linear(v.contiguous(), m.contiguous(), wt.contiguous(), base.contiguous())
+
+
+@centred_linear_op.register_fake
+def _(v: torch.Tensor, m: torch.Tensor, wt: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
+    return v.new_empty(v.shape[0], wt.shape[1])
+
+
+def centred_update_(wt: torch.Tensor, v: torch.Tensor, m: torch.Tensor, d: torch.Tensor, alpha: float) -> torch.Tensor:
+    """wt += alpha v' d in place, for v = x - m [N, D] with x mostly zero and d [N, H]: the gradient step (or, into a
+    zeroed buffer, the gradient) of the weight of ``centred_linear``, as alpha (x' d - m (1' d)) in one pass over
+    wt [D, H] (``sparse_rows.h``), its rows in torch.get_num_threads() ranges. Returns wt."""
+    dtype = v.dtype
+    fn = _kernel("centred_update", dtype)
+    for name, t in (("wt", wt), ("v", v), ("m", m), ("d", d)):
+        _checked(t, dtype, name)
+    (n, D), h = v.shape, wt.shape[1]
+    dsum = d.sum(0)
+
+    def run(lo: int, hi: int) -> None:
+        ex = torch.empty(n, dtype=torch.int32)
+        fn(lo, hi, n, D, h, _ptr(v), _ptr(m), _ptr(d), _ptr(dsum), alpha, _ptr(wt), _ptr(ex))
+
+    _in_ranges(D, run, per_thread=128)
+    return wt
