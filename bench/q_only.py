@@ -30,8 +30,10 @@ from nvil.resume import restore
 from nvil.validation import validate
 
 
-def q_only(checkpoint: Path, q_lr: float, updates: int, every: int, examples: int) -> list[tuple[int, float]]:
-    """[(update, -ELBO(10) on the test images)] while q alone trains at ``q_lr`` from ``checkpoint``."""
+def q_only(checkpoint: Path, q_lr: float, updates: int, every: int, examples: int,
+           batch_size: int | None = None) -> list[tuple[int, float]]:
+    """[(update, -ELBO(10) on the test images)] while q alone trains at ``q_lr`` from ``checkpoint``, on minibatches
+    of ``batch_size`` (None: the run's)."""
     saved = torch.load(checkpoint, weights_only=True, map_location="cpu")
     cfg = OmegaConf.create(saved["config"])
     device = torch.device("cpu")
@@ -44,7 +46,8 @@ def q_only(checkpoint: Path, q_lr: float, updates: int, every: int, examples: in
     groups["model"]["lr"], groups["inference"]["lr"] = 0.0, q_lr
     frozen = [p.detach().clone() for p in run.model.parameters()]
     test = take_rows(run.data.split("test"), 0, examples)
-    stream = MinibatchStream(run.data, cfg.trainer.batch_size, cfg.seed + 17)  # minibatches the run did not see
+    batch_size = batch_size or cfg.trainer.batch_size
+    stream = MinibatchStream(run.data, batch_size, cfg.seed + 17)  # minibatches the run did not see
     curve = []
     for i in range(updates + 1):
         if i % every == 0:
@@ -63,6 +66,8 @@ def main(argv=None) -> None:
     p.add_argument("--updates", type=int, default=100_000)
     p.add_argument("--every", type=int, default=20_000)
     p.add_argument("--examples", type=int, default=1000, help="test images scored (default 1,000)")
+    p.add_argument("--batch-size", type=int, default=None,
+                   help="q's minibatch (default: the run's); at q's rate a larger one divides the gradient's noise")
     args = p.parse_args(argv)
     if not args.checkpoint.is_file():
         raise SystemExit(f"error: no checkpoint at {args.checkpoint}")
@@ -72,12 +77,13 @@ def main(argv=None) -> None:
         rows = {}
         for rate in rates:
             started = time.perf_counter()
-            rows[rate] = q_only(args.checkpoint, rate, args.updates, args.every, args.examples)
+            rows[rate] = q_only(args.checkpoint, rate, args.updates, args.every, args.examples, args.batch_size)
             print(f"q lr {rate:g}: {time.perf_counter() - started:.0f} s", flush=True)
     steps = [u for u, _ in rows[rates[0]]]
     print("\n" + common.markdown_table(["q lr", *(f"{u:,}" for u in steps)],
                                        [[f"{rate:g}", *(f"{v:.2f}" for _, v in curve)] for rate, curve in rows.items()]))
-    print(f"\n-ELBO(10) on the first {args.examples} test images, model frozen, by q's updates (columns)")
+    print(f"\n-ELBO(10) on the first {args.examples} test images, model frozen, by q's updates (columns), "
+          f"minibatches of {args.batch_size or 'the run'}")
 
 
 if __name__ == "__main__":
