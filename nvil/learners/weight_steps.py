@@ -72,7 +72,7 @@ def _grad_buffer(p: nn.Parameter) -> torch.Tensor:
 
 def affine(linear: nn.Linear, v: torch.Tensor, offset: torch.Tensor | None = None) -> torch.Tensor:
     """W v + b; for a centred sparse input v = x - ``offset`` (``LayeredBernoulliGradients.sparse_input``) from the
-    rows of the input-major W' of the inputs that are on (``nvil.native.centred_linear``, an operator
+    rows of the input-major W' of the inputs that are on (``nvil.native.sparse_rows.centred_linear_op``, an operator
     ``torch.compile`` calls in its graph), with base b - m W'."""
     if offset is None:
         return F.linear(v, linear.weight, linear.bias)
@@ -85,18 +85,19 @@ def _affine_grads(linear: nn.Linear, d_out: torch.Tensor, v: torch.Tensor, scale
     """Gradients of an ``nn.Linear`` with input ``v`` [N, in] given dL/d(output) ``d_out`` [N, out]: dL/dW =
     scale d_out' v (one GEMM) and dL/db = ``d_bias`` (reduced by ``output_grads``). Into ``.grad`` (beta=0 ignores
     the buffer's old values), or with ``rates`` into the weight itself, W <- W - lr scale d_out' v. With ``offset``
-    (v = x - offset, x sparse, the weight input-major) the product is ``nvil.sparse_rows.centred_update_``'s one pass
+    (v = x - offset, x sparse, the weight input-major) the product is ``nvil.native.sparse_rows.centred_update_``'s one pass
     over W' from the inputs that are on."""
     w = linear.weight
     if rates is None:
         if offset is not None and _grad_buffer(w).t().is_contiguous():
-            sparse_rows.centred_update_(_grad_buffer(w).t().zero_(), v, offset, d_out, scale)
+            sparse_rows.centred_update_(_grad_buffer(w).t().zero_(), v.contiguous(), offset, d_out.contiguous(), scale)
         else:
             _grad_buffer(w).addmm_(d_out.t(), v, beta=0, alpha=scale)
         _grad_buffer(linear.bias).copy_(d_bias)
     else:
         if offset is not None:
-            sparse_rows.centred_update_(w.detach().t(), v, offset, d_out, -rates[id(w)] * scale)
+            sparse_rows.centred_update_(w.detach().t(), v.contiguous(), offset, d_out.contiguous(),
+                                        -rates[id(w)] * scale)
         else:
             w.addmm_(d_out.t(), v, alpha=-rates[id(w)] * scale)
         linear.bias.sub_(d_bias, alpha=rates[id(linear.bias)])
