@@ -80,8 +80,8 @@ class LayeredBernoulliGradients:
         parameters that are not contiguous at every step, which costs more than the sparse products save, so with
         it the dense products stay."""
         layers = [self.inference.encoders[0]] + [b.net[0] for b in self.baselines[:1]]
-        self.sparse_input = (mode in ("auto", "native", "compile") and torch.device(device or "cpu").type == "cpu"
-                             and not optimizer.defaults.get("fused") and native.wanted("auto", device or "cpu"))
+        self.sparse_input = (mode in ("auto", "native", "compile") and not optimizer.defaults.get("fused")
+                             and native.wanted("auto", device or "cpu"))  # False off the CPU
         if self.sparse_input:
             for layer in layers:
                 input_major_(layer)

@@ -121,11 +121,11 @@ def library() -> ctypes.CDLL:
                 fn.argtypes = [ctypes.c_int64, ctypes.c_int64, ctypes.c_uint64, ctypes.c_void_p]
             real = ctypes.c_float if suffix == "f32" else ctypes.c_double
             fn = getattr(lib, f"centred_linear_{suffix}")
-            fn.restype = None
-            fn.argtypes = [ctypes.c_int64] * 4 + [ctypes.c_void_p] * 6
+            fn.restype = ctypes.c_int
+            fn.argtypes = [ctypes.c_int64] * 4 + [ctypes.c_void_p] * 5
             fn = getattr(lib, f"centred_update_{suffix}")
-            fn.restype = None
-            fn.argtypes = [ctypes.c_int64] * 5 + [ctypes.c_void_p] * 4 + [real] + [ctypes.c_void_p] * 2
+            fn.restype = ctypes.c_int
+            fn.argtypes = [ctypes.c_int64] * 5 + [ctypes.c_void_p] * 4 + [real] + [ctypes.c_void_p]
         _library = lib
         return lib
 

@@ -284,9 +284,6 @@ DEFINE_AUTOREGRESSIVE(double, f64, exp)
 
 /* An affine layer on centred sparse inputs (sparse_rows.h): the first layer of NVIL's inference network and
    baselines, from the pixels that are on. */
-#if defined(__AVX512F__)
-#define SPARSE_ROWS_AVX512 1
-#endif
 #define REAL float
 #define NAME(x) x##_f32
 #define SR_VEC __m512

@@ -17,6 +17,7 @@
    plain loops that the compiler vectorises. The sums come in another order than a GEMM's: equal up to rounding
    (tests/test_native_sparse.py, float64 and float32). */
 
+#include <stdlib.h>
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
@@ -41,98 +42,77 @@ static int64_t NAME(column_nonzeros)(const REAL *v, REAL mj, int64_t N, int64_t 
     return c;
 }
 
-#if defined(__AVX512F__) && SPARSE_ROWS_AVX512
+/* out[:H] = first + second_scale second + sum_t scale[t] rows[which[t] * H], the one operation of both kernels:
+   first, second and the rows [H] (second may be NULL); out may be first (updated in place). */
+#if defined(__AVX512F__)
 #define SR_REGS 8
 
-/* The masks of a block of SR_REGS registers from output k0 of H: full registers, then the partial one, then none. */
-static void NAME(block_masks)(int64_t H, int64_t k0, SR_MASK mk[SR_REGS]) {
-    for (int q = 0; q < SR_REGS; q++) {
-        int64_t left = H - k0 - (int64_t)q * SR_LANES;
-        mk[q] = left >= SR_LANES ? (SR_MASK)~(SR_MASK)0 : left > 0 ? (SR_MASK)((1u << left) - 1) : (SR_MASK)0;
-    }
-}
-
-void NAME(centred_linear)(int64_t n0, int64_t n1, int64_t D, int64_t H, const REAL *v, const REAL *m, const REAL *wt,
-                          const REAL *base, REAL *out, int32_t *idx) {
-    for (int64_t n = n0; n < n1; n++) {
-        const REAL *vn = v + n * D;
-        int64_t c = NAME(row_nonzeros)(vn, m, D, idx);
-        for (int64_t k0 = 0; k0 < H; k0 += SR_REGS * SR_LANES) {
-            SR_MASK mk[SR_REGS];
-            SR_VEC acc[SR_REGS];
-            NAME(block_masks)(H, k0, mk);
-            for (int q = 0; q < SR_REGS; q++) acc[q] = SR_LOADZ(mk[q], base + k0 + q * SR_LANES);
-            for (int64_t t = 0; t < c; t++) {
-                int64_t j = idx[t];
-                const REAL *w = wt + j * H + k0;
-                SR_VEC s = SR_SET1(vn[j] + m[j]);
-                for (int q = 0; q < SR_REGS; q++) acc[q] = SR_FMA(s, SR_LOADZ(mk[q], w + q * SR_LANES), acc[q]);
-            }
-            for (int q = 0; q < SR_REGS; q++) SR_STORE(out + n * H + k0 + q * SR_LANES, mk[q], acc[q]);
+static void NAME(combine)(int64_t H, const REAL *first, const REAL *second, REAL second_scale, int64_t c,
+                          const REAL *rows, const int32_t *which, const REAL *scale, REAL *out) {
+    for (int64_t k0 = 0; k0 < H; k0 += SR_REGS * SR_LANES) {
+        SR_MASK mk[SR_REGS];
+        SR_VEC acc[SR_REGS];
+        for (int q = 0; q < SR_REGS; q++) {  /* full registers, then the partial one, then none */
+            int64_t left = H - k0 - (int64_t)q * SR_LANES;
+            mk[q] = left >= SR_LANES ? (SR_MASK)~(SR_MASK)0 : left > 0 ? (SR_MASK)((1u << left) - 1) : (SR_MASK)0;
+            acc[q] = SR_LOADZ(mk[q], first + k0 + q * SR_LANES);
+            if (second) acc[q] = SR_FMA(SR_SET1(second_scale), SR_LOADZ(mk[q], second + k0 + q * SR_LANES), acc[q]);
         }
-    }
-}
-
-void NAME(centred_update)(int64_t j0, int64_t j1, int64_t N, int64_t D, int64_t H, const REAL *v, const REAL *m,
-                          const REAL *d, const REAL *dsum, REAL alpha, REAL *wt, int32_t *ex) {
-    for (int64_t j = j0; j < j1; j++) {
-        int64_t c = NAME(column_nonzeros)(v, m[j], N, D, j, ex);
-        if (c == 0 && m[j] == (REAL)0) continue;
-        REAL *w = wt + j * H;
-        SR_VEC shift = SR_SET1(-alpha * m[j]);
-        for (int64_t k0 = 0; k0 < H; k0 += SR_REGS * SR_LANES) {
-            SR_MASK mk[SR_REGS];
-            SR_VEC acc[SR_REGS];
-            NAME(block_masks)(H, k0, mk);
-            for (int q = 0; q < SR_REGS; q++)
-                acc[q] = SR_FMA(shift, SR_LOADZ(mk[q], dsum + k0 + q * SR_LANES), SR_LOADZ(mk[q], w + k0 + q * SR_LANES));
-            for (int64_t t = 0; t < c; t++) {
-                int64_t n = ex[t];
-                const REAL *dn = d + n * H + k0;
-                SR_VEC s = SR_SET1(alpha * (v[n * D + j] + m[j]));
-                for (int q = 0; q < SR_REGS; q++) acc[q] = SR_FMA(s, SR_LOADZ(mk[q], dn + q * SR_LANES), acc[q]);
-            }
-            for (int q = 0; q < SR_REGS; q++) SR_STORE(w + k0 + q * SR_LANES, mk[q], acc[q]);
+        for (int64_t t = 0; t < c; t++) {
+            const REAL *row = rows + (int64_t)which[t] * H + k0;
+            SR_VEC s = SR_SET1(scale[t]);
+            for (int q = 0; q < SR_REGS; q++) acc[q] = SR_FMA(s, SR_LOADZ(mk[q], row + q * SR_LANES), acc[q]);
         }
+        for (int q = 0; q < SR_REGS; q++) SR_STORE(out + k0 + q * SR_LANES, mk[q], acc[q]);
     }
 }
 #undef SR_REGS
 
 #else /* plain loops, vectorised by the compiler */
 
-void NAME(centred_linear)(int64_t n0, int64_t n1, int64_t D, int64_t H, const REAL *v, const REAL *m, const REAL *wt,
-                          const REAL *base, REAL *out, int32_t *idx) {
-    for (int64_t n = n0; n < n1; n++) {
-        const REAL *vn = v + n * D;
-        REAL *o = out + n * H;
-        int64_t c = NAME(row_nonzeros)(vn, m, D, idx);
-        memcpy(o, base, (size_t)H * sizeof(REAL));
-        for (int64_t t = 0; t < c; t++) {
-            int64_t j = idx[t];
-            const REAL *w = wt + j * H;
-            REAL s = vn[j] + m[j];
-            _Pragma("omp simd")
-            for (int64_t k = 0; k < H; k++) o[k] += s * w[k];
-        }
-    }
-}
-
-void NAME(centred_update)(int64_t j0, int64_t j1, int64_t N, int64_t D, int64_t H, const REAL *v, const REAL *m,
-                          const REAL *d, const REAL *dsum, REAL alpha, REAL *wt, int32_t *ex) {
-    for (int64_t j = j0; j < j1; j++) {
-        int64_t c = NAME(column_nonzeros)(v, m[j], N, D, j, ex);
-        if (c == 0 && m[j] == (REAL)0) continue;
-        REAL *w = wt + j * H;
-        REAL shift = -alpha * m[j];
+static void NAME(combine)(int64_t H, const REAL *first, const REAL *second, REAL second_scale, int64_t c,
+                          const REAL *rows, const int32_t *which, const REAL *scale, REAL *out) {
+    _Pragma("omp simd")
+    for (int64_t k = 0; k < H; k++) out[k] = second ? first[k] + second_scale * second[k] : first[k];
+    for (int64_t t = 0; t < c; t++) {
+        const REAL *row = rows + (int64_t)which[t] * H;
+        REAL s = scale[t];
         _Pragma("omp simd")
-        for (int64_t k = 0; k < H; k++) w[k] += shift * dsum[k];
-        for (int64_t t = 0; t < c; t++) {
-            int64_t n = ex[t];
-            const REAL *dn = d + n * H;
-            REAL s = alpha * (v[n * D + j] + m[j]);
-            _Pragma("omp simd")
-            for (int64_t k = 0; k < H; k++) w[k] += s * dn[k];
-        }
+        for (int64_t k = 0; k < H; k++) out[k] += s * row[k];
     }
 }
 #endif
+
+/* Examples n0..n1-1: out[n] = base + sum over the inputs j on in row n of x_nj wt[j]. Returns 0, or 1 where its
+   scratch could not be allocated. */
+int NAME(centred_linear)(int64_t n0, int64_t n1, int64_t D, int64_t H, const REAL *v, const REAL *m, const REAL *wt,
+                         const REAL *base, REAL *out) {
+    int32_t *idx = malloc((size_t)D * sizeof(int32_t));
+    REAL *scale = malloc((size_t)D * sizeof(REAL));
+    int failed = !idx || !scale;
+    for (int64_t n = n0; n < n1 && !failed; n++) {
+        const REAL *vn = v + n * D;
+        int64_t c = NAME(row_nonzeros)(vn, m, D, idx);
+        for (int64_t t = 0; t < c; t++) scale[t] = vn[idx[t]] + m[idx[t]];
+        NAME(combine)(H, base, NULL, 0, c, wt, idx, scale, out + n * H);
+    }
+    free(idx), free(scale);
+    return failed;
+}
+
+/* Rows j0..j1-1 of wt: wt[j] += alpha (sum over the examples n with input j on of x_nj d[n] - m_j dsum). Returns 0,
+   or 1 where its scratch could not be allocated. */
+int NAME(centred_update)(int64_t j0, int64_t j1, int64_t N, int64_t D, int64_t H, const REAL *v, const REAL *m,
+                         const REAL *d, const REAL *dsum, REAL alpha, REAL *wt) {
+    int32_t *ex = malloc((size_t)N * sizeof(int32_t));
+    REAL *scale = malloc((size_t)N * sizeof(REAL));
+    int failed = !ex || !scale;
+    for (int64_t j = j0; j < j1 && !failed; j++) {
+        int64_t c = NAME(column_nonzeros)(v, m[j], N, D, j, ex);
+        if (c == 0 && m[j] == (REAL)0) continue;
+        for (int64_t t = 0; t < c; t++) scale[t] = alpha * (v[ex[t] * D + j] + m[j]);
+        NAME(combine)(H, wt + j * H, dsum, -alpha * m[j], c, d, ex, scale, wt + j * H);
+    }
+    free(ex), free(scale);
+    return failed;
+}

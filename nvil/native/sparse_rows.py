@@ -21,8 +21,8 @@ def centred_linear(v: torch.Tensor, m: torch.Tensor, wt: torch.Tensor, base: tor
     out = torch.empty(n, h, dtype=dtype)
 
     def run(lo: int, hi: int) -> None:
-        idx = torch.empty(d, dtype=torch.int32)
-        fn(lo, hi, d, h, _ptr(v), _ptr(m), _ptr(wt), _ptr(base), _ptr(out), _ptr(idx))
+        if fn(lo, hi, d, h, _ptr(v), _ptr(m), _ptr(wt), _ptr(base), _ptr(out)):
+            raise MemoryError(f"centred_linear could not allocate its scratch of {d} inputs")
 
     _in_ranges(n, run, per_thread=16)
     return out
@@ -51,8 +51,8 @@ def centred_update_(wt: torch.Tensor, v: torch.Tensor, m: torch.Tensor, d: torch
     dsum = d.sum(0)
 
     def run(lo: int, hi: int) -> None:
-        ex = torch.empty(n, dtype=torch.int32)
-        fn(lo, hi, n, D, h, _ptr(v), _ptr(m), _ptr(d), _ptr(dsum), alpha, _ptr(wt), _ptr(ex))
+        if fn(lo, hi, n, D, h, _ptr(v), _ptr(m), _ptr(d), _ptr(dsum), alpha, _ptr(wt)):
+            raise MemoryError(f"centred_update_ could not allocate its scratch of {n} examples")
 
     _in_ranges(D, run, per_thread=128)
     return wt
