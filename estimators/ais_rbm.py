@@ -24,6 +24,7 @@ import torch
 
 from estimators.annealing import LogZ, ais, check_schedule
 from models.rbm import BaseRate, BoltzmannMachine, State, as_beta
+from nvil import gemm
 from nvil.accel import accelerate, check_mode, compiled
 from nvil.config import positive_float, positive_int
 from nvil.data import take_rows
@@ -177,7 +178,7 @@ class RBMPath:
 
     def state(self, x: torch.Tensor) -> RBMState:
         m = self.model
-        a = torch.addmm(m.c, x, m.W) if m.fused_gibbs else m.hidden_input(x)  # c + x'W with the bias in the matmul
+        a = gemm.addmm(m.c, x, m.W) if m.fused_gibbs else m.hidden_input(x)  # c + x'W with the bias in the matmul
         return RBMState(x, a, m.visible_energy(x), self.tempered.base_energy(x))
 
     def log_f(self, state: RBMState, beta: float) -> torch.Tensor:

@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from models.visible import gaussian_log_prob
+from nvil import gemm
 
 # f'(a) given a and mu = f(a); hard_tanh's and hard_sigmoid's are 0 at the kinks, as autograd's.
 DERIVATIVES = {"tanh": lambda a, mu: 1 - mu * mu, "sigmoid": lambda a, mu: mu * (1 - mu),
@@ -178,11 +179,11 @@ class LogJoint:
         log_lik = 0.0
         for j, xj in enumerate(net.split_obs(self.x)):
             k, emission = net.obs_parent[j], net.emissions[net.obs_link[j]]
-            out = torch.addmm(emission.bias, zs[k], emission.weight.t(), out=self._scratch(xj))
+            out = gemm.addmm(emission.bias, zs[k], emission.weight.t(), out=self._scratch(xj))
             if value:  # t(x).out = z.V^T t(x) + t(x).c
                 linear = torch.linalg.vecdot(zs[k], self.pulled[j]) + self.offset[j]
                 log_lik = log_lik + self.terms.log_prob(out, xj, net.log_sigma_x, linear)
-            pulled = torch.addmm(self.pulled[j], self.terms.mean_(out, net.log_sigma_x), emission.weight, alpha=-1)
+            pulled = gemm.addmm(self.pulled[j], self.terms.mean_(out, net.log_sigma_x), emission.weight, alpha=-1)
             adjoint[k] = _add(adjoint[k], pulled if _is_one(beta) else beta * pulled)
         return (log_lik if _is_one(beta) else beta * log_lik) if value else None, adjoint
 

@@ -13,6 +13,7 @@ from torch import nn
 
 from models.autoregressive import AutoregressiveLinear
 from models.binary_density import BinaryDensity, DensityBuilder, layer_slices
+from nvil import gemm
 from nvil.ops import bernoulli_log_prob
 
 
@@ -21,7 +22,7 @@ class LayeredInference(nn.Module):
         super().__init__()
         sizes = [int(n_visible)] + [int(n) for n in layers]
         # encoders[i] maps h_i to the logits of h_{i+1} (h_0 = centred x).
-        self.encoders = nn.ModuleList(nn.Linear(sizes[i], sizes[i + 1]) for i in range(len(layers)))
+        self.encoders = nn.ModuleList(gemm.Linear(sizes[i], sizes[i + 1]) for i in range(len(layers)))
         self.within = nn.ModuleList(AutoregressiveLinear(n) for n in sizes[1:]) if autoregressive else None
         self.register_buffer("input_mean", torch.zeros(int(n_visible)))
 

@@ -28,6 +28,7 @@ from torch import nn
 
 from models.rbm_grad import BIAS_GRAD, free_energy_grad
 from models.visible import VISIBLE, Bernoulli, LateralBernoulli, bernoulli_sample
+from nvil import gemm
 from nvil.errors import ConfigError
 from nvil.ops import chunks, enumerate_states
 
@@ -124,7 +125,7 @@ class BoltzmannMachine(nn.Module):
     def hidden_input(self, x: torch.Tensor) -> torch.Tensor:
         """c + v'W + y'U: the hidden units' total input."""
         v, y = self.split(x)
-        a = self.c + v @ self.W
+        a = gemm.addmm(self.c, v, self.W)
         return a + y @ self.U if y is not None else a
 
     def visible_energy(self, x: torch.Tensor) -> torch.Tensor:
@@ -216,7 +217,7 @@ class BoltzmannMachine(nn.Module):
         For the semi-RBM the pixels are a pairwise MRF given h: one sequential Gibbs sweep over them
         (``visible_update=sequential``, starting from ``x``; in index order, or the opposite order with
         ``reverse``), or damped mean-field probabilities (``mean_field``, an approximation for CD only)."""
-        field = temper(beta, self.b + h @ self.W.T)  # tempered logits (binary) or precision-weighted mean
+        field = temper(beta, gemm.addmm(self.b, h, self.W.T))  # tempered logits (binary) or precision-weighted mean
         beta = as_beta(beta, h)
         if base is not None:
             field = field + (1 - beta) * base.b

@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 
 from models.visible import Bernoulli, Gaussian, LateralBernoulli
+from nvil import gemm
 
 
 def bernoulli_bias_grad(v: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -52,11 +53,11 @@ def free_energy_grad(model, x: torch.Tensor, w: torch.Tensor, hidden_probs: torc
     if model.L is not None:
         vectors["L"] = -0.5 * (v.T @ (w.unsqueeze(-1) * v)) * model.off_diagonal
     if lr is None:
-        return {**{k: left.T @ right for k, (left, right) in products.items()}, **vectors}
+        return {**{k: gemm.matmul(left.T, right) for k, (left, right) in products.items()}, **vectors}
     params = dict(model.named_parameters())
     with torch.no_grad():
         for k, (left, right) in products.items():
-            params[k].addmm_(left.T, right, alpha=-lr)
+            gemm.addmm_(params[k], left.T, right, alpha=-lr)
         for k, g in vectors.items():
             params[k].sub_(g, alpha=lr)
     return None

@@ -21,6 +21,7 @@ from torch import nn
 from models.autoregressive import AutoregressiveLinear
 from models.binary_density import BinaryDensity, DensityBuilder, layer_slices, require_bernoulli_visibles
 from models.visible import VISIBLE, bernoulli_sample
+from nvil import gemm
 from nvil.ops import bernoulli_log_prob
 
 PRIORS = ("factorial", "autoregressive")
@@ -46,7 +47,7 @@ class SBN(nn.Module):
         self.visible_layer = VISIBLE[visible].build(self.doc_length)
         sizes = [self.n_visible] + self.layers
         # decoders[i] maps h_{i+1} to the logits of h_i (h_0 = x).
-        self.decoders = nn.ModuleList(nn.Linear(sizes[i + 1], sizes[i]) for i in range(len(self.layers)))
+        self.decoders = nn.ModuleList(gemm.Linear(sizes[i + 1], sizes[i]) for i in range(len(self.layers)))
         self.prior_logits = nn.Parameter(torch.zeros(self.layers[-1]))
         self.prior_ar = AutoregressiveLinear(self.layers[-1]) if prior == "autoregressive" else None
 

@@ -17,7 +17,7 @@ from typing import Callable
 
 from omegaconf import OmegaConf
 
-from nvil import distributed
+from nvil import distributed, gemm
 from nvil.config import CONFIG_DIR, check_group_choices
 from nvil.errors import ConfigError, UserError
 
@@ -35,6 +35,7 @@ def run_task(task: Callable, hydra_main: Callable, config_name: str, run_dir_roo
         check_group_choices(argv)
         check_launcher(argv)
         check_composes(config_name, argv)
+        gemm.choose_backend()  # NVIL_GEMM, a bad value reported here
         if "WORLD_SIZE" in os.environ and distributed.launched_world_size() > 1:  # torchrun
             sys.argv += torchrun_overrides(argv, run_dir_root)
     except UserError as e:

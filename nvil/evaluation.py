@@ -18,7 +18,7 @@ from tqdm import tqdm
 from estimators import build_estimator
 from estimators.base import Result, progress_interval
 from models import MODELS, build_model
-from nvil import distributed
+from nvil import distributed, gemm
 from nvil.checkpoint import load_checkpoint, load_module_state
 from nvil.config import positive_int, resolve_device
 from nvil.data import build_model_data, take_rows
@@ -134,7 +134,7 @@ def _evaluate_checkpoint(path: Path, estimator_cfg, spec: EvalSpec) -> Result:
     if lengths is not None:
         result.extras.update(perplexity(result, lengths, exact=estimator.name == "exact"))
     result.extras.update({"split": spec.split, "checkpoint": str(path), "step": int(payload.get("step", -1)),
-                          "cpu_kernels": capability()})  # torch's CPU kernel set (nvil/cpu_kernels.py)
+                          "cpu_kernels": capability(), "gemm": gemm.backend()})  # torch's CPU kernel set (nvil/cpu_kernels.py)
     if spec.num_shards is not None:
         result.extras.update(shard_sums(result, spec.shard, spec.num_shards, (start, stop)))
     if d.is_main:

@@ -24,7 +24,7 @@ import torch
 from omegaconf import OmegaConf
 from tqdm import tqdm
 
-from nvil import distributed
+from nvil import distributed, gemm
 from nvil.build import Run, build
 from nvil.cpu_kernels import capability
 from nvil.checkpoint import save_checkpoint
@@ -291,5 +291,6 @@ def final_metrics(state: LoopState, tag: str | None, latest: dict[str, float], f
         "steps_per_second": (state.step - first_step) / max(time.perf_counter() - started, 1e-9),
         "seconds": round(time.perf_counter() - started, 1),  # this process's training time (a resume counts its own)
         "cpu_kernels": capability(),  # torch's CPU kernel set (nvil/cpu_kernels.py)
+        "gemm": gemm.backend(),  # whose float32 products (nvil/gemm.py)
         "checkpoint": str(checkpoint),
     }

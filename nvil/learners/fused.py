@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nvil import native
+from nvil import gemm, native
 from nvil.accel import accelerate, accelerate_sampling
 from nvil.learners.baselines import LearningSignal, baseline_loss_grad
 from nvil.learners.weight_steps import affine
@@ -117,7 +117,7 @@ class LayeredBernoulliGradients:
             v = h
         p_probs, log_p = [], []
         for dec, h, value in zip(self.model.decoders, hs, [x] + hs[:-1]):
-            logits = F.linear(h, dec.weight, dec.bias)
+            logits = gemm.linear(h, dec.weight, dec.bias)
             prob, softplus_sum = sigmoid_and_softplus_sum(logits)
             p_probs.append(prob), log_p.append(torch.linalg.vecdot(value, logits) - softplus_sum)
         prior_ar = self.model.prior_ar

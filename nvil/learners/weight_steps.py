@@ -6,9 +6,9 @@ sparse-input path replaces for the centred x (``nvil.native.sparse_rows``)."""
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from nvil import gemm
 from nvil.learners.base import grad_norms
 from nvil.native import sparse_rows
 
@@ -75,7 +75,7 @@ def affine(linear: nn.Linear, v: torch.Tensor, offset: torch.Tensor | None = Non
     rows of the input-major W' of the inputs that are on (``nvil.native.sparse_rows.centred_linear_op``, an operator
     ``torch.compile`` calls in its graph), with base b - m W'."""
     if offset is None:
-        return F.linear(v, linear.weight, linear.bias)
+        return gemm.linear(v, linear.weight, linear.bias)
     wt = linear.weight.t()
     return sparse_rows.centred_linear_op(v, offset, wt, linear.bias - offset @ wt)
 
@@ -92,14 +92,14 @@ def _affine_grads(linear: nn.Linear, d_out: torch.Tensor, v: torch.Tensor, scale
         if offset is not None and _grad_buffer(w).t().is_contiguous():
             sparse_rows.centred_update_(_grad_buffer(w).t().zero_(), v.contiguous(), offset, d_out.contiguous(), scale)
         else:
-            _grad_buffer(w).addmm_(d_out.t(), v, beta=0, alpha=scale)
+            gemm.addmm_(_grad_buffer(w), d_out.t(), v, alpha=scale, beta=0)
         _grad_buffer(linear.bias).copy_(d_bias)
     else:
         if offset is not None:
             sparse_rows.centred_update_(w.detach().t(), v.contiguous(), offset, d_out.contiguous(),
                                         -rates[id(w)] * scale)
         else:
-            w.addmm_(d_out.t(), v, alpha=-rates[id(w)] * scale)
+            gemm.addmm_(w, d_out.t(), v, alpha=-rates[id(w)] * scale)
         linear.bias.sub_(d_bias, alpha=rates[id(linear.bias)])
 
 

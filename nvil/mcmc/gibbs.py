@@ -32,21 +32,21 @@ import numpy as np
 import torch
 
 from models.rbm import State, as_beta, temper
-from nvil import native
+from nvil import gemm, native
 from nvil.accel import accelerate, check_mode, compiled
 from nvil.ops import chunks
 
 
 def _visible_logits(h, beta, W, b, offset):
     """beta (b + W h), plus (1 - beta) ``offset`` where there is one (beta a number, or a tensor as ``as_beta``)."""
-    field = temper(beta, b + h @ W.T)
+    field = temper(beta, gemm.addmm(b, h, W.T))
     return field if offset is None else field + (1 - as_beta(beta, field)) * offset
 
 
 def forward_sweep(x, a, u_h, u_x, beta, W, b, c, offset=None):
     """h ~ p_beta(h | x) then x' ~ p_beta(x | h), from uniforms u_h, u_x; a = a(x) or None."""
     if a is None:
-        a = c + x @ W
+        a = gemm.addmm(c, x, W)
     h = (u_h < torch.sigmoid(beta * a)).to(x.dtype)
     x = (u_x < torch.sigmoid(_visible_logits(h, beta, W, b, offset))).to(x.dtype)
     return x, h
@@ -55,7 +55,7 @@ def forward_sweep(x, a, u_h, u_x, beta, W, b, c, offset=None):
 def reverse_sweep(h, u_x, u_h, beta, W, b, c, offset=None):
     """x ~ p_beta(x | h) then h' ~ p_beta(h | x); also returns a(x) = c + x'W."""
     x = (u_x < torch.sigmoid(_visible_logits(h, beta, W, b, offset))).to(h.dtype)
-    a = c + x @ W
+    a = gemm.addmm(c, x, W)
     h = (u_h < torch.sigmoid(beta * a)).to(h.dtype)
     return x, h, a
 
@@ -66,10 +66,10 @@ def forward_sweep_eager(x, a, u_h, u_x, beta: float, W, b, c, offset=None):
     p.gt_(u), 1. or 0. in p's own buffer: a bool result's copy to float costs more than the sigmoid). The same
     draws as ``forward_sweep`` for the same uniforms, up to the rounding of the logits."""
     if a is None:
-        a = torch.addmm(c, x, W)
+        a = gemm.addmm(c, x, W)
     h = torch.mul(a, beta).sigmoid_().gt_(u_h)
     bias = beta * b if offset is None else beta * b + (1 - beta) * offset
-    x = torch.addmm(bias, h, W.T, alpha=beta).sigmoid_().gt_(u_x)
+    x = gemm.addmm(bias, h, W.T, alpha=beta).sigmoid_().gt_(u_x)
     return x, h
 
 
@@ -88,10 +88,13 @@ class BlockGibbs:
         """Chains at x with h ~ p(h | x) at beta = 1 (the model's ``init_chains``)."""
         return self.model.init_chains(x, generator)
 
+    @torch.no_grad()
     def step(self, state: State, beta=1.0, generator=None, hidden_input: torch.Tensor | None = None) -> tuple[State, dict]:
         """One sweep. ``hidden_input``: a(state.x) = c + x'W when the caller already has it (saves a matmul in the
         forward order). The reverse order ends with h | x and returns that a(x) of the new x in
-        ``info["hidden_input"]``, for a caller that weighs the new state (tempered transitions)."""
+        ``info["hidden_input"]``, for a caller that weighs the new state (tempered transitions). Outside autograd,
+        as every transition operator here (the draws are discrete; no graph is kept, and the products take
+        ``nvil.gemm``'s faster path)."""
         if self._kernel is not None:
             return self._fused_step(state, beta, generator, hidden_input)
         if self._native:

@@ -28,13 +28,21 @@ def centred_linear(v: torch.Tensor, m: torch.Tensor, wt: torch.Tensor, base: tor
     return out
 
 
-@torch.library.custom_op("nvil::centred_linear", mutates_args=())
 def centred_linear_op(v: torch.Tensor, m: torch.Tensor, wt: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
-    """``centred_linear`` as an operator that ``torch.compile`` calls inside its graph (an opaque call, no break)."""
+    """``centred_linear`` of any strides; under ``torch.compile`` the operator ``nvil::centred_linear``, which it
+    calls inside its graph (an opaque call, no break). Eagerly the function itself: a custom operator's first eager
+    call costs ~2 s of set-up."""
+    if torch.compiler.is_compiling():
+        return _centred_linear_op(v, m, wt, base)
     return centred_linear(v.contiguous(), m.contiguous(), wt.contiguous(), base.contiguous())
 
 
-@centred_linear_op.register_fake
+@torch.library.custom_op("nvil::centred_linear", mutates_args=())
+def _centred_linear_op(v: torch.Tensor, m: torch.Tensor, wt: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
+    return centred_linear(v.contiguous(), m.contiguous(), wt.contiguous(), base.contiguous())
+
+
+@_centred_linear_op.register_fake
 def _(v: torch.Tensor, m: torch.Tensor, wt: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
     return v.new_empty(v.shape[0], wt.shape[1])
 
