@@ -24,12 +24,12 @@ import torch
 
 from estimators.annealing import LogZ, ais, check_schedule
 from models.rbm import BaseRate, BoltzmannMachine, State, as_beta
-from nvil import gemm
+from nvil import gemm, native
 from nvil.accel import accelerate, check_mode, compiled
 from nvil.config import positive_float, positive_int
 from nvil.data import take_rows
 from nvil.errors import ConfigError
-from nvil.mcmc.gibbs import BlockGibbs, forward_sweep, forward_sweep_eager, sweep_uniforms
+from nvil.mcmc.gibbs import BlockGibbs, forward_sweep, forward_sweep_eager, forward_sweep_native, sweep_uniforms
 from nvil.ops import chunks
 
 # ---- the base-rate model A: every switch on the kind of pixel -------------------------------------------------
@@ -155,8 +155,10 @@ class RBMPath:
     weights (``fused_gibbs``) each move is ``nvil.mcmc.gibbs.forward_sweep`` from ``sweep_uniforms`` (parallel
     streams on the CPU), eager or, with ``accel`` (``compile``, ``cudagraphs``), inside ``fused_step``: one
     compiled kernel for the increment, the sweep and the new state's a(x), E_vis(x), E_A(x). The uniforms are
-    drawn outside the kernels, so the random stream is the same in every mode. Other machines move with
-    ``BlockGibbs`` on ``TemperedRBM`` (the model's own conditionals)."""
+    drawn outside the kernels, so the random stream is the same in every mode but ``auto`` / ``native`` on a CPU,
+    where each unit is drawn in C from counter-based uniforms (``forward_sweep_native``: no stored uniforms, 1.6 ms
+    less per step at 1,000 chains on one thread). Other machines move with ``BlockGibbs`` on ``TemperedRBM`` (the
+    model's own conditionals)."""
 
     def __init__(self, model: BoltzmannMachine, base: BaseRate, accel: str = "none") -> None:
         self.model, self.base = model, base
@@ -165,6 +167,7 @@ class RBMPath:
             model.visible_layer.accelerate(self.accel, model.W.device)  # the layer's mode (e.g. the trainer's)
         self.tempered = TemperedRBM(model, base)
         self.gibbs = BlockGibbs(self.tempered, accel=self.accel)
+        self._native = model.fused_gibbs and native.wanted(self.accel, model.W.device)  # auto / native: C draws
         self.fused_step = None
         if compiled(accel) and model.fused_gibbs:
             self._kernel = accelerate(self._step_kernel, accel, model.W.device, "estimator.accel")
@@ -196,6 +199,11 @@ class RBMPath:
 
     def transition(self, state: RBMState, beta: float, generator=None) -> RBMState:
         """Block Gibbs at beta: h ~ p_beta(h | x), then x ~ p_beta(x | h) (the sweep draws h afresh from x)."""
+        if self._native:
+            t = self.tempered
+            x, _ = forward_sweep_native(state.x, state.a, native.seed_from(generator), beta, t.W, t.b, t.c,
+                                        t.visible_offset)
+            return self.state(x)
         if self.model.fused_gibbs:
             t = self.tempered
             u_h, u_x = self.uniforms(state.x.shape[0], generator)
