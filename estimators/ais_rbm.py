@@ -30,6 +30,7 @@ from nvil.config import positive_float, positive_int
 from nvil.data import take_rows
 from nvil.errors import ConfigError
 from nvil.mcmc.gibbs import BlockGibbs, forward_sweep, forward_sweep_eager, forward_sweep_native, sweep_uniforms
+from nvil.native.softplus_difference import softplus_difference as native_increment
 from nvil.ops import chunks
 
 # ---- the base-rate model A: every switch on the kind of pixel -------------------------------------------------
@@ -138,13 +139,13 @@ def softplus_difference(a: torch.Tensor, beta_lo, beta_hi) -> torch.Tensor:
     return log_terms.sum(-1) + 0.5 * d * (a.sum(-1) + t.sum(-1))
 
 
-def log_ratio(a, e_vis, e_base, beta_lo, beta_hi, sign):
+def log_ratio(a, e_vis, e_base, beta_lo, beta_hi, sign, difference=softplus_difference):
     """log f_beta(x) - log f_beta_prev(x) in float64 from a(x), E_vis(x), E_A(x), given the betas in order and
     sign = +1 if beta = beta_hi (forward), -1 if beta = beta_lo: with log f_beta = -beta E_vis
     + sum_j softplus(beta a_j) - (1 - beta) E_A, it is sign (``softplus_difference`` - (beta_hi - beta_lo)
-    (E_vis - E_A))."""
+    (E_vis - E_A)); ``difference`` computes the first term (``nvil.native.softplus_difference``, the same in C)."""
     d_energy = ((beta_hi - beta_lo) * (e_vis - e_base)).double()
-    return sign * (softplus_difference(a, beta_lo, beta_hi).double() - d_energy)
+    return sign * (difference(a, beta_lo, beta_hi).double() - d_energy)
 
 
 class RBMPath:
@@ -156,9 +157,8 @@ class RBMPath:
     streams on the CPU), eager or, with ``accel`` (``compile``, ``cudagraphs``), inside ``fused_step``: one
     compiled kernel for the increment, the sweep and the new state's a(x), E_vis(x), E_A(x). The uniforms are
     drawn outside the kernels, so the random stream is the same in every mode but ``auto`` / ``native`` on a CPU,
-    where each unit is drawn in C from counter-based uniforms (``forward_sweep_native``: no stored uniforms, 1.6 ms
-    less per step at 1,000 chains on one thread). Other machines move with ``BlockGibbs`` on ``TemperedRBM`` (the
-    model's own conditionals)."""
+    where each unit is drawn in C from counter-based uniforms (``forward_sweep_native``, no stored uniforms). Other
+    machines move with ``BlockGibbs`` on ``TemperedRBM`` (the model's own conditionals)."""
 
     def __init__(self, model: BoltzmannMachine, base: BaseRate, accel: str = "none") -> None:
         self.model, self.base = model, base
@@ -189,8 +189,11 @@ class RBMPath:
 
     def log_ratio(self, state: RBMState, beta_prev: float, beta: float) -> torch.Tensor:
         """log f_beta(x) - log f_beta_prev(x) (Salakhutdinov & Murray 2008, Eq. 15 over Eq. 14) in one pass over
-        a(x) (``log_ratio``), for every kind of visible layer."""
-        return log_ratio(state.a, state.e_vis, state.e_base, *ordered(beta_prev, beta))
+        a(x) (``log_ratio``), for every kind of visible layer; with ``accel`` auto / native on a CPU (float32) the
+        pass is C (``nvil.native.softplus_difference``)."""
+        native_sum = self._native and state.a.dtype == torch.float32
+        return log_ratio(state.a, state.e_vis, state.e_base, *ordered(beta_prev, beta),
+                         difference=native_increment if native_sum else softplus_difference)
 
     def uniforms(self, n: int, generator=None) -> tuple[torch.Tensor, torch.Tensor]:
         """u_h [n, H] and u_x [n, V] for one sweep (``sweep_uniforms``)."""

@@ -74,6 +74,30 @@ def test_one_pass_increment_equals_the_difference_of_softplus_sums(dtype):
     assert increment_matches(two_float_sums, DT) and not increment_matches(two_float_sums, torch.float32)
 
 
+def test_native_increment_equals_the_difference_of_softplus_sums(monkeypatch):
+    """The C increment (``nvil.native.softplus_difference``, vectorised polynomials for exp, expm1 and log1p; AIS's
+    with ``accel=auto``) meets the float32 tolerance above on the same extreme rows, including a row wider than one
+    of its 128-term blocks; the same kernel without the max(a, 0) part (its d times the sum of max(a, 0) set to 0)
+    fails it."""
+    from nvil import native
+    from nvil.native.softplus_difference import softplus_difference as native_increment
+
+    try:
+        native.library()
+    except native.NativeUnavailable as e:
+        pytest.skip(str(e))
+    assert increment_matches(native_increment, torch.float32)
+    wide = torch.randn(3, 300, generator=gen(2)) * 4
+    for beta_lo, beta_hi in [(0.0, 1e-4), (0.2, 0.9)]:
+        ref = softplus_difference_reference(wide, beta_lo, beta_hi)
+        assert torch.allclose(native_increment(wide, beta_lo, beta_hi), ref, rtol=0, atol=1e-4)
+
+    def without_positive_part(a, beta_lo, beta_hi):
+        return native_increment(a, beta_lo, beta_hi) - (beta_hi - beta_lo) * a.double().clamp(min=0).sum(-1)
+
+    assert not increment_matches(without_positive_part, torch.float32)
+
+
 @pytest.mark.parametrize("kind", ["binary", "gaussian", "labels", "lateral"])
 def test_log_ratio_is_the_difference_of_log_f_forward_and_reverse(kind):
     m = machine(visible="gaussian" if kind == "gaussian" else "binary", lateral=kind == "lateral",

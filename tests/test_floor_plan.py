@@ -17,7 +17,8 @@ MAX_FIT_LINES = 70
 # Inside nvil/: the kernel imports neither models nor estimators (nor anything above it); the machinery
 # (Markov chains, datasets) sits on the kernel and the models; the application is everything else.
 KERNEL = {"nvil", "nvil.errors", "nvil.ops", "nvil.config", "nvil.accel", "nvil.distributed", "nvil.native",
-          "nvil.native.triton_sweep", "nvil.native.sparse_rows", "nvil.cpu_kernels", "nvil.gemm"}
+          "nvil.native.triton_sweep", "nvil.native.sparse_rows", "nvil.native.softplus_difference",
+          "nvil.cpu_kernels", "nvil.gemm"}
 MACHINERY = ("nvil.mcmc", "nvil.data")
 
 

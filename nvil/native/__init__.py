@@ -32,7 +32,8 @@ from nvil.cpu_kernels import cpu_flags
 from nvil.errors import ConfigError
 
 SOURCE = Path(__file__).with_name("sequential.c")
-HEADERS = tuple(Path(__file__).with_name(h) for h in ("lateral_sweep.h", "lateral_tiled.h", "sparse_rows.h"))
+HEADERS = tuple(Path(__file__).with_name(h) for h in ("lateral_sweep.h", "lateral_tiled.h", "sparse_rows.h",
+                                                     "softplus_difference.h"))
 FLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-fPIC", "-shared", "-std=c11")
 MODES = {"sample": 0, "force": 1, "argmax": 2}
 _SUFFIX = {torch.float32: "f32", torch.float64: "f64"}
@@ -126,6 +127,9 @@ def library() -> ctypes.CDLL:
             fn = getattr(lib, f"centred_update_{suffix}")
             fn.restype = ctypes.c_int
             fn.argtypes = [ctypes.c_int64] * 5 + [ctypes.c_void_p] * 4 + [real] + [ctypes.c_void_p]
+        fn = lib.softplus_difference_f32
+        fn.restype = None
+        fn.argtypes = [ctypes.c_int64] * 3 + [ctypes.c_void_p, ctypes.c_float, ctypes.c_float, ctypes.c_void_p]
         _library = lib
         return lib
 

@@ -316,3 +316,6 @@ DEFINE_AUTOREGRESSIVE(double, f64, exp)
 #include "sparse_rows.h"
 #undef REAL
 #undef NAME
+
+/* AIS's weight increment for an RBM, float32 (softplus_difference.h). */
+#include "softplus_difference.h"
