@@ -75,8 +75,8 @@ def _takes_onednn(a: torch.Tensor, b: torch.Tensor, n: int) -> bool:
     """Whether the product of a [..., k] and the 2-D b with n output columns goes to oneDNN: the backend chosen, at
     least ``MIN_MACS`` multiply-adds, float32 CPU tensors, no autograd through them. The cheapest tests first: every
     product of a step asks."""
-    return (_backend == "onednn" and a.numel() * n >= MIN_MACS and b.dim() == 2 and a.dtype == torch.float32
-            and b.dtype == torch.float32 and a.device.type == "cpu"
+    return (_backend == "onednn" and a.numel() * n >= MIN_MACS and a.dim() >= 2 and b.dim() == 2
+            and a.dtype == torch.float32 and b.dtype == torch.float32 and a.device.type == "cpu"
             and not (torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)))
 
 

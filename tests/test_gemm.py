@@ -100,6 +100,8 @@ def test_falls_back_where_it_must(backend, calls):
     small = a[:2, :100], b[:100, :50]
     assert torch.equal(gemm.matmul(*small), small[0] @ small[1])               # below MIN_MACS
     assert torch.equal(gemm.matmul(a.double(), b.double()), a.double() @ b.double())  # float64
+    big = torch.randn(784, 20000)
+    assert torch.equal(gemm.matmul(a[0], big), a[0] @ big)                      # a vector times a matrix
     w = b.clone().requires_grad_()
     y = gemm.addmm(bias, a, w)                                                   # autograd through the weight
     y.square().sum().backward()
