@@ -168,6 +168,8 @@ class RBMPath:
         self.tempered = TemperedRBM(model, base)
         self.gibbs = BlockGibbs(self.tempered, accel=self.accel)
         self._native = model.fused_gibbs and native.wanted(self.accel, model.W.device)  # auto / native: C draws
+        native_sum = self._native and model.W.dtype == torch.float32  # and the increment in C (float32 only)
+        self._difference = native_increment if native_sum else softplus_difference
         self.fused_step = None
         if compiled(accel) and model.fused_gibbs:
             self._kernel = accelerate(self._step_kernel, accel, model.W.device, "estimator.accel")
@@ -191,9 +193,7 @@ class RBMPath:
         """log f_beta(x) - log f_beta_prev(x) (Salakhutdinov & Murray 2008, Eq. 15 over Eq. 14) in one pass over
         a(x) (``log_ratio``), for every kind of visible layer; with ``accel`` auto / native on a CPU (float32) the
         pass is C (``nvil.native.softplus_difference``)."""
-        native_sum = self._native and state.a.dtype == torch.float32
-        return log_ratio(state.a, state.e_vis, state.e_base, *ordered(beta_prev, beta),
-                         difference=native_increment if native_sum else softplus_difference)
+        return log_ratio(state.a, state.e_vis, state.e_base, *ordered(beta_prev, beta), self._difference)
 
     def uniforms(self, n: int, generator=None) -> tuple[torch.Tensor, torch.Tensor]:
         """u_h [n, H] and u_x [n, V] for one sweep (``sweep_uniforms``)."""

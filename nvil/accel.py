@@ -98,3 +98,22 @@ def accelerate_sampling(mode: str, *modules: torch.nn.Module) -> None:
         for m in module.modules():
             if hasattr(m, "accelerate_sampling"):
                 m.accelerate_sampling(mode)
+
+
+def opaque_when_compiled(name: str, fake: Callable) -> Callable:
+    """Decorator: ``fn`` called as itself eagerly and, under ``torch.compile``, as the custom operator ``name``
+    (``torch.library.custom_op``; ``fake`` gives its output's shape), an opaque call inside the graph with no break.
+    Eager callers never go through the operator: its first eager call costs ~2 s of set-up (torch 2.14.1, measured).
+    ``fn`` takes and returns tensors, with type annotations (the operator's schema comes from them)."""
+
+    def wrap(fn: Callable) -> Callable:
+        op = torch.library.custom_op(name, mutates_args=())(fn)
+        op.register_fake(fake)
+
+        @functools.wraps(fn)
+        def call(*args):
+            return op(*args) if torch.compiler.is_compiling() else fn(*args)
+
+        return call
+
+    return wrap

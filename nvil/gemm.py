@@ -23,6 +23,7 @@ import os
 import torch
 import torch.nn.functional as F
 
+from nvil.accel import opaque_when_compiled
 from nvil.cpu_kernels import cpu_flags
 from nvil.errors import ConfigError
 
@@ -80,40 +81,17 @@ def _takes_onednn(a: torch.Tensor, b: torch.Tensor, n: int) -> bool:
             and not (torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)))
 
 
+@opaque_when_compiled("nvil::onednn_linear", lambda x, weight, bias: x.new_empty(*x.shape[:-1], weight.shape[0]))
 def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """x weight' + bias by oneDNN (``torch.ops.mkldnn._linear_pointwise``), x [..., in], weight [out, in] (any
-    strides), bias [out] or None. Eagerly the op itself; under ``torch.compile`` the operator ``nvil::onednn_linear``
-    (an opaque call in the graph; a custom operator's first eager call costs ~2 s of set-up)."""
-    if torch.compiler.is_compiling():
-        return _onednn_linear_op(x, weight, bias)
+    strides), bias [out] or None; under ``torch.compile`` an opaque operator (``nvil.accel.opaque_when_compiled``)."""
     return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
 
 
+@opaque_when_compiled("nvil::onednn_linear_add", lambda x, other, weight: torch.empty_like(other))
 def onednn_linear_add(x: torch.Tensor, other: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """other + x weight' by oneDNN (its binary post-op "add", out of place); compiled as ``onednn_linear``."""
-    if torch.compiler.is_compiling():
-        return _onednn_linear_add_op(x, other, weight)
     return torch.ops.mkldnn._linear_pointwise.binary(x, other, weight, None, "add")
-
-
-@torch.library.custom_op("nvil::onednn_linear", mutates_args=())
-def _onednn_linear_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
-
-
-@_onednn_linear_op.register_fake
-def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    return x.new_empty(*x.shape[:-1], weight.shape[0])
-
-
-@torch.library.custom_op("nvil::onednn_linear_add", mutates_args=())
-def _onednn_linear_add_op(x: torch.Tensor, other: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    return torch.ops.mkldnn._linear_pointwise.binary(x, other, weight, None, "add")
-
-
-@_onednn_linear_add_op.register_fake
-def _(x: torch.Tensor, other: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    return torch.empty_like(other)
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

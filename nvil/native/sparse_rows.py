@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from nvil.accel import opaque_when_compiled
 from nvil.native import _checked, _in_ranges, _kernel, _ptr
 
 
@@ -28,23 +29,11 @@ def centred_linear(v: torch.Tensor, m: torch.Tensor, wt: torch.Tensor, base: tor
     return out
 
 
+@opaque_when_compiled("nvil::centred_linear", lambda v, m, wt, base: v.new_empty(v.shape[0], wt.shape[1]))
 def centred_linear_op(v: torch.Tensor, m: torch.Tensor, wt: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
-    """``centred_linear`` of any strides; under ``torch.compile`` the operator ``nvil::centred_linear``, which it
-    calls inside its graph (an opaque call, no break). Eagerly the function itself: a custom operator's first eager
-    call costs ~2 s of set-up."""
-    if torch.compiler.is_compiling():
-        return _centred_linear_op(v, m, wt, base)
+    """``centred_linear`` of any strides; under ``torch.compile`` the operator ``nvil::centred_linear``
+    (``nvil.accel.opaque_when_compiled``)."""
     return centred_linear(v.contiguous(), m.contiguous(), wt.contiguous(), base.contiguous())
-
-
-@torch.library.custom_op("nvil::centred_linear", mutates_args=())
-def _centred_linear_op(v: torch.Tensor, m: torch.Tensor, wt: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
-    return centred_linear(v.contiguous(), m.contiguous(), wt.contiguous(), base.contiguous())
-
-
-@_centred_linear_op.register_fake
-def _(v: torch.Tensor, m: torch.Tensor, wt: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
-    return v.new_empty(v.shape[0], wt.shape[1])
 
 
 def centred_update_(wt: torch.Tensor, v: torch.Tensor, m: torch.Tensor, d: torch.Tensor, alpha: float) -> torch.Tensor:
