@@ -100,15 +100,27 @@ def accelerate_sampling(mode: str, *modules: torch.nn.Module) -> None:
                 m.accelerate_sampling(mode)
 
 
+_libraries: dict[str, torch.library.Library] = {}  # one per namespace, kept alive while its operators are in use
+
+
 def opaque_when_compiled(name: str, fake: Callable) -> Callable:
-    """Decorator: ``fn`` called as itself eagerly and, under ``torch.compile``, as the custom operator ``name``
-    (``torch.library.custom_op``; ``fake`` gives its output's shape), an opaque call inside the graph with no break.
+    """Decorator: ``fn`` called as itself eagerly and, under ``torch.compile``, as the operator ``name``
+    (``"namespace::op"``; ``fake`` gives its output's shape), an opaque call inside the graph with no break.
     Eager callers never go through the operator: its first eager call costs ~2 s of set-up (torch 2.14.1, measured).
-    ``fn`` takes and returns tensors, with type annotations (the operator's schema comes from them)."""
+    Defined with ``torch.library.Library`` (schema inferred from ``fn``'s type annotations, one implementation for
+    every device): a compiled graph's call then costs ~3.5 us against ~8 us through ``torch.library.custom_op``'s
+    wrappers, which matters at three calls in a 0.4 ms step. Like a ``custom_op`` without a registered backward,
+    the operator is for calls outside autograd."""
 
     def wrap(fn: Callable) -> Callable:
-        op = torch.library.custom_op(name, mutates_args=())(fn)
-        op.register_fake(fake)
+        namespace, op_name = name.split("::")
+        if namespace not in _libraries:
+            _libraries[namespace] = torch.library.Library(namespace, "FRAGMENT")
+        library = _libraries[namespace]
+        library.define(op_name + torch.library.infer_schema(fn, mutates_args=()))
+        library.impl(op_name, fn, "CompositeExplicitAutograd")
+        torch.library.register_fake(name, fake, lib=library)
+        op = getattr(getattr(torch.ops, namespace), op_name).default
 
         @functools.wraps(fn)
         def call(*args):

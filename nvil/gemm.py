@@ -14,6 +14,13 @@ autograd (an input that requires grad under grad mode takes torch's product, whi
 torch's product otherwise: the same values up to float32 rounding (tests/test_gemm.py). Under ``torch.compile`` the
 oneDNN call is an opaque operator of the graph (``nvil::onednn_linear``: Inductor's own lowering of the oneDNN op
 requires a constant weight).
+
+Products with few rows, the minibatch side of NVIL's decoder at batch 20, take neither: MKL runs them at about half
+the core's rate and oneDNN re-lays out the weight at every call. Where the backend is oneDNN's, the CPU has
+AVX-512 and the weight is stored input-major (``nvil.ops.input_major_``, as NVIL's fused step stores the layers it
+steps itself), ``linear`` and ``addmm_`` with at most ``SKINNY_ROWS`` rows run ``nvil.native.skinny_gemm``'s
+register-blocked kernel (2x MKL's forward product and 1.6x its in-place step at 20 rows, one thread; float32 and
+float64).
 """
 
 from __future__ import annotations
@@ -26,10 +33,15 @@ import torch.nn.functional as F
 from nvil.accel import opaque_when_compiled
 from nvil.cpu_kernels import cpu_flags
 from nvil.errors import ConfigError
+from nvil import native
+from nvil.native import skinny_gemm
 
 VARIABLE = "NVIL_GEMM"
 BACKENDS = ("auto", "onednn", "aten")
 MIN_MACS = 1 << 23  # ~8.4 M multiply-adds: [100, 784] x [784, 500] has 39 M; below this the call overhead can win
+SKINNY_ROWS = 64        # at most this many rows on the minibatch side: nvil.native.skinny_gemm where it applies,
+SKINNY_STEP_ROWS = 128  # or this many for an in-place step (oneDNN's step copies its result back),
+SKINNY_COLS = 64        # for a weight with at least this many outputs (a baseline's one output stays with torch)
 
 
 def cpu_vendor() -> str:
@@ -64,11 +76,13 @@ def choose_backend(strict: bool = True) -> str:
     if choice == "auto":
         amd_avx512 = cpu_vendor() == "AuthenticAMD" and "avx512f" in cpu_flags()
         choice = "onednn" if available and amd_avx512 else "aten"
+    global _skinny
     _backend = choice
+    _skinny = None if choice == "onednn" and "avx512f" in cpu_flags() else False  # None: ask nvil.native once
     return choice
 
 
-_backend = "aten"
+_backend, _skinny = "aten", False
 choose_backend(strict=False)
 
 
@@ -79,6 +93,31 @@ def _takes_onednn(a: torch.Tensor, b: torch.Tensor, n: int) -> bool:
     return (_backend == "onednn" and a.numel() * n >= MIN_MACS and a.dim() >= 2 and b.dim() == 2
             and a.dtype == torch.float32 and b.dtype == torch.float32 and a.device.type == "cpu"
             and not (torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)))
+
+
+def _takes_skinny(a: torch.Tensor, weight: torch.Tensor, rows: int, limit: int = SKINNY_ROWS) -> bool:
+    """Whether a product of ``weight`` [out, in] with a minibatch side of ``rows`` rows (``a``, [rows, in] or
+    [rows, out]) goes to ``nvil.native.skinny_gemm``: oneDNN's backend on a CPU with AVX-512 where the native kernels
+    build, the weight stored input-major with at least ``SKINNY_COLS`` outputs, at most ``limit`` rows, float32
+    or float64 CPU tensors, no autograd. The cheapest tests first: every product of a step asks."""
+    if _skinny is False or rows > limit or weight.dim() != 2 or weight.stride() != (1, weight.shape[0]):
+        return False
+    if weight.shape[0] < SKINNY_COLS or a.dim() != 2 or a.dtype != weight.dtype or a.device.type != "cpu":
+        return False
+    if a.dtype not in (torch.float32, torch.float64) or torch.is_grad_enabled() and (
+            a.requires_grad or weight.requires_grad):
+        return False
+    return _skinny if _skinny is not None else not torch.compiler.is_compiling() and skinny_available()
+
+
+def skinny_available() -> bool:
+    """Whether products with few rows can go to ``nvil.native.skinny_gemm`` here (the backend and the CPU allow it and
+    the native kernels build: asked once). A caller about to compile a step that may take them asks first, so the
+    compiled graph reads the answer as a constant."""
+    global _skinny
+    if _skinny is None:
+        _skinny = native.wanted("auto", "cpu")
+    return _skinny
 
 
 @opaque_when_compiled("nvil::onednn_linear", lambda x, weight, bias: x.new_empty(*x.shape[:-1], weight.shape[0]))
@@ -117,6 +156,8 @@ def addmm(bias: torch.Tensor, a: torch.Tensor, b: torch.Tensor, alpha: float = 1
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x weight' + bias for weight [out, in]: ``F.linear``."""
+    if _takes_skinny(x, weight, x.shape[0]):
+        return skinny_gemm.linear_op(x, weight.t(), bias)
     return onednn_linear(x, weight, bias) if _takes_onednn(x, weight, weight.shape[0]) else F.linear(x, weight, bias)
 
 
@@ -129,6 +170,9 @@ def addmm_(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, alpha: float = 1
     Returns ``out``."""
     if beta not in (0, 1):
         raise ValueError(f"addmm_ takes beta 0 or 1, got {beta}")
+    if _takes_skinny(b, out, b.shape[0], SKINNY_STEP_ROWS) and a.stride() == (1, a.shape[0]) and b.is_contiguous():
+        skinny_gemm.step_(out.t() if beta else out.t().zero_(), b, a.t(), alpha)
+        return out
     if not _takes_onednn(a, b, b.shape[-1]) or out.requires_grad and torch.is_grad_enabled():
         return out.addmm_(a, b, alpha=alpha, beta=beta)
     a, b = _scaled(a, b, alpha)

@@ -76,15 +76,17 @@ class LayeredBernoulliGradients:
         not fused: the layers that read the centred x (q's first layer, the first baseline's hidden layer), forward
         and weight step, from the rows of their weights of the pixels that are on (``nvil.native.sparse_rows``):
         (nonzeros of x) x H multiply-adds instead of a GEMM's N x D x H, the same values up to rounding. Their
-        weights are stored input-major for it (``nvil.ops.input_major_``). A fused optimiser (Adam here) copies
-        parameters that are not contiguous at every step, which costs more than the sparse products save, so with
-        it the dense products stay."""
-        layers = [self.inference.encoders[0]] + [b.net[0] for b in self.baselines[:1]]
+        weights are stored input-major for it (``nvil.ops.input_major_``), and so are the decoders', whose products
+        with the minibatch's few rows ``nvil.gemm`` then runs in ``nvil.native.skinny_gemm`` where it applies. A fused
+        optimiser (Adam here) copies parameters that are not contiguous at every step, which costs more than the
+        sparse products save, so with it the dense products stay."""
+        layers = [self.inference.encoders[0]] + [b.net[0] for b in self.baselines[:1]] + list(self.model.decoders)
         self.sparse_input = (mode in ("auto", "native", "compile") and not optimizer.defaults.get("fused")
                              and native.wanted("auto", device or "cpu"))  # False off the CPU
         if self.sparse_input:
             for layer in layers:
                 input_major_(layer)
+            gemm.skinny_available()  # asked now, not inside a compiled step
 
     def input_offset(self) -> torch.Tensor | None:
         """m of the centred x = x - m where its layers take the sparse path (``sparse_input``), else None: the

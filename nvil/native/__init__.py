@@ -33,7 +33,7 @@ from nvil.errors import ConfigError
 
 SOURCE = Path(__file__).with_name("sequential.c")
 HEADERS = tuple(Path(__file__).with_name(h) for h in ("lateral_sweep.h", "lateral_tiled.h", "sparse_rows.h",
-                                                     "softplus_difference.h"))
+                                                     "skinny_gemm.h", "softplus_difference.h"))
 FLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-fPIC", "-shared", "-std=c11")
 MODES = {"sample": 0, "force": 1, "argmax": 2}
 _SUFFIX = {torch.float32: "f32", torch.float64: "f64"}
@@ -127,6 +127,10 @@ def library() -> ctypes.CDLL:
             fn = getattr(lib, f"centred_update_{suffix}")
             fn.restype = ctypes.c_int
             fn.argtypes = [ctypes.c_int64] * 5 + [ctypes.c_void_p] * 4 + [real] + [ctypes.c_void_p]
+            fn = getattr(lib, f"skinny_gemm_{suffix}")
+            fn.restype = None
+            fn.argtypes = ([ctypes.c_int64] * 5 + [ctypes.c_void_p] + [ctypes.c_int64] * 2 + [real]
+                           + [ctypes.c_void_p] * 4)
         fn = lib.softplus_difference_f32
         fn.restype = None
         fn.argtypes = [ctypes.c_int64] * 3 + [ctypes.c_void_p, ctypes.c_float, ctypes.c_float, ctypes.c_void_p]

@@ -283,7 +283,8 @@ DEFINE_AUTOREGRESSIVE(double, f64, exp)
 #undef WIDTH
 
 /* An affine layer on centred sparse inputs (sparse_rows.h): the first layer of NVIL's inference network and
-   baselines, from the pixels that are on. */
+   baselines, from the pixels that are on; and the products of a few rows (skinny_gemm.h), NVIL's decoders at small
+   batches. */
 #define REAL float
 #define NAME(x) x##_f32
 #define SR_VEC __m512
@@ -293,7 +294,10 @@ DEFINE_AUTOREGRESSIVE(double, f64, exp)
 #define SR_STORE(p, mk, x) _mm512_mask_storeu_ps(p, mk, x)
 #define SR_SET1(s) _mm512_set1_ps(s)
 #define SR_FMA(a, b, c) _mm512_fmadd_ps(a, b, c)
+#define SR_ADD(a, b) _mm512_add_ps(a, b)
+#define SR_NONZERO(mk, x) _mm512_mask_cmp_ps_mask(mk, x, _mm512_setzero_ps(), _CMP_NEQ_UQ)  /* as C's x != 0 */
 #include "sparse_rows.h"
+#include "skinny_gemm.h"
 #undef REAL
 #undef NAME
 #undef SR_VEC
@@ -303,6 +307,8 @@ DEFINE_AUTOREGRESSIVE(double, f64, exp)
 #undef SR_STORE
 #undef SR_SET1
 #undef SR_FMA
+#undef SR_ADD
+#undef SR_NONZERO
 
 #define REAL double
 #define NAME(x) x##_f64
@@ -313,7 +319,10 @@ DEFINE_AUTOREGRESSIVE(double, f64, exp)
 #define SR_STORE(p, mk, x) _mm512_mask_storeu_pd(p, mk, x)
 #define SR_SET1(s) _mm512_set1_pd(s)
 #define SR_FMA(a, b, c) _mm512_fmadd_pd(a, b, c)
+#define SR_ADD(a, b) _mm512_add_pd(a, b)
+#define SR_NONZERO(mk, x) _mm512_mask_cmp_pd_mask(mk, x, _mm512_setzero_pd(), _CMP_NEQ_UQ)
 #include "sparse_rows.h"
+#include "skinny_gemm.h"
 #undef REAL
 #undef NAME
 
