@@ -18,9 +18,10 @@ requires a constant weight).
 Products with few rows, the minibatch side of NVIL's decoder at batch 20, take neither: MKL runs them at about half
 the core's rate and oneDNN re-lays out the weight at every call. Where the backend is oneDNN's, the CPU has
 AVX-512 and the weight is stored input-major (``nvil.ops.input_major_``, as NVIL's fused step stores the layers it
-steps itself), ``linear`` and ``addmm_`` with at most ``SKINNY_ROWS`` rows run ``nvil.native.skinny_gemm``'s
-register-blocked kernel (2x MKL's forward product and 1.6x its in-place step at 20 rows, one thread; float32 and
-float64).
+steps itself), ``linear`` with at most ``SKINNY_ROWS`` rows (and too few multiply-adds for oneDNN) and ``addmm_``
+with at most ``SKINNY_STEP_ROWS`` run ``nvil.native.skinny_gemm``'s register-blocked kernel (at 20 rows, one thread,
+``python bench/gemm.py``: the forward product 1.7x MKL's and even with oneDNN's, the in-place step 1.4x the better
+of the two; float32 and float64).
 """
 
 from __future__ import annotations
@@ -156,9 +157,11 @@ def addmm(bias: torch.Tensor, a: torch.Tensor, b: torch.Tensor, alpha: float = 1
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x weight' + bias for weight [out, in]: ``F.linear``."""
+    if _takes_onednn(x, weight, weight.shape[0]):  # before the skinny kernel: at 64 rows oneDNN's is 1.15x faster
+        return onednn_linear(x, weight, bias)
     if _takes_skinny(x, weight, x.shape[0]):
         return skinny_gemm.linear_op(x, weight.t(), bias)
-    return onednn_linear(x, weight, bias) if _takes_onednn(x, weight, weight.shape[0]) else F.linear(x, weight, bias)
+    return F.linear(x, weight, bias)
 
 
 def addmm_(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, alpha: float = 1.0, beta: float = 1.0
