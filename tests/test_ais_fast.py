@@ -243,3 +243,27 @@ def test_native_draws_with_one_seed_for_every_sweep_fail(monkeypatch):
     data = (torch.rand(200, m.n_pixels, generator=gen(6)) < 0.3).float()
     est = rbm_log_z(m, base_rate(m, data), 400, schedule("linear", 300), gen(8), accel="auto")
     assert abs(est.log_z - m.log_z_exact().item()) > 4 * est.stderr + 0.01, (est.log_z, est.stderr)
+
+
+def test_the_c_draws_and_increment_do_not_depend_on_the_threads():
+    """``native.bernoulli_`` and the C weight increment split their work over torch's OpenMP threads (one runtime in
+    the process: the library links the one torch loaded); 1, 2 and 3 threads give the same values bit for bit."""
+    from nvil import native
+    from nvil.native.softplus_difference import softplus_difference as native_increment
+    if not native.wanted("auto", "cpu"):
+        pytest.skip("the native kernels do not build here")
+    p = torch.rand(3000, 200, generator=gen(1))
+    a = torch.randn(3000, 200, generator=gen(2)) * 3
+    threads, results = torch.get_num_threads(), []
+    try:
+        for t in (1, 2, 3):
+            torch.set_num_threads(t)
+            results.append((native.bernoulli_(p.clone(), 7, 11), native_increment(a, 0.3, 0.5)))
+    finally:
+        torch.set_num_threads(threads)
+    for draws, increment in results[1:]:
+        assert torch.equal(draws, results[0][0]) and torch.equal(increment, results[0][1])
+    assert 0.3 < results[0][0].mean() < 0.7
+    with open("/proc/self/maps") as maps:
+        runtimes = {line.split()[-1] for line in maps if "libgomp" in line or "libiomp" in line}
+    assert len(runtimes) <= 1, runtimes

@@ -8,7 +8,11 @@ loops over factor elements at SIMD width. ``accel=native`` selects it (``nvil.ac
 The C file is compiled on first use with the system C compiler (``cc``, or ``$CC``) into a cache directory
 (``$NVIL_NATIVE_CACHE``, else ``~/.cache/nvil/native``), keyed by the source, the flags and the CPU, written
 atomically so concurrent processes never load a half-written library, and loaded with ctypes (which releases the
-GIL, so chain ranges run in parallel threads: ``torch.get_num_threads()`` of them). Where no compiler works the
+GIL, so chain ranges run in parallel threads: ``torch.get_num_threads()`` of them). It is built with ``-fopenmp``
+where that compiles and loads: its library then shares the OpenMP runtime torch loaded (the same soname), and the
+block-Gibbs draws and AIS's increment split their work over torch's own thread pool (at 2 threads a second pool
+beside torch's spinning workers cost AIS a fifth of its step); else without, those blocks one after another. Where
+no compiler works the
 caller gets ``NativeUnavailable`` with the compiler's message; ``wanted`` turns that into a one-line ConfigError
 (``accel=native``) or one warning and the eager sweeps (``accel=auto``).
 """
@@ -35,6 +39,7 @@ SOURCE = Path(__file__).with_name("sequential.c")
 HEADERS = tuple(Path(__file__).with_name(h) for h in ("lateral_sweep.h", "lateral_tiled.h", "sparse_rows.h",
                                                      "skinny_gemm.h", "softplus_difference.h"))
 FLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-fPIC", "-shared", "-std=c11")
+OPENMP = ("-fopenmp",)  # tried first: the *_threads kernels then run in torch's OpenMP pool (sequential.c)
 MODES = {"sample": 0, "force": 1, "argmax": 2}
 _SUFFIX = {torch.float32: "f32", torch.float64: "f64"}
 _lock = threading.Lock()
@@ -79,63 +84,64 @@ def library() -> ctypes.CDLL:
         cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
         if cc is None:
             raise NativeUnavailable("accel=native needs a C compiler (cc or $CC) and none was found")
-        source = SOURCE.read_bytes() + b"".join(h.read_bytes() for h in HEADERS)
-        key = hashlib.sha256(source + " ".join(FLAGS).encode() + cc.encode() + _cpu_key().encode())
-        try:
-            target = _cache_dir() / f"sequential-{key.hexdigest()[:16]}.so"
-            if not target.exists():
-                target.parent.mkdir(parents=True, exist_ok=True)
-                fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
-                os.close(fd)
-                try:
-                    done = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", tmp, "-lm"], capture_output=True, text=True)
-                    lines = done.stderr.strip().splitlines() or ["(no message)"]
-                    message = next((x for x in lines if "error" in x), lines[0]) if done.returncode else None
-                except OSError as e:
-                    message = str(e)
-                if message is not None:
-                    os.unlink(tmp)
-                    raise NativeUnavailable(f"accel=native could not compile {SOURCE.name} with {cc}: {message}")
-                os.replace(tmp, target)  # atomic: a concurrent process sees no library or a whole one
-            lib = ctypes.CDLL(str(target))
-        except OSError as e:
-            raise NativeUnavailable(f"accel=native could not build or load its kernels: {e}") from None
-        for suffix in _SUFFIX.values():
-            fn = getattr(lib, f"sequential_sweep_{suffix}")
-            fn.restype = None
-            fn.argtypes = ([ctypes.c_int64] * 3 + [ctypes.c_void_p] * 2 + [ctypes.c_int] + [ctypes.c_void_p] * 5
-                           + [ctypes.c_int64] + [ctypes.c_void_p] * 9)
-            fn = getattr(lib, f"lateral_sweep_{suffix}")
-            fn.restype = None
-            fn.argtypes = ([ctypes.c_int64] * 3 + [ctypes.c_void_p] * 4 + [ctypes.c_int] + [ctypes.c_void_p] * 4
-                           + [ctypes.c_uint64])
-            fn = getattr(lib, f"lateral_tiled_{suffix}")
-            fn.restype = None
-            fn.argtypes = ([ctypes.c_int64] * 3 + [ctypes.c_void_p] * 4 + [ctypes.c_int] + [ctypes.c_void_p]
-                           + [ctypes.c_uint64] + [ctypes.c_void_p] * 2)
-            fn = getattr(lib, f"autoregressive_{suffix}")
-            fn.restype = None
-            fn.argtypes = [ctypes.c_int64] * 3 + [ctypes.c_void_p] * 5
-            for name in ("uniforms", "bernoulli"):
-                fn = getattr(lib, f"{name}_{suffix}")
-                fn.restype = None
-                fn.argtypes = [ctypes.c_int64, ctypes.c_int64, ctypes.c_uint64, ctypes.c_void_p]
-            real = ctypes.c_float if suffix == "f32" else ctypes.c_double
-            fn = getattr(lib, f"centred_linear_{suffix}")
-            fn.restype = ctypes.c_int
-            fn.argtypes = [ctypes.c_int64] * 4 + [ctypes.c_void_p] * 5
-            fn = getattr(lib, f"centred_update_{suffix}")
-            fn.restype = ctypes.c_int
-            fn.argtypes = [ctypes.c_int64] * 5 + [ctypes.c_void_p] * 4 + [real] + [ctypes.c_void_p]
-            fn = getattr(lib, f"skinny_gemm_{suffix}")
-            fn.restype = None
-            fn.argtypes = ([ctypes.c_int64] * 5 + [ctypes.c_void_p] + [ctypes.c_int64] * 2 + [real]
-                           + [ctypes.c_void_p] * 4)
-        fn = lib.softplus_difference_f32
-        fn.restype = None
-        fn.argtypes = [ctypes.c_int64] * 3 + [ctypes.c_void_p, ctypes.c_float, ctypes.c_float, ctypes.c_void_p]
+        try:  # with OpenMP where it compiles and loads (the runtime torch loaded), else without
+            lib = ctypes.CDLL(str(_built(cc, FLAGS + OPENMP) or _built(cc, FLAGS, strict=True)))
+        except OSError:
+            try:
+                lib = ctypes.CDLL(str(_built(cc, FLAGS, strict=True)))
+            except OSError as e:
+                raise NativeUnavailable(f"accel=native could not build or load its kernels: {e}") from None
+        for suffix, real in (("f32", ctypes.c_float), ("f64", ctypes.c_double)):
+            for name, (restype, argtypes) in _signatures(real).items():
+                if suffix == "f32" or not name.startswith("softplus"):  # the increment is float32 only
+                    fn = getattr(lib, f"{name}_{suffix}")
+                    fn.restype, fn.argtypes = restype, argtypes
         _library = lib
         return lib
+
+
+def _signatures(real) -> dict:
+    """(restype, argtypes) of each kernel of ``sequential.c`` for one floating type (``real``: ctypes.c_float or
+    ctypes.c_double)."""
+    i64, u64, i32, ptr = ctypes.c_int64, ctypes.c_uint64, ctypes.c_int, ctypes.c_void_p
+    return {"sequential_sweep": (None, [i64] * 3 + [ptr] * 2 + [i32] + [ptr] * 5 + [i64] + [ptr] * 9),
+            "lateral_sweep": (None, [i64] * 3 + [ptr] * 4 + [i32] + [ptr] * 4 + [u64]),
+            "lateral_tiled": (None, [i64] * 3 + [ptr] * 4 + [i32] + [ptr] + [u64] + [ptr] * 2),
+            "autoregressive": (None, [i64] * 3 + [ptr] * 5),
+            "uniforms": (None, [i64, i64, u64, ptr]),
+            "bernoulli": (None, [i64, i64, u64, ptr]),
+            "bernoulli_threads": (None, [i64, i64, u64, ptr, i32]),
+            "centred_linear": (i32, [i64] * 4 + [ptr] * 5),
+            "centred_update": (i32, [i64] * 5 + [ptr] * 4 + [real, ptr]),
+            "skinny_gemm": (None, [i64] * 5 + [ptr] + [i64] * 2 + [real] + [ptr] * 4),
+            "softplus_difference": (None, [i64] * 3 + [ptr, real, real, ptr]),
+            "softplus_difference_threads": (None, [i64] * 2 + [ptr, real, real, ptr, i32])}
+
+
+def _built(cc: str, flags: tuple, strict: bool = False) -> Path | None:
+    """The library compiled with ``flags`` (from the cache, else built and written atomically: a concurrent process
+    sees no library or a whole one); None where it does not compile and not ``strict``, else NativeUnavailable."""
+    source = SOURCE.read_bytes() + b"".join(h.read_bytes() for h in HEADERS)
+    key = hashlib.sha256(source + " ".join(flags).encode() + cc.encode() + _cpu_key().encode())
+    target = _cache_dir() / f"sequential-{key.hexdigest()[:16]}.so"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+    os.close(fd)
+    try:
+        done = subprocess.run([cc, *flags, str(SOURCE), "-o", tmp, "-lm"], capture_output=True, text=True)
+        lines = done.stderr.strip().splitlines() or ["(no message)"]
+        message = next((x for x in lines if "error" in x), lines[0]) if done.returncode else None
+    except OSError as e:
+        message = str(e)
+    if message is not None:
+        os.unlink(tmp)
+        if not strict:
+            return None
+        raise NativeUnavailable(f"accel=native could not compile {SOURCE.name} with {cc}: {message}")
+    os.replace(tmp, target)
+    return target
 
 
 def wanted(mode: str, device) -> bool:
@@ -224,12 +230,11 @@ def uniforms(chains: int, units: int, seed: int, dtype: torch.dtype = torch.floa
 def bernoulli_(p: torch.Tensor, seed: int, offset: int = 0) -> torch.Tensor:
     """p <- [u < p] in place (1. or 0.), u the counter-based uniforms of draws offset .. offset + p.numel() - 1 under
     ``seed`` (``uniforms``: the draw for entry [r, j] is offset + r * width + j). One pass, no stored uniforms, in
-    torch.get_num_threads() threads over ranges of entries; the values never depend on the threads."""
-    fn = _kernel("bernoulli", p.dtype)
+    torch.get_num_threads() OpenMP threads over ranges of entries; the values never depend on the threads."""
+    fn = _kernel("bernoulli_threads", p.dtype)
     _checked(p, p.dtype, "p")
     n = p.numel()
-    _in_ranges(n, lambda lo, hi: fn(offset + lo, hi - lo, seed, p.data_ptr() + lo * p.element_size()),
-               per_thread=32768)
+    fn(offset, n, seed, p.data_ptr(), max(1, min(torch.get_num_threads(), n // 32768)))
     return p
 
 

@@ -218,6 +218,22 @@ void bernoulli_##SUFFIX(int64_t i0, int64_t n, uint64_t seed, REAL *p) {        
 DEFINE_BERNOULLI(float, f32)
 DEFINE_BERNOULLI(double, f64)
 
+/* The same draws over [i0, i0 + n) in `threads` contiguous blocks, run by OpenMP's threads where the library is built
+   with -fopenmp (nvil/native/__init__.py tries that first): torch's own runtime and thread pool, which the library
+   shares, so no second pool runs beside torch's spinning workers; built without it, one block after another. The
+   values never depend on the blocks (counter-based uniforms). */
+#define DEFINE_BERNOULLI_THREADS(REAL, SUFFIX)                                                                     \
+void bernoulli_threads_##SUFFIX(int64_t i0, int64_t n, uint64_t seed, REAL *p, int threads) {                      \
+    _Pragma("omp parallel for num_threads(threads) schedule(static, 1)")                                            \
+    for (int t = 0; t < threads; t++) {                                                                             \
+        int64_t lo = n * t / threads, hi = n * (t + 1) / threads;                                                   \
+        bernoulli_##SUFFIX(i0 + lo, hi - lo, seed, p + lo);                                                         \
+    }                                                                                                               \
+}
+
+DEFINE_BERNOULLI_THREADS(float, f32)
+DEFINE_BERNOULLI_THREADS(double, f64)
+
 /* Autoregressive Bernoulli units (models/autoregressive.py): per chain, unit j on where u_j < sigmoid(l_j), in index
    order, l the base logits plus W h over the units drawn so far, kept current by adding row j of wt (column j of the
    strictly lower-triangular W) to the logits of the units after j when unit j comes on. The same operations in the
