@@ -31,10 +31,10 @@ import os
 import torch
 import torch.nn.functional as F
 
+from nvil import native
 from nvil.accel import opaque_when_compiled
 from nvil.cpu_kernels import cpu_flags
 from nvil.errors import ConfigError
-from nvil import native
 from nvil.native import skinny_gemm
 
 VARIABLE = "NVIL_GEMM"

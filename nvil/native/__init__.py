@@ -12,9 +12,8 @@ GIL, so chain ranges run in parallel threads: ``torch.get_num_threads()`` of the
 where that compiles and loads: its library then shares the OpenMP runtime torch loaded (the same soname), and the
 block-Gibbs draws and AIS's increment split their work over torch's own thread pool (at 2 threads a second pool
 beside torch's spinning workers cost AIS a fifth of its step); else without, those blocks one after another. Where
-no compiler works the
-caller gets ``NativeUnavailable`` with the compiler's message; ``wanted`` turns that into a one-line ConfigError
-(``accel=native``) or one warning and the eager sweeps (``accel=auto``).
+no compiler works the caller gets ``NativeUnavailable`` with the compiler's message; ``wanted`` turns that into a
+one-line ConfigError (``accel=native``) or one warning and the eager sweeps (``accel=auto``).
 """
 
 from __future__ import annotations

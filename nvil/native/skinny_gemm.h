@@ -43,7 +43,7 @@ void NAME(skinny_gemm)(int64_t rows, int64_t inner, int64_t cols, int64_t j0, in
         SR_MASK mk[SG_REGS];
         for (int q = 0; q < SG_REGS; q++) {  /* full registers, then the partial one, then none */
             int64_t left = j1 - j - (int64_t)q * SR_LANES;
-            mk[q] = left >= SR_LANES ? (SR_MASK)~(SR_MASK)0 : left > 0 ? (SR_MASK)((1u << left) - 1) : (SR_MASK)0;
+            mk[q] = NAME(lane_mask)(left);
         }
         int64_t r0 = 0;
         for (; r0 + 4 <= rows; r0 += 4)

@@ -20,6 +20,12 @@
 #include <stdlib.h>
 #if defined(__AVX512F__)
 #include <immintrin.h>
+
+/* The lanes of a register starting `left` elements before the end of a row: all of them, the first `left`, or none
+   (also used by skinny_gemm.h). */
+static inline SR_MASK NAME(lane_mask)(int64_t left) {
+    return left >= SR_LANES ? (SR_MASK)~(SR_MASK)0 : left > 0 ? (SR_MASK)((1u << left) - 1) : (SR_MASK)0;
+}
 #endif
 
 /* The inputs j of row n of x = v + m that are nonzero, into idx; returns how many. With AVX-512 sixteen (eight)
@@ -30,7 +36,7 @@ static int64_t NAME(row_nonzeros)(const REAL *vn, const REAL *m, int64_t D, int3
 #if defined(__AVX512F__)
     for (int64_t j0 = 0; j0 < D; j0 += SR_LANES) {
         int64_t left = D - j0;
-        SR_MASK mk = left >= SR_LANES ? (SR_MASK)~(SR_MASK)0 : (SR_MASK)((1u << left) - 1);
+        SR_MASK mk = NAME(lane_mask)(left);
         uint32_t on = SR_NONZERO(mk, SR_ADD(SR_LOADZ(mk, vn + j0), SR_LOADZ(mk, m + j0)));
         for (; on; on &= on - 1) idx[c++] = (int32_t)(j0 + __builtin_ctz(on));
     }
@@ -72,7 +78,7 @@ static void NAME(combine)(int64_t H, const REAL *first, const REAL *second, REAL
         SR_VEC acc[SR_REGS];
         for (int q = 0; q < SR_REGS; q++) {  /* full registers, then the partial one, then none */
             int64_t left = H - k0 - (int64_t)q * SR_LANES;
-            mk[q] = left >= SR_LANES ? (SR_MASK)~(SR_MASK)0 : left > 0 ? (SR_MASK)((1u << left) - 1) : (SR_MASK)0;
+            mk[q] = NAME(lane_mask)(left);
             acc[q] = SR_LOADZ(mk[q], first + k0 + q * SR_LANES);
             if (second) acc[q] = SR_FMA(SR_SET1(second_scale), SR_LOADZ(mk[q], second + k0 + q * SR_LANES), acc[q]);
         }
