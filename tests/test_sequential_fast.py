@@ -384,6 +384,26 @@ def test_the_tiled_pixel_kernel_agrees_with_the_list_kernel_in_float32():
     assert (runs[0] != runs[1]).float().mean() <= 1e-4 and not torch.equal(runs[0], s0)
 
 
+@pytest.mark.parametrize("kernel", ["list", "tiled"])
+def test_both_pixel_kernels_split_the_chains_over_threads_without_changing_a_decision(kernel):
+    """800 chains (three ranges of 266-267 at 3 threads: not whole tiles), each range with its own scratch in the
+    OpenMP driver (``threads.h``): the same states as one thread, bit for bit, and the per-pixel chain."""
+    field, s0, lateral = pixel_case(chains=800, n=90, seed=6)
+    beta = torch.linspace(0.2, 1.3, 800, dtype=DT)
+    runs, threads = [], torch.get_num_threads()
+    try:
+        for t in (1, 3):
+            torch.set_num_threads(t)
+            v = s0.clone()
+            native.lateral_sweep(v, field, None, beta, True, lateral, seed=8, kernel=kernel)
+            runs.append(v)
+    finally:
+        torch.set_num_threads(threads)
+    u = native.uniforms(800, 90, 8, DT)
+    assert torch.equal(runs[0], runs[1])
+    assert torch.equal(runs[1], reference_pixel_sweep(field, s0, u, lateral, beta[:, None], True))
+
+
 def uniformity_z_scores(u: torch.Tensor) -> dict[str, float]:
     """|z| of the mean and variance against U(0, 1)'s, the Kolmogorov-Smirnov distance in units of its 1/sqrt(n)
     scale, and |z| of the lag-one correlations along units and across chains (each ~N(0, 1 / n) if independent)."""

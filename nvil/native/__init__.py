@@ -7,11 +7,11 @@ loops over factor elements at SIMD width. ``accel=native`` selects it (``nvil.ac
 
 The C file is compiled on first use with the system C compiler (``cc``, or ``$CC``) into a cache directory
 (``$NVIL_NATIVE_CACHE``, else ``~/.cache/nvil/native``), keyed by the source, the flags and the CPU, written
-atomically so concurrent processes never load a half-written library, and loaded with ctypes (which releases the
-GIL, so chain ranges run in parallel threads: ``torch.get_num_threads()`` of them). It is built with ``-fopenmp``
-where that compiles and loads: its library then shares the OpenMP runtime torch loaded (the same soname), and the
-block-Gibbs draws and AIS's increment split their work over torch's own thread pool (at 2 threads a second pool
-beside torch's spinning workers cost AIS a fifth of its step); else without, those blocks one after another. Where
+atomically so concurrent processes never load a half-written library, and loaded with ctypes. It is built with
+``-fopenmp`` where that compiles and loads: its library then shares the OpenMP runtime torch loaded (the same
+soname), and every kernel splits its chains, rows or columns into ``torch.get_num_threads()`` ranges run by torch's
+own thread pool (``threads.h``: one C call, no pool of ours beside torch's spinning workers, which cost AIS a fifth
+of its step at 2 threads); else without, the ranges one after another. Where
 no compiler works the caller gets ``NativeUnavailable`` with the compiler's message; ``wanted`` turns that into a
 one-line ConfigError (``accel=native``) or one warning and the eager sweeps (``accel=auto``).
 """
@@ -26,7 +26,6 @@ import subprocess
 import tempfile
 import threading
 import warnings
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -36,14 +35,13 @@ from nvil.errors import ConfigError
 
 SOURCE = Path(__file__).with_name("sequential.c")
 HEADERS = tuple(Path(__file__).with_name(h) for h in ("lateral_sweep.h", "lateral_tiled.h", "sparse_rows.h",
-                                                     "skinny_gemm.h", "softplus_difference.h"))
+                                                     "skinny_gemm.h", "softplus_difference.h", "threads.h"))
 FLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-fPIC", "-shared", "-std=c11")
-OPENMP = ("-fopenmp",)  # tried first: the *_threads kernels then run in torch's OpenMP pool (sequential.c)
+OPENMP = ("-fopenmp",)  # tried first: the *_threads drivers then run in torch's OpenMP pool (threads.h)
 MODES = {"sample": 0, "force": 1, "argmax": 2}
 _SUFFIX = {torch.float32: "f32", torch.float64: "f64"}
 _lock = threading.Lock()
 _library: ctypes.CDLL | None = None
-_pool: ThreadPoolExecutor | None = None
 _warned = False
 
 
@@ -101,18 +99,25 @@ def library() -> ctypes.CDLL:
 
 def _signatures(real) -> dict:
     """(restype, argtypes) of each kernel of ``sequential.c`` for one floating type (``real``: ctypes.c_float or
-    ctypes.c_double)."""
+    ctypes.c_double): the range kernels (their first two arguments a range lo, hi) and their OpenMP drivers
+    (``threads.h``: the length n to split and the number of threads in their place, no scratch arguments)."""
     i64, u64, i32, ptr = ctypes.c_int64, ctypes.c_uint64, ctypes.c_int, ctypes.c_void_p
-    return {"sequential_sweep": (None, [i64] * 3 + [ptr] * 2 + [i32] + [ptr] * 5 + [i64] + [ptr] * 9),
-            "lateral_sweep": (None, [i64] * 3 + [ptr] * 4 + [i32] + [ptr] * 4 + [u64]),
-            "lateral_tiled": (None, [i64] * 3 + [ptr] * 4 + [i32] + [ptr] + [u64] + [ptr] * 2),
-            "autoregressive": (None, [i64] * 3 + [ptr] * 5),
+    ranged = {"sequential_sweep": (None, [i64] * 3 + [ptr] * 2 + [i32] + [ptr] * 5 + [i64] + [ptr] * 9),
+              "lateral_sweep": (None, [i64] * 3 + [ptr] * 4 + [i32] + [ptr] * 4 + [u64]),
+              "lateral_tiled": (None, [i64] * 3 + [ptr] * 4 + [i32] + [ptr] + [u64] + [ptr] * 2),
+              "autoregressive": (None, [i64] * 3 + [ptr] * 5),
+              "centred_linear": (i32, [i64] * 4 + [ptr] * 5),
+              "centred_update": (i32, [i64] * 5 + [ptr] * 4 + [real, ptr])}
+    drivers = {f"{name}_threads": (restype, [i64, i32] + args[2:]) for name, (restype, args) in ranged.items()}
+    drivers["lateral_sweep_threads"] = drivers["lateral_tiled_threads"] = (i32, [i64, i32, i64] + [ptr] * 4 + [i32]
+                                                                           + [ptr, u64])
+    drivers["centred_update_threads"] = (i32, [i64, i32] + [i64] * 2 + [ptr] * 4 + [real, ptr])  # no D: it is n
+    return {**ranged, **drivers,
             "uniforms": (None, [i64, i64, u64, ptr]),
             "bernoulli": (None, [i64, i64, u64, ptr]),
             "bernoulli_threads": (None, [i64, i64, u64, ptr, i32]),
-            "centred_linear": (i32, [i64] * 4 + [ptr] * 5),
-            "centred_update": (i32, [i64] * 5 + [ptr] * 4 + [real, ptr]),
             "skinny_gemm": (None, [i64] * 5 + [ptr] + [i64] * 2 + [real] + [ptr] * 4),
+            "skinny_gemm_threads": (None, [i64, i32] + [i64] * 4 + [ptr] + [i64] * 2 + [real] + [ptr] * 4),
             "softplus_difference": (None, [i64] * 3 + [ptr, real, real, ptr]),
             "softplus_difference_threads": (None, [i64] * 2 + [ptr, real, real, ptr, i32])}
 
@@ -189,7 +194,7 @@ def sequential_sweep(h: torch.Tensor, r: torch.Tensor, *, mode: str, picks=None,
     uniforms (``sample``) or the forced values (``force``); ``beta`` [chains] or None; ``reverse`` [chains] uint8 or
     None (forward); ``logits`` [chains, M] filled when given."""
     dtype = h.dtype
-    fn = _kernel("sequential_sweep", dtype)
+    fn = _kernel("sequential_sweep_threads", dtype)
     chains, M = h.shape
     for name, t in (("h", h), ("r", r), ("picks", picks), ("beta", beta), ("logits", logits), ("J", J)):
         _checked(t, dtype, name)
@@ -203,7 +208,7 @@ def sequential_sweep(h: torch.Tensor, r: torch.Tensor, *, mode: str, picks=None,
     coef = _array(ctypes.c_double, [float(f[7]) for f in factors])
     common = (M, _ptr(h), _ptr(picks), MODES[mode], _ptr(beta), _ptr(reverse), _ptr(logits), _ptr(r), _ptr(J),
               len(factors), *ptrs, *ints, coef)
-    _in_ranges(chains, lambda lo, hi: fn(lo, hi, *common))
+    fn(chains, threads_for(chains, 8), *common)
 
 
 def seed_from(generator: torch.Generator | None) -> int:
@@ -233,7 +238,7 @@ def bernoulli_(p: torch.Tensor, seed: int, offset: int = 0) -> torch.Tensor:
     fn = _kernel("bernoulli_threads", p.dtype)
     _checked(p, p.dtype, "p")
     n = p.numel()
-    fn(offset, n, seed, p.data_ptr(), max(1, min(torch.get_num_threads(), n // 32768)))
+    fn(offset, n, seed, p.data_ptr(), threads_for(n, 32768))
     return p
 
 
@@ -242,13 +247,13 @@ def autoregressive(base: torch.Tensor, wt: torch.Tensor, u: torch.Tensor) -> tor
     ``base`` and ``u`` [..., n]; ``wt`` [n, n] is W transposed (W strictly lower-triangular). Returns h (``base``'s
     shape): the draw of ``AutoregressiveLinear.sample`` for the same uniforms, in one C call."""
     dtype, n = base.dtype, base.shape[-1]
-    fn = _kernel("autoregressive", dtype)
+    fn = _kernel("autoregressive_threads", dtype)
     flat_base, flat_u = base.reshape(-1, n).contiguous(), u.reshape(-1, n).contiguous()
     for name, t in (("base logits", flat_base), ("W transposed", wt), ("u", flat_u)):
         _checked(t, dtype, name)
     h, logits = torch.empty_like(flat_base), torch.empty_like(flat_base)
-    _in_ranges(h.shape[0], lambda lo, hi: fn(lo, hi, n, _ptr(flat_base), _ptr(wt), _ptr(flat_u), _ptr(logits),
-                                             _ptr(h)), per_thread=64)
+    rows = h.shape[0]
+    fn(rows, threads_for(rows, 64), n, _ptr(flat_base), _ptr(wt), _ptr(flat_u), _ptr(logits), _ptr(h))
     return h.reshape(base.shape)
 
 
@@ -264,35 +269,17 @@ def lateral_sweep(v: torch.Tensor, field: torch.Tensor, thresholds: torch.Tensor
     kernel = kernel or ("tiled" if TILED else "list")
     if kernel not in ("tiled", "list"):
         raise ValueError(f"lateral_sweep: kernel must be 'tiled' or 'list', got {kernel!r}")
-    fn = _kernel("lateral_tiled" if kernel == "tiled" else "lateral_sweep", dtype)
+    fn = _kernel("lateral_tiled_threads" if kernel == "tiled" else "lateral_sweep_threads", dtype)
     for name, t in (("v", v), ("field", field), ("thresholds", thresholds), ("jscale", jscale), ("L", lateral)):
         _checked(t, dtype, name)
     chains, M = v.shape
-
-    def run(lo: int, hi: int) -> None:
-        if kernel == "tiled":  # L's block columns (64 floats or 32 doubles at most), the v and field of no chain
-            panel, dummy = torch.empty(64 * M, dtype=dtype), torch.zeros(2 * M, dtype=dtype)
-            fn(lo, hi, M, _ptr(v), _ptr(field), _ptr(thresholds), _ptr(jscale), int(reverse), _ptr(lateral), seed,
-               _ptr(panel), _ptr(dummy))
-            return
-        on, place = torch.empty(2, hi - lo, M, dtype=torch.int32)  # each chain's units that are on, their places
-        count = torch.empty(hi - lo, dtype=torch.int32)
-        fn(lo, hi, M, _ptr(v), _ptr(field), _ptr(thresholds), _ptr(jscale), int(reverse), _ptr(lateral), _ptr(on),
-           _ptr(place), _ptr(count), seed)
-
-    _in_ranges(chains, run, per_thread=256)  # measured: 2 threads on 100 chains were slower than one
+    # measured: 2 threads on 100 chains were slower than one
+    if fn(chains, threads_for(chains, 256), M, _ptr(v), _ptr(field), _ptr(thresholds), _ptr(jscale), int(reverse),
+          _ptr(lateral), seed):
+        raise MemoryError(f"lateral_sweep could not allocate its scratch for {chains} chains of {M} units")
 
 
-def _in_ranges(chains: int, run, per_thread: int = 8) -> None:
-    """``run(lo, hi)`` over the chains, split into torch.get_num_threads() ranges of at least ``per_thread`` chains,
-    in parallel threads (ctypes releases the GIL)."""
-    global _pool
-    threads = max(1, min(torch.get_num_threads(), chains // per_thread))
-    if threads == 1:
-        run(0, chains)
-        return
-    if _pool is None or _pool._max_workers < threads:
-        _pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="nvil-native")
-    bounds = [chains * i // threads for i in range(threads + 1)]
-    for future in [_pool.submit(run, lo, hi) for lo, hi in zip(bounds[:-1], bounds[1:])]:
-        future.result()
+def threads_for(n: int, per_thread: int) -> int:
+    """The ranges a C driver splits n chains, rows or blocks into (``threads.h``): torch.get_num_threads(), at most
+    one per ``per_thread`` of them, at least one."""
+    return max(1, min(torch.get_num_threads(), n // per_thread))

@@ -22,7 +22,7 @@
 
 typedef REAL NAME(tvec) __attribute__((vector_size(VECTOR_BYTES))); /* one SIMD register (GCC / Clang extension) */
 typedef REAL NAME(tload) __attribute__((vector_size(VECTOR_BYTES), aligned(sizeof(REAL)), may_alias)); /* a load */
-enum { NAME(LANES) = VECTOR_BYTES / sizeof(REAL), NAME(REGS) = WIDTH / NAME(LANES) };
+enum { NAME(LANES) = VECTOR_BYTES / sizeof(REAL), NAME(REGS) = WIDTH / NAME(LANES), NAME(PANEL_WIDTH) = WIDTH };
 
 /* One decision of the tile's chains at block position l (a compile-time constant once the loops are unrolled). */
 #define TILE_DECIDE(l)                                                                                             \

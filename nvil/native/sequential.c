@@ -14,7 +14,7 @@
    rounding; sum_k log(den_k) takes one log per product of R terms (R from the table's reach, up to 64), so the
    logs are a small part of the work.
 
-   Chains are independent: this call does chains c0..c1-1 (the caller runs ranges in parallel threads), in blocks
+   Chains are independent: this call does chains c0..c1-1 (threads.h runs ranges in OpenMP threads), in blocks
    of up to BLOCK chains with the same direction, so a unit's table rows are read once per block. Two precisions,
    from one body (REAL float / double). The log is a short polynomial of the mantissa that the compiler vectorises
    (relative error ~1e-7 in float, ~1e-16 in double): the inner loops run at SIMD width without -ffast-math. */
@@ -218,22 +218,6 @@ void bernoulli_##SUFFIX(int64_t i0, int64_t n, uint64_t seed, REAL *p) {        
 DEFINE_BERNOULLI(float, f32)
 DEFINE_BERNOULLI(double, f64)
 
-/* The same draws over [i0, i0 + n) in `threads` contiguous blocks, run by OpenMP's threads where the library is built
-   with -fopenmp (nvil/native/__init__.py tries that first): torch's own runtime and thread pool, which the library
-   shares, so no second pool runs beside torch's spinning workers; built without it, one block after another. The
-   values never depend on the blocks (counter-based uniforms). */
-#define DEFINE_BERNOULLI_THREADS(REAL, SUFFIX)                                                                     \
-void bernoulli_threads_##SUFFIX(int64_t i0, int64_t n, uint64_t seed, REAL *p, int threads) {                      \
-    _Pragma("omp parallel for num_threads(threads) schedule(static, 1)")                                            \
-    for (int t = 0; t < threads; t++) {                                                                             \
-        int64_t lo = n * t / threads, hi = n * (t + 1) / threads;                                                   \
-        bernoulli_##SUFFIX(i0 + lo, hi - lo, seed, p + lo);                                                         \
-    }                                                                                                               \
-}
-
-DEFINE_BERNOULLI_THREADS(float, f32)
-DEFINE_BERNOULLI_THREADS(double, f64)
-
 /* Autoregressive Bernoulli units (models/autoregressive.py): per chain, unit j on where u_j < sigmoid(l_j), in index
    order, l the base logits plus W h over the units drawn so far, kept current by adding row j of wt (column j of the
    strictly lower-triangular W) to the logits of the units after j when unit j comes on. The same operations in the
@@ -344,3 +328,6 @@ DEFINE_AUTOREGRESSIVE(double, f64, exp)
 
 /* AIS's weight increment for an RBM, float32 (softplus_difference.h). */
 #include "softplus_difference.h"
+
+/* Every range kernel's OpenMP driver (threads.h). */
+#include "threads.h"

@@ -7,28 +7,28 @@ from __future__ import annotations
 import torch
 
 from nvil.accel import opaque_when_compiled
-from nvil.native import _checked, _in_ranges, _kernel, _ptr
+from nvil.native import _checked, _kernel, _ptr, threads_for
 
 BLOCK = {torch.float32: 96, torch.float64: 48}  # the columns of one register block (6 registers)
 
 
-def _columns(cols: int, dtype: torch.dtype, run) -> None:
-    """``run(j0, j1)`` over column ranges of whole register blocks, in torch.get_num_threads() threads."""
+def _product(dtype: torch.dtype, rows: int, inner: int, cols: int, *args) -> None:
+    """The kernel over column ranges of whole register blocks, in torch.get_num_threads() OpenMP threads
+    (``skinny_gemm_threads``; ``args``: a, its row and inner strides, alpha, b, bias, init, c)."""
     block = BLOCK[dtype]
     blocks = -(-cols // block)
-    _in_ranges(blocks, lambda lo, hi: run(lo * block, min(hi * block, cols)), per_thread=2)
+    _kernel("skinny_gemm_threads", dtype)(blocks, threads_for(blocks, 2), block, rows, inner, cols, *args)
 
 
 def linear(x: torch.Tensor, wt: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """x wt + bias for x [N, K] with N small, wt [K, M] (a weight stored input-major, ``nvil.ops.input_major_``),
     bias [M] or None. Returns [N, M]."""
     dtype = x.dtype
-    fn = _kernel("skinny_gemm", dtype)
     for name, t in (("x", x), ("wt", wt), ("bias", bias)):
         _checked(t, dtype, name)
     (n, k), m = x.shape, wt.shape[1]
     out = torch.empty(n, m, dtype=dtype)
-    _columns(m, dtype, lambda j0, j1: fn(n, k, m, j0, j1, _ptr(x), k, 1, 1.0, _ptr(wt), _ptr(bias), None, _ptr(out)))
+    _product(dtype, n, k, m, _ptr(x), k, 1, 1.0, _ptr(wt), _ptr(bias), None, _ptr(out))
     return out
 
 
@@ -51,6 +51,5 @@ def update_(wt: torch.Tensor, v: torch.Tensor, d: torch.Tensor, alpha: float) ->
 
 def step_(wt: torch.Tensor, v: torch.Tensor, d: torch.Tensor, alpha: float) -> None:
     """``update_`` for tensors already checked (contiguous, one dtype, on the CPU: ``nvil.gemm._takes_skinny``)."""
-    fn = _kernel("skinny_gemm", wt.dtype)
     (n, k), m = v.shape, wt.shape[1]
-    _columns(m, wt.dtype, lambda j0, j1: fn(k, n, m, j0, j1, _ptr(v), 1, k, alpha, _ptr(d), None, _ptr(wt), _ptr(wt)))
+    _product(wt.dtype, k, n, m, _ptr(v), 1, k, alpha, _ptr(d), None, _ptr(wt), _ptr(wt))

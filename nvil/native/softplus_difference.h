@@ -71,12 +71,3 @@ void softplus_difference_f32(int64_t r0, int64_t r1, int64_t width, const float 
         out[r] = logs + (double)d * positive;
     }
 }
-
-/* Rows 0..rows-1 in `threads` contiguous blocks, in OpenMP's threads as bernoulli_threads_* (sequential.c). Each row
-   is summed by one thread: the values never depend on the blocks. */
-void softplus_difference_threads_f32(int64_t rows, int64_t width, const float *a, float beta_lo, float d,
-                                     double *out, int threads) {
-    #pragma omp parallel for num_threads(threads) schedule(static, 1)
-    for (int t = 0; t < threads; t++)
-        softplus_difference_f32(rows * t / threads, rows * (t + 1) / threads, width, a, beta_lo, d, out);
-}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from nvil.native import _checked, _ptr, library
+from nvil.native import _checked, _ptr, library, threads_for
 
 
 def softplus_difference(a: torch.Tensor, beta_lo: float, beta_hi: float) -> torch.Tensor:
@@ -16,5 +16,5 @@ def softplus_difference(a: torch.Tensor, beta_lo: float, beta_hi: float) -> torc
     _checked(a, torch.float32, "a")
     rows, width = a.shape
     out = torch.empty(rows, dtype=torch.float64)
-    fn(rows, width, _ptr(a), beta_lo, beta_hi - beta_lo, _ptr(out), max(1, min(torch.get_num_threads(), rows // 64)))
+    fn(rows, width, _ptr(a), beta_lo, beta_hi - beta_lo, _ptr(out), threads_for(rows, 64))
     return out

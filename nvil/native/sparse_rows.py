@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from nvil.accel import opaque_when_compiled
-from nvil.native import _checked, _in_ranges, _kernel, _ptr
+from nvil.native import _checked, _kernel, _ptr, threads_for
 
 
 def centred_linear(v: torch.Tensor, m: torch.Tensor, wt: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
@@ -15,17 +15,13 @@ def centred_linear(v: torch.Tensor, m: torch.Tensor, wt: torch.Tensor, base: tor
     (``sparse_rows.h``): the affine layer W v + b with wt = W' (stored input-major, ``nvil.ops.input_major_``) and
     base = b - m wt. The examples in torch.get_num_threads() ranges. Returns [N, H]."""
     dtype = v.dtype
-    fn = _kernel("centred_linear", dtype)
+    fn = _kernel("centred_linear_threads", dtype)
     for name, t in (("v", v), ("m", m), ("wt", wt), ("base", base)):
         _checked(t, dtype, name)
     (n, d), h = v.shape, wt.shape[1]
     out = torch.empty(n, h, dtype=dtype)
-
-    def run(lo: int, hi: int) -> None:
-        if fn(lo, hi, d, h, _ptr(v), _ptr(m), _ptr(wt), _ptr(base), _ptr(out)):
-            raise MemoryError(f"centred_linear could not allocate its scratch of {d} inputs")
-
-    _in_ranges(n, run, per_thread=16)
+    if fn(n, threads_for(n, 16), d, h, _ptr(v), _ptr(m), _ptr(wt), _ptr(base), _ptr(out)):
+        raise MemoryError(f"centred_linear could not allocate its scratch of {d} inputs")
     return out
 
 
@@ -41,15 +37,11 @@ def centred_update_(wt: torch.Tensor, v: torch.Tensor, m: torch.Tensor, d: torch
     zeroed buffer, the gradient) of the weight of ``centred_linear``, as alpha (x' d - m (1' d)) in one pass over
     wt [D, H] (``sparse_rows.h``), its rows in torch.get_num_threads() ranges. Returns wt."""
     dtype = v.dtype
-    fn = _kernel("centred_update", dtype)
+    fn = _kernel("centred_update_threads", dtype)
     for name, t in (("wt", wt), ("v", v), ("m", m), ("d", d)):
         _checked(t, dtype, name)
     (n, D), h = v.shape, wt.shape[1]
     dsum = d.sum(0)
-
-    def run(lo: int, hi: int) -> None:
-        if fn(lo, hi, n, D, h, _ptr(v), _ptr(m), _ptr(d), _ptr(dsum), alpha, _ptr(wt)):
-            raise MemoryError(f"centred_update_ could not allocate its scratch of {n} examples")
-
-    _in_ranges(D, run, per_thread=128)
+    if fn(D, threads_for(D, 128), n, h, _ptr(v), _ptr(m), _ptr(d), _ptr(dsum), alpha, _ptr(wt)):
+        raise MemoryError(f"centred_update_ could not allocate its scratch of {n} examples")
     return wt
