@@ -85,6 +85,13 @@ if "discrete" in groups:  # REBAR / RELAX at RELAX's protocol batch
                             torch.device("cpu"), 0)
         x = binary(24)
         out[f"{name.upper()} step, SBN-200, batch 24"] = per_call(lambda: lrn.step(x), 50)
+    for mode in ("auto", "compile"):  # VIMCO at its protocol (SBN-200-200-200, K = 5, batch 24)
+        model, inference = build_model(model_cfg("sbn", layers=[200, 200, 200]), 784)
+        cfg = OmegaConf.merge(OmegaConf.load(f"{root}/configs/learner/vimco.yaml"), {"num_samples": 5})
+        lrn = build_learner(cfg, model, inference, torch.device("cpu"), 0)
+        lrn.accelerate(mode)
+        x = binary(24)
+        out[f"VIMCO step (accel={mode}), SBN-200-200-200, K = 5, batch 24"] = per_call(lambda: lrn.step(x), 50)
 if "iwae" in groups:
     model, inference = build_model(model_cfg("sbn", layers=[200]), 784)
     x = binary(100)

@@ -39,7 +39,7 @@ from nvil.native import skinny_gemm
 
 VARIABLE = "NVIL_GEMM"
 BACKENDS = ("auto", "onednn", "aten")
-MIN_MACS = 1 << 23  # ~8.4 M multiply-adds: [100, 784] x [784, 500] has 39 M; below this the call overhead can win
+MIN_MACS = 1 << 22  # ~4.2 M multiply-adds: [100, 784] x [784, 500] has 39 M; near 1 M the call overhead wins
 SKINNY_ROWS = 64        # at most this many rows on the minibatch side: nvil.native.skinny_gemm where it applies,
 SKINNY_STEP_ROWS = 128  # or this many for an in-place step (oneDNN's step copies its result back),
 SKINNY_COLS = 64        # for a weight with at least this many outputs (a baseline's one output stays with torch)

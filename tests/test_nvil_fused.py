@@ -17,7 +17,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from conftest import make_cfg, tiny_model
+from conftest import assert_same_parameters, assert_same_step, make_cfg, tiny_model
 from models.sbn import SBN
 from models.inference import LayeredInference
 from nvil.learners import fused, weight_steps
@@ -58,16 +58,6 @@ def pair(layers=(4, 3), switches=ALL_ON, optimizer="sgd", name="sbn", autoregres
 def batches(steps: int, n_visible: int = 6, dtype=torch.float64):
     g = torch.Generator().manual_seed(0)
     return [(torch.rand(8, n_visible, generator=g) < 0.5).to(dtype) for _ in range(steps)]
-
-
-def assert_same_step(fast: NVIL, slow: NVIL, x: torch.Tensor) -> None:
-    metrics_fast, metrics_slow = fast.step(x, diagnostics=True), slow.step(x, diagnostics=True)
-    assert metrics_fast.keys() == metrics_slow.keys()
-    for k in metrics_fast:
-        torch.testing.assert_close(metrics_fast[k], metrics_slow[k], rtol=1e-10, atol=1e-10, msg=k)
-    for (name, p), q in zip(fast.named_parameters(), slow.parameters()):
-        torch.testing.assert_close(p.grad, q.grad, rtol=1e-10, atol=1e-12, msg=f"gradient of {name}")
-        torch.testing.assert_close(p, q, rtol=1e-10, atol=1e-12, msg=f"{name} after the update")
 
 
 @pytest.mark.parametrize("layers", LAYERS.values(), ids=LAYERS.keys())
@@ -122,11 +112,6 @@ def test_a_broken_fused_path_fails_the_comparison(broken, monkeypatch):
         assert_same_step(fast, slow, batches(1)[0])
 
 
-def assert_same_parameters(fast: NVIL, slow: NVIL, msg: str = "") -> None:
-    for (name, p), q in zip(fast.named_parameters(), slow.parameters()):
-        torch.testing.assert_close(p, q, rtol=1e-10, atol=1e-12, msg=f"{name} {msg}")
-
-
 @pytest.mark.parametrize("layers", LAYERS.values(), ids=LAYERS.keys())
 def test_plain_sgd_applied_in_the_gemm_takes_the_optimisers_steps(layers):
     """Steps that log nothing, with plain SGD (the paper's preset): the fused path writes theta - lr g in the GEMM
@@ -144,7 +129,7 @@ def test_a_wrong_rate_in_the_gemm_fails_the_comparison(monkeypatch):
     """Power: the same comparison catches a step applied at a rate off by a factor (e.g. a missing 1/N)."""
     fast, slow = pair()
     right = weight_steps.plain_sgd_rates
-    monkeypatch.setattr("nvil.learners.nvil.plain_sgd_rates", lambda opt: {k: 1.1 * v for k, v in right(opt).items()})
+    monkeypatch.setattr("nvil.learners.fused_path.plain_sgd_rates", lambda opt: {k: 1.1 * v for k, v in right(opt).items()})
     fast.step(batches(1)[0]), slow.step(batches(1)[0])
     with pytest.raises(AssertionError):
         assert_same_parameters(fast, slow)

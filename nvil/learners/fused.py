@@ -165,11 +165,8 @@ class LayeredBernoulliGradients:
         dL/dW = scale d_out' v. Each dL/da below is N times the gradient of the minibatch mean (scale 1 / N, the bias
         gradient the mean of d_out), except the baseline's (already divided by N: scale 1, the sum). The bias
         reductions are made here, so a compiled step fuses them with the d_out that they reduce."""
-        out = self.model_grads(f, x)
-        n, offset = x.shape[0], f.offset
-        for i, (enc, s, prob, h, v) in enumerate(zip(self.inference.encoders, signals, f.q_probs, f.hs, f.inputs)):
-            d_a = (prob - h).mul_(s.a.unsqueeze(-1))
-            out += [(enc, d_a, v, 1 / n, d_a.mean(0), offset if i == 0 else None)] + self._within_grads(i, d_a, h)
+        out = self.model_grads(f, x) + self.inference_grads(f, [s.a for s in signals])
+        offset = f.offset
         for i, (baseline, s, t, v) in enumerate(zip(self.baselines, signals, f.hidden, f.inputs)):
             first, last = baseline.net[0], baseline.net[2]
             d_b = baseline_loss_grad(s).unsqueeze(-1)     # [N, 1], already divided by N
@@ -178,20 +175,47 @@ class LayeredBernoulliGradients:
         return out
 
     @torch.no_grad()
-    def model_grads(self, f: Forward, x: torch.Tensor) -> list[tuple]:
+    def inference_grads(self, f: Forward, signals: list[torch.Tensor], scale: float | None = None) -> list[tuple]:
+        """The inference network's part of ``output_grads``: dL/da_i = a_i (sigmoid(a) - h_i) for each layer's
+        per-row signal a_i [rows] (Eq. 6), the gradient of -mean_rows a_i log q(h_i | h_{i-1}) (``scale`` None: 1 /
+        rows) or of -scale sum_rows a_i log q(h_i | h_{i-1}) (VIMCO's weighted sum over K samples)."""
+        out, rows = [], f.hs[0].shape[0]
+        for i, (enc, a, prob, h, v) in enumerate(zip(self.inference.encoders, signals, f.q_probs, f.hs, f.inputs)):
+            d_a = (prob - h).mul_(a.unsqueeze(-1))
+            d_bias = d_a.mean(0) if scale is None else d_a.sum(0).mul_(scale)
+            out += [(enc, d_a, v, 1 / rows if scale is None else scale, d_bias, f.offset if i == 0 else None),
+                    *self._within_grads(i, d_a, h, 1 / rows if scale is None else scale)]
+        return out
+
+    @torch.no_grad()
+    def model_grads(self, f: Forward, x: torch.Tensor, weights: torch.Tensor | None = None,
+                    scale: float = 1.0) -> list[tuple]:
         """The model's part of ``output_grads``: grad_theta of -mean log p(x, h) at the forward pass's h (Eq. 5; also
-        wake-sleep's wake phase)."""
+        wake-sleep's wake phase); with per-row ``weights`` [rows] of -scale sum_rows weights log p(x, h) (VIMCO's
+        model gradient, Mnih & Rezende 2016 Eq. 7: the normalised importance weights w~)."""
         out = []
         n = x.shape[0]
         for dec, prob, h, value in zip(self.model.decoders, f.p_probs, f.hs, [x] + f.hs[:-1]):
             d_a = prob - value
-            out.append((dec, d_a, h, 1 / n, d_a.mean(0)))
-        prior = self.model.prior_logits
+            if weights is None:
+                out.append((dec, d_a, h, 1 / n, d_a.mean(0)))
+            else:
+                d_a.mul_(weights.unsqueeze(-1))
+                out.append((dec, d_a, h, scale, d_a.sum(0).mul_(scale)))
+        prior, top = self.model.prior_logits, f.hs[-1]
         if self.model.prior_ar is None:
-            out.append((prior, None, None, 1, torch.sigmoid(prior).sub_(f.hs[-1].mean(0))))
+            if weights is None:
+                out.append((prior, None, None, 1, torch.sigmoid(prior).sub_(top.mean(0))))
+            else:
+                out.append((prior, None, None, 1, torch.sigmoid(prior).mul_(weights.sum() * scale)
+                            .sub_(weights @ top, alpha=scale)))
         else:  # the masked weights as (layer, d_out, v, scale, None); the logits' bias is the prior's
-            d_l = f.p_probs[-1] - f.hs[-1]
-            out += [(prior, None, None, 1, d_l.mean(0)), (self.model.prior_ar, d_l, f.hs[-1], 1 / n, None)]
+            d_l = f.p_probs[-1] - top
+            if weights is None:
+                out += [(prior, None, None, 1, d_l.mean(0)), (self.model.prior_ar, d_l, top, 1 / n, None)]
+            else:
+                d_l.mul_(weights.unsqueeze(-1))
+                out += [(prior, None, None, 1, d_l.sum(0).mul_(scale)), (self.model.prior_ar, d_l, top, scale, None)]
         return out
 
     @torch.no_grad()
@@ -207,16 +231,17 @@ class LayeredBernoulliGradients:
             prob, softplus_sum = sigmoid_and_softplus_sum(logits)
             log_q = log_q + torch.linalg.vecdot(h, logits) - softplus_sum
             d_a = prob - h
-            out += [(enc, d_a, v, 1 / n, d_a.mean(0), offset if i == 0 else None)] + self._within_grads(i, d_a, h)
+            out += [(enc, d_a, v, 1 / n, d_a.mean(0), offset if i == 0 else None)] + self._within_grads(i, d_a, h,
+                                                                                                       1 / n)
             v = h
         return out, log_q
 
-    def _within_grads(self, i: int, d_a: torch.Tensor, h: torch.Tensor) -> list[tuple]:
-        """An autoregressive inference layer's masked weights as an ``output_grads`` entry (dL/dU = mask * d_a' h / N);
-        none for a factorial layer."""
+    def _within_grads(self, i: int, d_a: torch.Tensor, h: torch.Tensor, scale: float) -> list[tuple]:
+        """An autoregressive inference layer's masked weights as an ``output_grads`` entry (dL/dU = mask * scale d_a'
+        h); none for a factorial layer."""
         if self.inference.within is None:
             return []
-        return [(self.inference.within[i], d_a, h, 1 / h.shape[0], None)]
+        return [(self.inference.within[i], d_a, h, scale, None)]
 
 
 def compile_fused(step, fused: LayeredBernoulliGradients, mode: str, device) -> object:
@@ -227,3 +252,4 @@ def compile_fused(step, fused: LayeredBernoulliGradients, mode: str, device) -> 
         step = accelerate(step, mode, device, "trainer.accel", fixed_modules=True)
     accelerate_sampling(mode if fused.compilable else "auto", fused.model, fused.inference)
     return step
+

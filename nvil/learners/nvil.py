@@ -21,17 +21,16 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from nvil.accel import check_mode, compiled
 from nvil.learners.base import SurrogateLearner, build_optimizer, directed_groups
 from nvil.learners.baselines import (InputDependentBaseline, LearningSignal, SignalFlags, baseline_loss,
                                      layerwise_signals, learning_signal, signal_metrics)
 from nvil.learners.diagnostics import GradientDiagnostics, ascent
-from nvil.learners.fused import LayeredBernoulliGradients, compile_fused, covers
-from nvil.learners.weight_steps import apply_update, plain_sgd_rates
+from nvil.learners.fused import LayeredBernoulliGradients, covers
+from nvil.learners.fused_path import FusedPath
 from nvil.ops import RunningMoments
 
 
-class NVIL(GradientDiagnostics, SurrogateLearner):
+class NVIL(FusedPath, GradientDiagnostics, SurrogateLearner):
     """The NVIL learner for directed binary models with a layered inference network.
 
     Two gradient paths share the draws, the signals (``signals``) and the optimiser step: autograd through
@@ -39,7 +38,7 @@ class NVIL(GradientDiagnostics, SurrogateLearner):
     gradients of ``nvil.learners.fused`` (1.4x fewer seconds per update than autograd for SBN-200 at the paper's
     minibatch of 20 on one CPU thread; bench/peer_pyro.py). For one seed both take the same updates.
     Data parallelism (whose gradients DDP averages during ``backward``) runs the autograd path; ``trainer.accel=compile``
-    compiles whichever path runs (``accelerate``)."""
+    compiles whichever path runs (``FusedPath.accelerate``)."""
 
     def __init__(self, model: nn.Module, inference: nn.Module, cfg, device: torch.device, seed: int) -> None:
         super().__init__()
@@ -106,17 +105,6 @@ class NVIL(GradientDiagnostics, SurrogateLearner):
                     grads[k] = grads[k] * self.moments[int(k.split(".")[2])].var.sqrt().clamp(min=1.0)
         return grads
 
-    def step(self, x: torch.Tensor, diagnostics: bool = False) -> dict[str, torch.Tensor]:
-        """One update; on the fused path the same draws, signals and optimiser step as ``SurrogateLearner.step``,
-        with the gradients set by hand (no ``zero_grad``: every gradient is overwritten)."""
-        if self.fused is None:
-            return super().step(x, diagnostics)
-        rates = None if diagnostics else plain_sgd_rates(self.optimizer)  # a logging step reports gradient norms
-        uniforms, offset = self.fused.uniforms(x, self.generator), self.fused.input_offset()
-        grads, metrics = (self.fused_signals(x, uniforms, offset, diagnostics) if diagnostics
-                          else self.fused_step(x, uniforms, offset))
-        return apply_update(grads, metrics, self.optimizer, rates, diagnostics)
-
     @torch.no_grad()
     def fused_signals(self, x: torch.Tensor, uniforms: list[torch.Tensor], offset: torch.Tensor | None = None,
                       diagnostics: bool = False) -> tuple:
@@ -126,27 +114,6 @@ class NVIL(GradientDiagnostics, SurrogateLearner):
         f = self.fused.forward_from(x, uniforms, offset)
         signals, metrics = self.signals(f.log_p, f.log_q, f.b, True, diagnostics)
         return self.fused.output_grads(f, x, signals), metrics
-
-    def fused_step(self, x: torch.Tensor, uniforms: list[torch.Tensor], offset: torch.Tensor | None = None) -> tuple:
-        """``fused_signals`` on a step that logs nothing: compiled with ``trainer.accel=compile`` (one graph, the
-        small elementwise ops fused around the forward GEMMs; the weight GEMMs stay outside, writing in place),
-        else eager."""
-        return self.fused_signals(x, uniforms, offset)
-
-    def accelerate(self, mode: str, device=None) -> "NVIL":
-        """``trainer.accel=compile`` compiles the hand-derived step (``fused_step``) where it applies, else the
-        ``surrogate`` of the autograd path."""
-        if self.fused is not None:
-            self.fused.use_sparse_input(check_mode(mode, device, "trainer.accel"), device, self.optimizer)
-            if compiled(mode):
-                self.fused_step = compile_fused(self.fused_step, self.fused, mode, device)
-                return self
-        return super().accelerate(mode, device)
-
-    def distribute(self, d, device: torch.device) -> None:
-        """Data parallelism averages gradients in DDP's ``backward``: the autograd path."""
-        self.fused = None
-        super().distribute(d, device)
 
     def extra_state(self) -> dict[str, nn.Module]:
         """Baselines and c/v travel in checkpoints beside the optimiser and RNG."""

@@ -16,13 +16,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from nvil.accel import check_mode, compiled
 from nvil.learners.base import SurrogateLearner, build_optimizer, directed_groups
-from nvil.learners.fused import LayeredBernoulliGradients, compile_fused, covers
+from nvil.learners.fused import LayeredBernoulliGradients, covers
+from nvil.learners.fused_path import FusedPath
 from nvil.learners.weight_steps import apply_update, plain_sgd_rates
 
 
-class WakeSleep(SurrogateLearner):
+class WakeSleep(FusedPath, SurrogateLearner):
     def __init__(self, model: nn.Module, inference: nn.Module, cfg, device: torch.device, seed: int) -> None:
         super().__init__()
         self.model, self.inference, self.cfg = model, inference, cfg
@@ -72,18 +72,3 @@ class WakeSleep(SurrogateLearner):
         metrics = {"train/elbo": (log_p - sum(f.log_q)).mean(), "train/model_loss": -log_p.mean(),
                    "wake_sleep/sleep_log_q": sleep_log_q.mean()}
         return self.fused.model_grads(f, x) + sleep, metrics
-
-    def accelerate(self, mode: str, device=None) -> "WakeSleep":
-        """``trainer.accel=compile`` compiles the hand-derived step where it applies, else the surrogate; the
-        autoregressive layers (fDARN's prior, which the dream samples) take the mode either way."""
-        if self.fused is not None:
-            self.fused.use_sparse_input(check_mode(mode, device, "trainer.accel"), device, self.optimizer)
-            if compiled(mode):
-                self.fused_step = compile_fused(self.fused_step, self.fused, mode, device)
-                return self
-        return super().accelerate(mode, device)
-
-    def distribute(self, d, device: torch.device) -> None:
-        """Data parallelism averages gradients in DDP's ``backward``: the autograd path."""
-        self.fused = None
-        super().distribute(d, device)

@@ -1,0 +1,57 @@
+"""The step of the learners with hand-derived gradients (``nvil.learners.fused``): NVIL's and VIMCO's, and
+wake-sleep's ``accelerate`` and ``distribute``."""
+
+from __future__ import annotations
+
+import torch
+
+from nvil.accel import check_mode, compiled
+from nvil.learners.fused import LayeredBernoulliGradients, compile_fused
+from nvil.learners.weight_steps import apply_update, plain_sgd_rates
+
+
+class FusedPath:
+    """The step of a learner with hand-derived gradients (NVIL, VIMCO; wake-sleep takes ``accelerate`` and
+    ``distribute``): ``fused``, a ``LayeredBernoulliGradients`` where ``covers`` holds, else None (autograd's
+    ``SurrogateLearner.step``). The learner defines ``fused_signals(rows, uniforms, offset, diagnostics) -> (grads,
+    metrics)``, the step up to its weight GEMMs, and may define ``fused_rows(x)``, the rows q draws for (VIMCO: K
+    copies of the minibatch). On a step that logs nothing ``fused_step`` runs it (compiled with
+    ``trainer.accel=compile``) and plain SGD is written by the gradients' GEMMs (``apply_update``)."""
+
+    fused: LayeredBernoulliGradients | None
+
+    def fused_rows(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    def step(self, x: torch.Tensor, diagnostics: bool = False) -> dict[str, torch.Tensor]:
+        """One update; on the fused path the same draws, signals and optimiser step as ``SurrogateLearner.step``,
+        with the gradients set by hand (no ``zero_grad``: every gradient is overwritten)."""
+        if self.fused is None:
+            return super().step(x, diagnostics)
+        rates = None if diagnostics else plain_sgd_rates(self.optimizer)  # a logging step reports gradient norms
+        rows = self.fused_rows(x)
+        uniforms, offset = self.fused.uniforms(rows, self.generator), self.fused.input_offset()
+        grads, metrics = (self.fused_signals(rows, uniforms, offset, diagnostics) if diagnostics
+                          else self.fused_step(rows, uniforms, offset))
+        return apply_update(grads, metrics, self.optimizer, rates, diagnostics)
+
+    def fused_step(self, x: torch.Tensor, uniforms: list[torch.Tensor], offset: torch.Tensor | None = None) -> tuple:
+        """``fused_signals`` on a step that logs nothing: compiled with ``trainer.accel=compile`` (one graph, the
+        small elementwise ops fused around the forward GEMMs; the weight GEMMs stay outside, writing in place),
+        else eager."""
+        return self.fused_signals(x, uniforms, offset)
+
+    def accelerate(self, mode: str, device=None):
+        """``trainer.accel=compile`` compiles the hand-derived step (``fused_step``) where it applies, else the
+        autograd path's ``surrogate``; the autoregressive layers take the mode either way."""
+        if self.fused is not None:
+            self.fused.use_sparse_input(check_mode(mode, device, "trainer.accel"), device, self.optimizer)
+            if compiled(mode):
+                self.fused_step = compile_fused(self.fused_step, self.fused, mode, device)
+                return self
+        return super().accelerate(mode, device)
+
+    def distribute(self, d, device: torch.device) -> None:
+        """Data parallelism averages gradients in DDP's ``backward``: the autograd path."""
+        self.fused = None
+        super().distribute(d, device)
