@@ -64,21 +64,22 @@ def synthetic_overrides():
     return list(SYNTHETIC)
 
 
-def assert_same_step(fast, slow, x: torch.Tensor) -> None:
+def assert_same_step(fast, slow, x: torch.Tensor, param_atol: float = 1e-12) -> None:
     """One logging step of two learners that should take the same update (a fast path and the autograd path): the
-    same metrics, gradients and parameters after it, to float64 rounding."""
+    same metrics, gradients and parameters after it, to float64 rounding (``param_atol``: Adam divides a gradient
+    entry that is zero up to rounding, ~1e-17, by sqrt(v) + eps = 1e-8, so its step can differ by lr 1e-9)."""
     metrics_fast, metrics_slow = fast.step(x, diagnostics=True), slow.step(x, diagnostics=True)
     assert metrics_fast.keys() == metrics_slow.keys()
     for k in metrics_fast:
         torch.testing.assert_close(metrics_fast[k], metrics_slow[k], rtol=1e-10, atol=1e-10, msg=k)
     for (name, p), q in zip(fast.named_parameters(), slow.parameters()):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-10, atol=1e-12, msg=f"gradient of {name}")
-        torch.testing.assert_close(p, q, rtol=1e-10, atol=1e-12, msg=f"{name} after the update")
+        torch.testing.assert_close(p, q, rtol=1e-10, atol=param_atol, msg=f"{name} after the update")
 
 
-def assert_same_parameters(fast, slow, msg: str = "") -> None:
+def assert_same_parameters(fast, slow, msg: str = "", atol: float = 1e-12) -> None:
     for (name, p), q in zip(fast.named_parameters(), slow.parameters()):
-        torch.testing.assert_close(p, q, rtol=1e-10, atol=1e-12, msg=f"{name} {msg}")
+        torch.testing.assert_close(p, q, rtol=1e-10, atol=atol, msg=f"{name} {msg}")
 
 
 def chi_square(samples: torch.Tensor, log_probs: torch.Tensor) -> tuple[float, int]:

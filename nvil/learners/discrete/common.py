@@ -9,6 +9,7 @@ Eq. 6, every estimator leaves it out.
 - ``DiscreteLearner``: the optimiser (model, inference network and any control variate), the generator, and
   ``gradient_estimate`` (one unbiased draw of the ascent direction without changing any state), which the tests
   compare with exact gradients and ``nvil.learners.diagnostics`` repeats to measure variance and SNR.
+- ``MultiSample``, ``FusedMultiSample``: K samples per example; the latter with the hand-derived path.
 - ``repeat``, ``elbo_integrand``, ``bernoulli_path``: the pieces the estimators are written in.
 """
 
@@ -21,6 +22,8 @@ from nvil.config import positive_int
 from nvil.errors import ConfigError
 from nvil.learners.base import SurrogateLearner, build_optimizer, directed_groups
 from nvil.learners.diagnostics import GradientDiagnostics
+from nvil.learners.fused import LayeredBernoulliGradients, covers
+from nvil.learners.fused_path import FusedPath
 
 EPS = 1e-6  # see DiscreteLearner.open_rand
 
@@ -71,6 +74,19 @@ class MultiSample(DiscreteLearner):
         if self.k < 2:
             raise ConfigError(f"learner.num_samples must be at least 2 for learner={cfg.name}, got {self.k}")
         self.evaluations_per_example = self.k
+
+
+class FusedMultiSample(FusedPath, MultiSample):
+    """A K-sample learner (VIMCO, RLOO) that takes the hand-derived path where ``nvil.learners.fused.covers`` holds:
+    q draws for K copies of the minibatch, sample k of example n in row k N + n (``repeat``'s order, so the same
+    draws as the autograd path); the learner defines ``fused_signals`` (``nvil.learners.fused_path``)."""
+
+    def __init__(self, model, inference, cfg, device, seed) -> None:
+        super().__init__(model, inference, cfg, device, seed)
+        self.fused = LayeredBernoulliGradients(model, inference, nn.ModuleList()) if covers(model, inference) else None
+
+    def fused_rows(self, x: torch.Tensor) -> torch.Tensor:
+        return x.repeat(self.k, 1)
 
 
 def repeat(x: torch.Tensor, k: int) -> torch.Tensor:

@@ -19,18 +19,11 @@ from __future__ import annotations
 
 import torch
 
-from nvil.learners.discrete.common import MultiSample, repeat
-from nvil.learners.fused import LayeredBernoulliGradients, covers
-from nvil.learners.fused_path import FusedPath
+from nvil.learners.discrete.common import FusedMultiSample, repeat
 from nvil.ops import log_mean_exp
 
 
-class VIMCO(FusedPath, MultiSample):
-    def __init__(self, model, inference, cfg, device, seed) -> None:
-        super().__init__(model, inference, cfg, device, seed)
-        self.fused = LayeredBernoulliGradients(model, inference, torch.nn.ModuleList()) if covers(model, inference) \
-            else None
-
+class VIMCO(FusedMultiSample):
     @staticmethod
     def leave_one_out(log_w: torch.Tensor) -> torch.Tensor:
         """log w^_-k [K, batch]: the mean of the other samples' log weights (Eq. 10)."""
@@ -71,10 +64,6 @@ class VIMCO(FusedPath, MultiSample):
         """The coefficient of grad_phi log q(h_k | x) in the ascent direction: L(h_k | h_-k) from the score-function
         term, minus w~_k from the bound's own dependence on phi through log w_k = log p - log q (Eq. 8)."""
         return signal - w
-
-    def fused_rows(self, x: torch.Tensor) -> torch.Tensor:
-        """K copies of the minibatch, sample k of example n in row k N + n (``repeat``'s order, so the same draws)."""
-        return x.repeat(self.k, 1)
 
     @torch.no_grad()
     def fused_signals(self, rows: torch.Tensor, uniforms: list[torch.Tensor], offset: torch.Tensor | None = None,

@@ -1,10 +1,11 @@
-"""VIMCO's hand-derived gradients (nvil/learners/discrete/vimco.py, ``fused_signals``) against autograd's gradients of
-the same surrogate.
+"""The K-sample learners' hand-derived gradients (VIMCO and RLOO, ``fused_signals``; nvil/learners/discrete/) against
+autograd's gradients of the same surrogates.
 
 In float64 on tiny SBNs of one to three layers, fDARN's autoregressive prior and an autoregressive q, K = 2 and 5:
 the same draws, the same metrics, the same gradients of every parameter and, after several updates (plain SGD
 written by the GEMMs, or Adam), the same parameters. A fused path whose model gradient forgets the importance weights,
-or whose inference gradient drops the w~ term, or whose baseline depends on its own sample, fails the comparison.
+or whose inference gradient drops the w~ term, or whose baseline depends on its own sample (VIMCO's or RLOO's), fails
+the comparison.
 """
 
 from __future__ import annotations
@@ -17,21 +18,25 @@ import torch
 from omegaconf import OmegaConf
 
 from conftest import assert_same_parameters, assert_same_step, make_cfg, tiny_model
+from nvil.learners.discrete.rloo import RLOO
 from nvil.learners.discrete.vimco import VIMCO
 
 LAYERS = {"one_layer": (4,), "two_layers": (4, 3), "three_layers": (5, 4, 3)}
 
 
-@lru_cache(maxsize=1)
-def learner_cfg():
-    return make_cfg("train", ["learner=vimco"]).learner
+LEARNERS = {"vimco": VIMCO, "rloo": RLOO}
 
 
-def pair(layers=(4, 3), k=5, optimizer="sgd", name="sbn", autoregressive_q=False):
-    """Two VIMCO learners with identical parameters and generators: (fused path, autograd path)."""
+@lru_cache(maxsize=2)
+def learner_cfg(name: str):
+    return make_cfg("train", [f"learner={name}"]).learner
+
+
+def pair(layers=(4, 3), k=5, optimizer="sgd", name="sbn", autoregressive_q=False, learner="vimco"):
+    """Two learners (VIMCO or RLOO) with identical parameters and generators: (fused path, autograd path)."""
     model, inference = tiny_model(layers=layers, seed=5, q_scale=0.5, name=name, autoregressive_q=autoregressive_q)
-    cfg = OmegaConf.merge(learner_cfg(), dict(optimizer=optimizer, lr=0.05, num_samples=k))
-    fast = VIMCO(model, inference, cfg, torch.device("cpu"), seed=3).to(torch.float64)
+    cfg = OmegaConf.merge(learner_cfg(learner), dict(optimizer=optimizer, lr=0.05, num_samples=k))
+    fast = LEARNERS[learner](model, inference, cfg, torch.device("cpu"), seed=3).to(torch.float64)
     slow = copy.deepcopy(fast)
     slow.generator.set_state(fast.generator.get_state())
     slow.fused = None
@@ -43,34 +48,36 @@ def batches(steps: int, n_visible: int = 6):
     return [(torch.rand(8, n_visible, generator=g) < 0.5).double() for _ in range(steps)]
 
 
-def run_both(fast: VIMCO, slow: VIMCO) -> None:
+def run_both(fast: VIMCO, slow: VIMCO, atol: float = 1e-12) -> None:
     """Three logging steps compared gradient by gradient, then three steps that log nothing (plain SGD's step written
-    by the GEMMs) compared by their parameters."""
+    by the GEMMs) compared by their parameters (``atol``: see ``assert_same_step``)."""
     for x in batches(3):
-        assert_same_step(fast, slow, x)
+        assert_same_step(fast, slow, x, atol)
     for t, x in enumerate(batches(3)):
         fast.step(x), slow.step(x)
-        assert_same_parameters(fast, slow, f"after step {t + 1} without logging")
+        assert_same_parameters(fast, slow, f"after step {t + 1} without logging", atol)
 
 
+@pytest.mark.parametrize("learner", LEARNERS)
 @pytest.mark.parametrize("layers", LAYERS.values(), ids=LAYERS.keys())
 @pytest.mark.parametrize("k", [2, 5])
-def test_fused_gradients_and_updates_equal_autograd(layers, k):
-    fast, slow = pair(layers, k)
+def test_fused_gradients_and_updates_equal_autograd(layers, k, learner):
+    fast, slow = pair(layers, k, learner=learner)
     assert fast.fused is not None
     run_both(fast, slow)
 
 
+@pytest.mark.parametrize("learner", LEARNERS)
 @pytest.mark.parametrize("name, autoregressive_q", [("fdarn", False), ("sbn", True)], ids=["fdarn_prior", "ar_q"])
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
-def test_autoregressive_layers_and_adam_equal_autograd(name, autoregressive_q, optimizer):
-    """fDARN's prior (its masked weights weighted by w~) and an autoregressive q (its masked weights by the signals),
-    with plain SGD and with Adam."""
-    fast, slow = pair(name=name, autoregressive_q=autoregressive_q, optimizer=optimizer)
+def test_autoregressive_layers_and_adam_equal_autograd(name, autoregressive_q, optimizer, learner):
+    """fDARN's prior (its masked weights weighted by w~ for VIMCO) and an autoregressive q (its masked weights by the
+    signals), with plain SGD and with Adam."""
+    fast, slow = pair(name=name, autoregressive_q=autoregressive_q, optimizer=optimizer, learner=learner)
     if name == "fdarn":
         with torch.no_grad():
             fast.model.prior_ar.weight.normal_(0.0, 0.7), slow.model.prior_ar.weight.copy_(fast.model.prior_ar.weight)
-    run_both(fast, slow)
+    run_both(fast, slow, 1e-9 if optimizer == "adam" else 1e-12)  # RLOO's fDARN q has gradient entries of 0
 
 
 def broken_uniform_weights(fast: VIMCO, monkeypatch) -> None:
@@ -90,10 +97,16 @@ def broken_own_sample_baseline(fast: VIMCO, monkeypatch) -> None:
     monkeypatch.setattr(fast, "leave_one_out", lambda log_w: log_w)
 
 
-@pytest.mark.parametrize("broken", [broken_uniform_weights, broken_no_direct_term, broken_own_sample_baseline],
-                         ids=["uniform_weights", "no_direct_term", "own_sample_baseline"])
+def broken_rloo_own_sample_baseline(fast: RLOO, monkeypatch) -> None:
+    """RLOO's baseline b_k = f_k, its own sample's: the signal vanishes."""
+    monkeypatch.setattr(fast, "baseline", lambda f: f)
+
+
+@pytest.mark.parametrize("broken", [broken_uniform_weights, broken_no_direct_term, broken_own_sample_baseline,
+                                    broken_rloo_own_sample_baseline],
+                         ids=["uniform_weights", "no_direct_term", "own_sample_baseline", "rloo_own_sample_baseline"])
 def test_a_broken_fused_path_fails_the_comparison(broken, monkeypatch):
-    fast, slow = pair()
+    fast, slow = pair(learner="rloo" if broken is broken_rloo_own_sample_baseline else "vimco")
     broken(fast, monkeypatch)
     with pytest.raises(AssertionError):
         assert_same_step(fast, slow, batches(1)[0])
