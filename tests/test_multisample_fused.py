@@ -80,6 +80,20 @@ def test_autoregressive_layers_and_adam_equal_autograd(name, autoregressive_q, o
     run_both(fast, slow, 1e-9 if optimizer == "adam" else 1e-12)  # RLOO's fDARN q has gradient entries of 0
 
 
+@pytest.mark.parametrize("learner", LEARNERS)
+@pytest.mark.parametrize("layers", [(4,), (5, 4, 3)], ids=["one_layer", "three_layers"])
+def test_sparse_input_path_equals_autograd(layers, learner):
+    """With SGD and trainer.accel=auto on a CPU, q's first layer reads the centred x of the K N rows from the rows of
+    its input-major weight of the pixels that are on (``nvil.native.sparse_rows``), the decoders input-major too:
+    the same gradients and updates as autograd's."""
+    fast, slow = pair(layers, learner=learner)
+    mean = torch.linspace(0.1, 0.6, 6, dtype=torch.float64)
+    for lrn in (fast, slow):
+        lrn.inference.set_input_mean(mean)
+    assert fast.accelerate("auto") is fast and fast.fused.sparse_input
+    run_both(fast, slow)
+
+
 def broken_uniform_weights(fast: VIMCO, monkeypatch) -> None:
     """The model's gradient with w~ replaced by 1 / K: the K-sample ELBO's, not the bound's."""
     model_grads = fast.fused.model_grads
