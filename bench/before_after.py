@@ -92,13 +92,14 @@ if "discrete" in groups:  # REBAR / RELAX at RELAX's protocol batch
         lrn.accelerate(mode)
         x = binary(24)
         out[f"VIMCO step (accel={mode}), SBN-200-200-200, K = 5, batch 24"] = per_call(lambda: lrn.step(x), 50)
-    for mode in ("auto", "compile"):  # RLOO at DisARM's protocol (SBN-200, K = 2, batch 50)
-        model, inference = build_model(model_cfg("sbn", layers=[200]), 784)
-        cfg = OmegaConf.merge(OmegaConf.load(f"{root}/configs/learner/rloo.yaml"), {"num_samples": 2})
-        lrn = build_learner(cfg, model, inference, torch.device("cpu"), 0)
-        lrn.accelerate(mode)
-        x = binary(50)
-        out[f"RLOO step (accel={mode}), SBN-200, K = 2, batch 50"] = per_call(lambda: lrn.step(x), 50)
+    for name, extra, label in (("rloo", {"num_samples": 2}, "K = 2, "), ("disarm", {}, "")):  # DisARM's protocol
+        for mode in ("auto", "compile"):
+            model, inference = build_model(model_cfg("sbn", layers=[200]), 784)
+            cfg = OmegaConf.merge(OmegaConf.load(f"{root}/configs/learner/{name}.yaml"), extra)
+            lrn = build_learner(cfg, model, inference, torch.device("cpu"), 0)
+            lrn.accelerate(mode)
+            x = binary(50)
+            out[f"{name.upper()} step (accel={mode}), SBN-200, {label}batch 50"] = per_call(lambda: lrn.step(x), 50)
 if "iwae" in groups:
     model, inference = build_model(model_cfg("sbn", layers=[200]), 784)
     x = binary(100)

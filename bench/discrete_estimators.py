@@ -71,7 +71,8 @@ PROTOCOLS = {
                             "relax": AUTHORS_REBAR + ["learner.cv_inputs=x_z", "learner.cv_depth=2",
                                                       "learner.cv_activation=relu", "learner.cv_weight_decay=1e-4"]}},
     "disarm": {"defaults": {"estimators": "rloo,arm,disarm", "models": "sbn200", "steps": 1_000_000, "batch_size": 50},
-               "overrides": {"*": AUTHORS_DISARM, "rloo": ["learner.num_samples=2", "trainer.accel=compile"]}},
+               "overrides": {"*": AUTHORS_DISARM + ["trainer.accel=compile"],  # all three on the hand-derived path
+                             "rloo": ["learner.num_samples=2"]}},
     "vimco": {"defaults": {"estimators": "vimco", "models": "sbn200x3"},  # compiled: its hand-derived step (1.56x)
               "overrides": {"vimco": ["learner.num_samples=5", "trainer.accel=compile"]}},
 }

@@ -108,9 +108,9 @@ class IndependentARM(ARM):
 
 
 class SignedDisARM(DisARM):
-    def logit_gradient(self, f, f_anti, u, b, b_anti, alpha):
+    def logit_gradient(self, f, f_anti, u, b, b_anti, prob):
         sign = 1.0 - 2.0 * b_anti
-        return 0.5 * (f - f_anti).unsqueeze(-1) * sign * (b != b_anti).to(f.dtype) * torch.sigmoid(alpha)  # not |alpha|
+        return 0.5 * (f - f_anti).unsqueeze(-1) * sign * (b != b_anti).to(f.dtype) * prob  # sigmoid(alpha), not |alpha|
 
 
 class UncorrectedREBAR(REBAR):

@@ -1,11 +1,11 @@
-"""The K-sample learners' hand-derived gradients (VIMCO and RLOO, ``fused_signals``; nvil/learners/discrete/) against
+"""The hand-derived gradients of VIMCO, RLOO, ARM and DisARM (``fused_signals``; nvil/learners/discrete/) against
 autograd's gradients of the same surrogates.
 
 In float64 on tiny SBNs of one to three layers, fDARN's autoregressive prior and an autoregressive q, K = 2 and 5:
 the same draws, the same metrics, the same gradients of every parameter and, after several updates (plain SGD
 written by the GEMMs, or Adam), the same parameters. A fused path whose model gradient forgets the importance weights,
-or whose inference gradient drops the w~ term, or whose baseline depends on its own sample (VIMCO's or RLOO's), fails
-the comparison.
+or whose inference gradient drops the w~ term, or whose baseline depends on its own sample (VIMCO's or RLOO's), or a
+DisARM whose fused step takes ARM's per-unit gradient, fails the comparison.
 """
 
 from __future__ import annotations
@@ -18,16 +18,17 @@ import torch
 from omegaconf import OmegaConf
 
 from conftest import assert_same_parameters, assert_same_step, make_cfg, tiny_model
+from nvil.learners.discrete.antithetic import ARM, DisARM
 from nvil.learners.discrete.rloo import RLOO
 from nvil.learners.discrete.vimco import VIMCO
 
 LAYERS = {"one_layer": (4,), "two_layers": (4, 3), "three_layers": (5, 4, 3)}
 
 
-LEARNERS = {"vimco": VIMCO, "rloo": RLOO}
+LEARNERS = {"vimco": VIMCO, "rloo": RLOO, "arm": ARM, "disarm": DisARM}
 
 
-@lru_cache(maxsize=2)
+@lru_cache(maxsize=4)
 def learner_cfg(name: str):
     return make_cfg("train", [f"learner={name}"]).learner
 
@@ -35,7 +36,8 @@ def learner_cfg(name: str):
 def pair(layers=(4, 3), k=5, optimizer="sgd", name="sbn", autoregressive_q=False, learner="vimco"):
     """Two learners (VIMCO or RLOO) with identical parameters and generators: (fused path, autograd path)."""
     model, inference = tiny_model(layers=layers, seed=5, q_scale=0.5, name=name, autoregressive_q=autoregressive_q)
-    cfg = OmegaConf.merge(learner_cfg(learner), dict(optimizer=optimizer, lr=0.05, num_samples=k))
+    samples = {"num_samples": k} if learner in ("vimco", "rloo") else {}  # ARM / DisARM: n + 1 paths, no K
+    cfg = OmegaConf.merge(learner_cfg(learner), dict(optimizer=optimizer, lr=0.05, **samples))
     fast = LEARNERS[learner](model, inference, cfg, torch.device("cpu"), seed=3).to(torch.float64)
     slow = copy.deepcopy(fast)
     slow.generator.set_state(fast.generator.get_state())
@@ -67,8 +69,11 @@ def test_fused_gradients_and_updates_equal_autograd(layers, k, learner):
     run_both(fast, slow)
 
 
-@pytest.mark.parametrize("learner", LEARNERS)
-@pytest.mark.parametrize("name, autoregressive_q", [("fdarn", False), ("sbn", True)], ids=["fdarn_prior", "ar_q"])
+AUTOREGRESSIVE = [(learner, "fdarn", False) for learner in LEARNERS] + [("vimco", "sbn", True), ("rloo", "sbn", True)]
+
+
+@pytest.mark.parametrize("learner, name, autoregressive_q", AUTOREGRESSIVE,  # ARM / DisARM need factorial q layers
+                         ids=[f"{a}-{'fdarn_prior' if b == 'fdarn' else 'ar_q'}" for a, b, _ in AUTOREGRESSIVE])
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
 def test_autoregressive_layers_and_adam_equal_autograd(name, autoregressive_q, optimizer, learner):
     """fDARN's prior (its masked weights weighted by w~ for VIMCO) and an autoregressive q (its masked weights by the
@@ -116,11 +121,20 @@ def broken_rloo_own_sample_baseline(fast: RLOO, monkeypatch) -> None:
     monkeypatch.setattr(fast, "baseline", lambda f: f)
 
 
+def broken_disarm_as_arm(fast: DisARM, monkeypatch) -> None:
+    """DisARM's fused step with ARM's g_alpha = (f(b~) - f(b)) (u - 1/2): unbiased too, but not DisARM's."""
+    monkeypatch.setattr(fast, "logit_gradient", lambda *args: ARM.logit_gradient(fast, *args))
+
+
+BROKEN_LEARNER = {"rloo_own_sample_baseline": "rloo", "disarm_as_arm": "disarm"}
+
+
 @pytest.mark.parametrize("broken", [broken_uniform_weights, broken_no_direct_term, broken_own_sample_baseline,
-                                    broken_rloo_own_sample_baseline],
-                         ids=["uniform_weights", "no_direct_term", "own_sample_baseline", "rloo_own_sample_baseline"])
+                                    broken_rloo_own_sample_baseline, broken_disarm_as_arm],
+                         ids=["uniform_weights", "no_direct_term", "own_sample_baseline", "rloo_own_sample_baseline",
+                              "disarm_as_arm"])
 def test_a_broken_fused_path_fails_the_comparison(broken, monkeypatch):
-    fast, slow = pair(learner="rloo" if broken is broken_rloo_own_sample_baseline else "vimco")
+    fast, slow = pair(learner=BROKEN_LEARNER.get(broken.__name__.removeprefix("broken_"), "vimco"))
     broken(fast, monkeypatch)
     with pytest.raises(AssertionError):
         assert_same_step(fast, slow, batches(1)[0])

@@ -14,6 +14,12 @@ h = (b_1, ..., b_n) drawn from uniforms u_1..u_n, layer i compares f on h with f
 to its antithetic b~_i and redraws the layers above from the same uniforms (common random numbers, so the two
 continuations differ only through b~_i). That is n + 1 evaluations of f per example; every path is marginally a
 draw from q, and the model's gradient averages grad_theta log p over all n + 1.
+
+For layered Bernoulli models (``nvil.learners.fused.covers``) the gradients are set by hand (``fused_signals``,
+``nvil.learners.fused_path``): path i + 1 is the forward pass with layer i's uniforms replaced by 1 - u_i (the
+layers below it draw the main path's units again, the layers above are redrawn from the same uniforms), so the
+n + 1 paths are one forward pass over (n + 1) N rows; the model's gradient is the mean over them of
+grad_theta log p, q's layer i gets dL/d alpha_i = -g_alpha / N on the main path.
 """
 
 from __future__ import annotations
@@ -21,19 +27,24 @@ from __future__ import annotations
 import torch
 
 from nvil.learners.discrete.common import DiscreteLearner, bernoulli_path, elbo_integrand, repeat
+from nvil.learners.fused import LayeredBernoulliGradients, covers
+from nvil.learners.fused_path import FusedPath
 from nvil.ops import bernoulli_log_prob
 
 
-class ARM(DiscreteLearner):
+class ARM(FusedPath, DiscreteLearner):
     needs_bernoulli_q = True
 
     def __init__(self, model, inference, cfg, device, seed) -> None:
         super().__init__(model, inference, cfg, device, seed)
         self.evaluations_per_example = len(inference.encoders) + 1
+        self.fused = LayeredBernoulliGradients(model, inference, torch.nn.ModuleList()) if covers(model, inference) \
+            else None
 
     def logit_gradient(self, f: torch.Tensor, f_anti: torch.Tensor, u: torch.Tensor, b: torch.Tensor,
-                       b_anti: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
-        """ARM's g_alpha [batch, units] from f on the main path and on the antithetic one [batch]."""
+                       b_anti: torch.Tensor, prob: torch.Tensor) -> torch.Tensor:
+        """ARM's g_alpha [batch, units] from f on the main path and on the antithetic one [batch] (prob: sigmoid(alpha),
+        which DisARM reads)."""
         return (f_anti - f).unsqueeze(-1) * (u - 0.5)
 
     def antithetic(self, u: torch.Tensor) -> torch.Tensor:
@@ -62,17 +73,44 @@ class ARM(DiscreteLearner):
         log_p, f = elbo_integrand(self.model, xs, hs, log_q)                       # [n + 1, batch]
         loss = -log_p.mean()
         for i in range(n):
-            g = self.logit_gradient(f[0], f[i + 1], us[i], main[i], paths[i + 1][i], alphas[i].detach())
+            g = self.logit_gradient(f[0], f[i + 1], us[i], main[i], paths[i + 1][i], torch.sigmoid(alphas[i].detach()))
             loss = loss - (g * alphas[i]).sum(-1).mean()
+        return loss, self.metrics(f, log_p.detach(), [(paths[i + 1][i], main[i]) for i in range(n)], diagnostics)
+
+    @staticmethod
+    def metrics(f: torch.Tensor, log_p: torch.Tensor, pairs: list[tuple], diagnostics: bool) -> dict:
+        """``pairs``: (b~_i, b_i) of each layer."""
         metrics = {"train/elbo": f[0].mean()}
         if diagnostics:
-            metrics["train/model_loss"] = -log_p.detach().mean()
-            metrics["arm/flipped"] = torch.stack([(paths[i + 1][i] != main[i]).float().mean() for i in range(n)]).mean()
-        return loss, metrics
+            metrics["train/model_loss"] = -log_p.mean()
+            metrics["arm/flipped"] = torch.stack([(anti != b).float().mean() for anti, b in pairs]).mean()
+        return metrics
+
+    @torch.no_grad()
+    def fused_signals(self, x: torch.Tensor, uniforms: list[torch.Tensor], offset: torch.Tensor | None = None,
+                      diagnostics: bool = False) -> tuple:
+        """The hand-derived step up to its weight GEMMs (``FusedPath``): the n + 1 paths as one forward pass over
+        (n + 1) N rows (path i + 1: layer i's uniforms 1 - u_i), f on each, every layer's g_alpha on the main path.
+        Returns (grads, metrics)."""
+        n_layers, n = len(uniforms), x.shape[0]
+        stacked = [torch.cat([u] + [self.antithetic(u) if i == j else u for i in range(n_layers)])
+                   for j, u in enumerate(uniforms)]
+        rows = x.repeat(n_layers + 1, 1)
+        fw = self.fused.forward_from(rows, stacked, offset)
+        log_p = sum(fw.log_p).view(n_layers + 1, n)
+        f = log_p - sum(fw.log_q).view(n_layers + 1, n)
+        grads, pairs = self.fused.model_grads(fw, rows), []
+        for i, (enc, u) in enumerate(zip(self.inference.encoders, uniforms)):
+            h = fw.hs[i].view(n_layers + 1, n, -1)
+            d_a = self.logit_gradient(f[0], f[i + 1], u, h[0], h[i + 1], fw.q_probs[i][:n]).neg_()
+            grads.append((enc, d_a, fw.inputs[i][:n], 1 / n, d_a.mean(0), offset if i == 0 else None))
+            pairs.append((h[i + 1], h[0]))
+        return grads, self.metrics(f, log_p, pairs, diagnostics)
 
 
 class DisARM(ARM):
-    def logit_gradient(self, f, f_anti, u, b, b_anti, alpha) -> torch.Tensor:
-        """DisARM's g_alpha: 1/2 (f(b) - f(b~)) (-1)^{b~} 1[b != b~] sigmoid(|alpha|)."""
+    def logit_gradient(self, f, f_anti, u, b, b_anti, prob) -> torch.Tensor:
+        """DisARM's g_alpha: 1/2 (f(b) - f(b~)) (-1)^{b~} 1[b != b~] sigmoid(|alpha|), with sigmoid(|alpha|) =
+        max(p, 1 - p)."""
         sign = 1.0 - 2.0 * b_anti
-        return 0.5 * (f - f_anti).unsqueeze(-1) * sign * (b != b_anti).to(f.dtype) * torch.sigmoid(alpha.abs())
+        return 0.5 * (f - f_anti).unsqueeze(-1) * sign * (b != b_anti).to(f.dtype) * torch.maximum(prob, 1 - prob)
