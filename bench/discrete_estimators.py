@@ -14,7 +14,8 @@ minibatch ``--batch-size`` with each learner's configured optimiser (``configs/l
 Budgets (``--budget``): ``updates`` gives every estimator ``--steps`` updates; ``evaluations`` gives every estimator
 the model evaluations NVIL makes in ``--steps`` updates (an estimator that evaluates f e times per example, e.g.
 VIMCO with K = 5, gets --steps / e updates). Runs live in ``<out>/<model>/<budget>/<estimator>_s<seed>`` and a rerun
-continues them (``trainer.resume=true``), so raising ``--steps`` extends them.
+continues them (``trainer.resume=true``), so raising ``--steps`` extends them; a run already at its steps (stopped
+while it was being scored) is scored without training.
 
 Each final checkpoint is scored on the test split, so the table ranks estimators by log-likelihood, not by their
 own objective: -ELBO (10 samples, Mnih & Gregor's Table 1 measure), -IWAE(``--iwae-k``) (an upper bound on -log p),
@@ -145,6 +146,13 @@ def evaluations_per_example(estimator: str, layers: list[int], extra: list[str])
     return int(getattr(learner, "evaluations_per_example", 1))
 
 
+def trained_to(ckpt: Path) -> int | None:
+    """The step of a run's last checkpoint, None where it has none."""
+    if not ckpt.exists():
+        return None
+    return int(torch.load(ckpt, map_location="cpu", weights_only=True)["step"])
+
+
 def last_logged(run_dir: Path, tag: str) -> float | None:
     steps, values = common.val_curve(run_dir, tag)
     return values[-1] if values else None
@@ -157,11 +165,14 @@ def run_one(estimator: str, model: str, seed: int, args: argparse.Namespace) -> 
     steps = args.steps if args.budget == "updates" else max(1, args.steps // evals)
     run_dir = args.out / model / args.budget / f"{estimator}_s{seed}"
     row_args = argparse.Namespace(**{**vars(args), "steps": steps})
-    cfg = common.compose_row(overrides(estimator, layers, seed, args), run_dir, row_args)
-    started = time.perf_counter()
-    metrics = common.train.train(cfg, run_dir)
-    seconds = time.perf_counter() - started
     ckpt = run_dir / "checkpoints" / "last.pt"
+    started = time.perf_counter()
+    if trained_to(ckpt) == steps:  # trained, then stopped while it was being scored: score it
+        metrics = {"step": steps, "steps_per_second": last_logged(run_dir, "train/steps_per_second") or float("nan")}
+    else:
+        metrics = common.train.train(common.compose_row(overrides(estimator, layers, seed, args), run_dir, row_args),
+                                     run_dir)
+    seconds = time.perf_counter() - started
 
     def score(name: str, split: str, n: int | None, **settings):
         est = OmegaConf.merge(OmegaConf.load(common.CONFIG_DIR / "estimator" / f"{name}.yaml"), settings)

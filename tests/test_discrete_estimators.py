@@ -377,3 +377,30 @@ def test_r_rho_on_parts_is_the_net_on_the_concatenated_parts():
     for got, want in zip(value_and_grads(on_parts(net, [x, z, 2 * b - 1])), reference):
         torch.testing.assert_close(got, want)
     assert not torch.allclose(on_parts(net, [z, x, 2 * b - 1]), reference[0])
+
+
+
+def test_the_bench_scores_a_finished_run_without_training_it_again(tmp_path):
+    """bench/discrete_estimators.py: a run stopped while it was being scored (its last checkpoint at the row's steps)
+    is scored by the same command again, not refused as a resume past its end; with more steps it trains on."""
+    import argparse
+    import sys
+    from pathlib import Path
+
+    bench = str(Path(__file__).resolve().parents[1] / "bench")
+    if bench not in sys.path:
+        sys.path.insert(0, bench)
+    import discrete_estimators as de
+
+    args = de.parse_args(["--estimators", "nvil", "--seeds", "0", "--steps", "4", "--test-examples", "5", "--iwae-k",
+                          "3", "--ais-examples", "1", "--ais-betas", "3", "--train-examples", "5", "--device", "cpu",
+                          "--out", str(tmp_path), "--extra-override", "data.num_train=100",
+                          "--extra-override", "trainer.val_num_examples=10"])
+    first = de.run_one("nvil", "sbn200", 0, args)
+    ckpt = tmp_path / "sbn200" / "updates" / "nvil_s0" / "checkpoints" / "last.pt"
+    stamp = ckpt.stat().st_mtime_ns
+    again = de.run_one("nvil", "sbn200", 0, args)
+    assert ckpt.stat().st_mtime_ns == stamp and again["steps"] == first["steps"] == 4
+    assert again["elbo"].mean == first["elbo"].mean and again["iwae"].mean == first["iwae"].mean
+    longer = de.run_one("nvil", "sbn200", 0, argparse.Namespace(**{**vars(args), "steps": 6}))
+    assert longer["steps"] == 6 and ckpt.stat().st_mtime_ns != stamp
