@@ -30,6 +30,7 @@ surrogate, SAP its negative phase's sweeps).
 from __future__ import annotations
 
 import functools
+import types
 from typing import Callable
 
 import torch
@@ -67,13 +68,15 @@ def accelerate(fn: Callable, mode: str = "none", device=None, what: str = "accel
     (and Python constants) that draws no random numbers. ``fixed_modules``: the ``nn.Module``s that ``fn`` reaches
     are never swapped or restructured while it is in use (their parameters change in place only), so ``compile``
     drops Dynamo's guards on them (``torch.compiler.skip_guard_on_all_nn_modules_unsafe``): on a step of ~1 ms,
-    checking ~400 module guards per call costs ~5%."""
+    checking ~400 module guards per call costs ~5%. Without those guards nothing tells two objects' graphs apart
+    (Dynamo caches graphs per code object), so ``fn`` is compiled from a code object of its own (``own_code``)."""
     check_mode(mode, device, what)
     if not compiled(mode):  # native, auto: only the sequential sweeps have C kernels (nvil.native)
         return fn
     if mode == "compile":
         if fixed_modules:
-            return torch.compile(fn, options={"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe})
+            return torch.compile(own_code(fn),
+                                 options={"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe})
         return torch.compile(fn)
     graphed = torch.compile(fn, mode="reduce-overhead")
 
@@ -86,6 +89,18 @@ def accelerate(fn: Callable, mode: str = "none", device=None, what: str = "accel
         return torch.utils._pytree.tree_map(lambda t: t.clone() if torch.is_tensor(t) else t, out)
 
     return replay
+
+
+def own_code(fn: Callable) -> Callable:
+    """``fn`` (a function or a bound method) as a function with a copy of its code object. Dynamo keeps its compiled
+    graphs per code object; two learners whose step is one method (two NVIL learners, or NVIL and DisARM, which
+    inherit ``FusedPath.fused_step``) would otherwise share graphs once their module guards are dropped, and one
+    would run a graph traced for the other's modules."""
+    func = getattr(fn, "__func__", fn)
+    copy = types.FunctionType(func.__code__.replace(), func.__globals__, func.__name__, func.__defaults__,
+                              func.__closure__)
+    copy.__kwdefaults__, copy.__qualname__, copy.__doc__ = func.__kwdefaults__, func.__qualname__, func.__doc__
+    return types.MethodType(copy, fn.__self__) if hasattr(fn, "__self__") else copy
 
 
 def accelerate_sampling(mode: str, *modules: torch.nn.Module) -> None:

@@ -158,3 +158,21 @@ def test_the_compiled_fused_step_takes_the_same_updates():
     for x in batches(4):
         fast.step(x), eager.step(x)
     assert_same_parameters(fast, eager)
+
+
+@pytest.mark.slow
+def test_two_compiled_learners_in_one_process_keep_their_own_graphs():
+    """Dynamo caches graphs per code object and the fused step drops its module guards: VIMCO (two layers) and DisARM
+    (one), both compiled from the one ``FusedPath.fused_step``, each take their eager twin's updates
+    (``nvil.accel.own_code``); sharing one graph fails with a KeyError or other parameters."""
+    runs = []
+    for learner, layers in (("vimco", (4, 3)), ("disarm", (4,))):
+        fast, _ = pair(layers, learner=learner)
+        eager, _ = pair(layers, learner=learner)
+        fast.accelerate("compile")
+        runs.append((fast, eager))
+    for x in batches(3):
+        for fast, eager in runs:
+            fast.step(x), eager.step(x)
+    for fast, eager in runs:
+        assert_same_parameters(fast, eager)

@@ -191,7 +191,7 @@ def test_an_unmasked_autoregressive_gradient_fails_the_comparison(name, autoregr
 
 
 def test_models_outside_the_fused_path_keep_autograd_and_train(monkeypatch):
-    monkeypatch.setattr("nvil.learners.nvil.covers", lambda model, inference: False)  # e.g. multinomial visibles
+    monkeypatch.setattr("nvil.learners.fused.covers", lambda model, inference: False)  # e.g. multinomial visibles
     fast, _ = pair(dtype=torch.float32)
     assert fast.fused is None
     before = [p.detach().clone() for p in fast.model.parameters()]

@@ -177,45 +177,30 @@ class LayeredBernoulliGradients:
     @torch.no_grad()
     def inference_grads(self, f: Forward, signals: list[torch.Tensor], scale: float | None = None) -> list[tuple]:
         """The inference network's part of ``output_grads``: dL/da_i = a_i (sigmoid(a) - h_i) for each layer's
-        per-row signal a_i [rows] (Eq. 6), the gradient of -mean_rows a_i log q(h_i | h_{i-1}) (``scale`` None: 1 /
-        rows) or of -scale sum_rows a_i log q(h_i | h_{i-1}) (VIMCO's weighted sum over K samples)."""
-        out, rows = [], f.hs[0].shape[0]
+        per-row signal a_i [rows] (Eq. 6), the gradient of -scale sum_rows a_i log q(h_i | h_{i-1}) (``scale`` None:
+        1 / rows, the mean)."""
+        out, scale = [], 1 / f.hs[0].shape[0] if scale is None else scale
         for i, (enc, a, prob, h, v) in enumerate(zip(self.inference.encoders, signals, f.q_probs, f.hs, f.inputs)):
-            d_a = (prob - h).mul_(a.unsqueeze(-1))
-            d_bias = d_a.mean(0) if scale is None else d_a.sum(0).mul_(scale)
-            out += [(enc, d_a, v, 1 / rows if scale is None else scale, d_bias, f.offset if i == 0 else None),
-                    *self._within_grads(i, d_a, h, 1 / rows if scale is None else scale)]
+            d_a, d_bias = _over_rows(prob - h, a, scale)
+            out += [(enc, d_a, v, scale, d_bias, f.offset if i == 0 else None), *self._within_grads(i, d_a, h, scale)]
         return out
 
     @torch.no_grad()
     def model_grads(self, f: Forward, x: torch.Tensor, weights: torch.Tensor | None = None,
-                    scale: float = 1.0) -> list[tuple]:
+                    scale: float | None = None) -> list[tuple]:
         """The model's part of ``output_grads``: grad_theta of -mean log p(x, h) at the forward pass's h (Eq. 5; also
         wake-sleep's wake phase); with per-row ``weights`` [rows] of -scale sum_rows weights log p(x, h) (VIMCO's
         model gradient, Mnih & Rezende 2016 Eq. 7: the normalised importance weights w~)."""
-        out = []
-        n = x.shape[0]
+        out, scale = [], 1 / x.shape[0] if scale is None else scale
         for dec, prob, h, value in zip(self.model.decoders, f.p_probs, f.hs, [x] + f.hs[:-1]):
-            d_a = prob - value
-            if weights is None:
-                out.append((dec, d_a, h, 1 / n, d_a.mean(0)))
-            else:
-                d_a.mul_(weights.unsqueeze(-1))
-                out.append((dec, d_a, h, scale, d_a.sum(0).mul_(scale)))
+            d_a, d_bias = _over_rows(prob - value, weights, scale)
+            out.append((dec, d_a, h, scale, d_bias))
         prior, top = self.model.prior_logits, f.hs[-1]
         if self.model.prior_ar is None:
-            if weights is None:
-                out.append((prior, None, None, 1, torch.sigmoid(prior).sub_(top.mean(0))))
-            else:
-                out.append((prior, None, None, 1, torch.sigmoid(prior).mul_(weights.sum() * scale)
-                            .sub_(weights @ top, alpha=scale)))
+            out.append((prior, None, None, 1, _over_rows(torch.sigmoid(prior) - top, weights, scale)[1]))
         else:  # the masked weights as (layer, d_out, v, scale, None); the logits' bias is the prior's
-            d_l = f.p_probs[-1] - top
-            if weights is None:
-                out += [(prior, None, None, 1, d_l.mean(0)), (self.model.prior_ar, d_l, top, 1 / n, None)]
-            else:
-                d_l.mul_(weights.unsqueeze(-1))
-                out += [(prior, None, None, 1, d_l.sum(0).mul_(scale)), (self.model.prior_ar, d_l, top, scale, None)]
+            d_l, d_bias = _over_rows(f.p_probs[-1] - top, weights, scale)
+            out += [(prior, None, None, 1, d_bias), (self.model.prior_ar, d_l, top, scale, None)]
         return out
 
     @torch.no_grad()
@@ -244,6 +229,23 @@ class LayeredBernoulliGradients:
         return [(self.inference.within[i], d_a, h, scale, None)]
 
 
+def _over_rows(d_a: torch.Tensor, weights: torch.Tensor | None, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(d_a [rows, units] times the per-row ``weights`` (in place; None: 1), scale * its sum over rows): a layer's
+    dL/d(output) and its bias gradient, the weight GEMM's scale being ``scale``."""
+    if weights is not None:
+        d_a.mul_(weights.unsqueeze(-1))
+    return d_a, d_a.sum(0).mul_(scale)
+
+
+def fused_gradients(model: nn.Module, inference: nn.Module, baselines: nn.ModuleList | None = None
+                    ) -> LayeredBernoulliGradients | None:
+    """The hand-derived gradients for this model and inference network (with NVIL's ``baselines``, else none) where
+    ``covers`` holds; None otherwise: the learner keeps autograd's path."""
+    if not covers(model, inference):
+        return None
+    return LayeredBernoulliGradients(model, inference, nn.ModuleList() if baselines is None else baselines)
+
+
 def compile_fused(step, fused: LayeredBernoulliGradients, mode: str, device) -> object:
     """``trainer.accel=compile`` for a learner's fused step: ``step`` compiled where the forward pass is one graph
     (``fused.compilable``); with an autoregressive q the step stays eager and the sequential draws run in C where the
@@ -252,4 +254,3 @@ def compile_fused(step, fused: LayeredBernoulliGradients, mode: str, device) -> 
         step = accelerate(step, mode, device, "trainer.accel", fixed_modules=True)
     accelerate_sampling(mode if fused.compilable else "auto", fused.model, fused.inference)
     return step
-

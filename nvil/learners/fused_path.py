@@ -1,5 +1,5 @@
-"""The step of the learners with hand-derived gradients (``nvil.learners.fused``): NVIL's and VIMCO's, and
-wake-sleep's ``accelerate`` and ``distribute``."""
+"""The step of the learners with hand-derived gradients (``nvil.learners.fused``): NVIL's, VIMCO's, RLOO's, ARM's
+and DisARM's, and wake-sleep's ``accelerate`` and ``distribute``."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from nvil.learners.weight_steps import apply_update, plain_sgd_rates
 
 
 class FusedPath:
-    """The step of a learner with hand-derived gradients (NVIL, VIMCO; wake-sleep takes ``accelerate`` and
-    ``distribute``): ``fused``, a ``LayeredBernoulliGradients`` where ``covers`` holds, else None (autograd's
+    """The step of a learner with hand-derived gradients (NVIL, VIMCO, RLOO, ARM, DisARM; wake-sleep takes
+    ``accelerate`` and ``distribute``): ``fused``, ``nvil.learners.fused.fused_gradients`` (None: autograd's
     ``SurrogateLearner.step``). The learner defines ``fused_signals(rows, uniforms, offset, diagnostics) -> (grads,
     metrics)``, the step up to its weight GEMMs, and may define ``fused_rows(x)``, the rows q draws for (VIMCO: K
     copies of the minibatch). On a step that logs nothing ``fused_step`` runs it (compiled with

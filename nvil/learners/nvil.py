@@ -25,7 +25,7 @@ from nvil.learners.base import SurrogateLearner, build_optimizer, directed_group
 from nvil.learners.baselines import (InputDependentBaseline, LearningSignal, SignalFlags, baseline_loss,
                                      layerwise_signals, learning_signal, signal_metrics)
 from nvil.learners.diagnostics import GradientDiagnostics, ascent
-from nvil.learners.fused import LayeredBernoulliGradients, covers
+from nvil.learners.fused import fused_gradients
 from nvil.learners.fused_path import FusedPath
 from nvil.ops import RunningMoments
 
@@ -55,7 +55,7 @@ class NVIL(FusedPath, GradientDiagnostics, SurrogateLearner):
             groups.append({"params": list(self.baselines.parameters()), "lr": lr * float(cfg.baseline_lr_scale), "name": "baseline"})
         self.optimizer = build_optimizer(groups, cfg)
         self.generator = torch.Generator(device=device).manual_seed(seed)
-        self.fused = LayeredBernoulliGradients(model, inference, self.baselines) if covers(model, inference) else None
+        self.fused = fused_gradients(model, inference, self.baselines)
 
     @property
     def use_variance_norm(self) -> bool:

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from nvil.learners.base import SurrogateLearner, build_optimizer, directed_groups
-from nvil.learners.fused import LayeredBernoulliGradients, covers
+from nvil.learners.fused import fused_gradients
 from nvil.learners.fused_path import FusedPath
 from nvil.learners.weight_steps import apply_update, plain_sgd_rates
 
@@ -30,7 +30,7 @@ class WakeSleep(FusedPath, SurrogateLearner):
         self.optimizer = build_optimizer(directed_groups(model, inference, cfg)[1], cfg)
         self.generator = torch.Generator(device=device).manual_seed(seed)
         self.sleep_batch = cfg.get("sleep_batch_size")
-        self.fused = LayeredBernoulliGradients(model, inference, nn.ModuleList()) if covers(model, inference) else None
+        self.fused = fused_gradients(model, inference)
 
     def surrogate(self, x: torch.Tensor, diagnostics: bool = True) -> tuple[torch.Tensor, dict]:
         # Wake phase: recognise the data, fit the model to (x, h).

@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 
 from nvil.learners.discrete.common import DiscreteLearner, bernoulli_path, elbo_integrand, repeat
-from nvil.learners.fused import LayeredBernoulliGradients, covers
+from nvil.learners.fused import fused_gradients
 from nvil.learners.fused_path import FusedPath
 from nvil.ops import bernoulli_log_prob
 
@@ -38,8 +38,7 @@ class ARM(FusedPath, DiscreteLearner):
     def __init__(self, model, inference, cfg, device, seed) -> None:
         super().__init__(model, inference, cfg, device, seed)
         self.evaluations_per_example = len(inference.encoders) + 1
-        self.fused = LayeredBernoulliGradients(model, inference, torch.nn.ModuleList()) if covers(model, inference) \
-            else None
+        self.fused = fused_gradients(model, inference)
 
     def logit_gradient(self, f: torch.Tensor, f_anti: torch.Tensor, u: torch.Tensor, b: torch.Tensor,
                        b_anti: torch.Tensor, prob: torch.Tensor) -> torch.Tensor:

@@ -22,7 +22,7 @@ from nvil.config import positive_int
 from nvil.errors import ConfigError
 from nvil.learners.base import SurrogateLearner, build_optimizer, directed_groups
 from nvil.learners.diagnostics import GradientDiagnostics
-from nvil.learners.fused import LayeredBernoulliGradients, covers
+from nvil.learners.fused import fused_gradients
 from nvil.learners.fused_path import FusedPath
 
 EPS = 1e-6  # see DiscreteLearner.open_rand
@@ -83,7 +83,7 @@ class FusedMultiSample(FusedPath, MultiSample):
 
     def __init__(self, model, inference, cfg, device, seed) -> None:
         super().__init__(model, inference, cfg, device, seed)
-        self.fused = LayeredBernoulliGradients(model, inference, nn.ModuleList()) if covers(model, inference) else None
+        self.fused = fused_gradients(model, inference)
 
     def fused_rows(self, x: torch.Tensor) -> torch.Tensor:
         return x.repeat(self.k, 1)
