@@ -398,9 +398,24 @@ def test_the_bench_scores_a_finished_run_without_training_it_again(tmp_path):
                           "--extra-override", "trainer.val_num_examples=10"])
     first = de.run_one("nvil", "sbn200", 0, args)
     ckpt = tmp_path / "sbn200" / "updates" / "nvil_s0" / "checkpoints" / "last.pt"
-    stamp = ckpt.stat().st_mtime_ns
+    scores = ckpt.parents[1] / "scores.jsonl"
+    stamp, scored = ckpt.stat().st_mtime_ns, len(scores.read_text().splitlines())
+    assert scored == 4  # test ELBO(10), IWAE(3), AIS, train ELBO
     again = de.run_one("nvil", "sbn200", 0, args)
     assert ckpt.stat().st_mtime_ns == stamp and again["steps"] == first["steps"] == 4
-    assert again["elbo"].mean == first["elbo"].mean and again["iwae"].mean == first["iwae"].mean
+    # ... and its scores are read back from the evaluator's records, not computed again
+    assert len(scores.read_text().splitlines()) == scored
+    for key in ("elbo", "iwae", "ais", "train_elbo"):
+        assert (again[key].mean, again[key].stderr) == pytest.approx((first[key].mean, first[key].stderr), abs=1e-4)
+    assert again["ais"].certified == first["ais"].certified
+    # a different setting, or --rescore, computes anew (the reuse is not blind to the settings)
+    de.run_one("nvil", "sbn200", 0, argparse.Namespace(**{**vars(args), "iwae_k": 4}))
+    assert len(scores.read_text().splitlines()) == scored + 1
+    de.run_one("nvil", "sbn200", 0, argparse.Namespace(**{**vars(args), "rescore": True}))
+    assert len(scores.read_text().splitlines()) == scored + 5
     longer = de.run_one("nvil", "sbn200", 0, argparse.Namespace(**{**vars(args), "steps": 6}))
     assert longer["steps"] == 6 and ckpt.stat().st_mtime_ns != stamp
+    assert len(scores.read_text().splitlines()) == scored + 9  # a new step: every score computed
+    # a record of 5 test images is not the whole test set's
+    assert de.scored_before(scores, ckpt, 6, "elbo", "test", 5, {"num_samples": 10}) is not None
+    assert de.scored_before(scores, ckpt, 6, "elbo", "test", None, {"num_samples": 10}) is None
