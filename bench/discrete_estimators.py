@@ -266,7 +266,8 @@ def main(argv=None) -> None:
                     print(f"error: {model} {estimator} seed {seed}: {e}", file=sys.stderr, flush=True)
     head = ["model", "estimator", "updates", "evals/example", "seeds", "test -ELBO(10)",
             f"test -IWAE({args.iwae_k})", f"test -log p, AIS ({args.ais_examples} cases)",
-            f"train -ELBO ({args.train_examples})", "grad SNR", "inference grad variance", "updates/s", "wall s"]
+            f"train -ELBO ({args.train_examples})", "grad SNR", "inference grad variance", "updates/s",
+            "training s (this call)"]
     rows = [[model, est, *row_cells(runs)] for (model, est), runs in results.items() if runs]
     print(f"\n**Matched {args.budget}** (batch {args.batch_size}, {common.cpu_name()}, "
           f"{torch.get_num_threads()} threads; test figures on {args.test_examples or 'all'} test images)\n")
