@@ -167,14 +167,15 @@ def last_logged(run_dir: Path, tag: str) -> float | None:
 def scored_before(scores: Path, ckpt: Path, step: int, name: str, split: str, n: int | None,
                   settings: dict) -> SimpleNamespace | None:
     """The evaluator's own record of this score, where a run scored before wrote one to ``scores``: the same
-    estimator and settings, split, number of examples (``n`` None: the whole split), seed and checkpoint step.
+    estimator, split, number of examples (``n`` None: the whole split), seed and checkpoint step, and the same value
+    of every setting (``settings``: the estimator's config, scalars) that the record states.
     Scoring the IWAE(5000) of one SBN-200-200-200 on the test set takes ~13 min of a core; a rerun that adds a seed
     to a table reuses the seeds already scored (``--rescore`` scores again)."""
     if not scores.exists():
         return None
     records = [json.loads(line) for line in scores.read_text().splitlines() if line.strip()]
     found = [r for r in records if r.get("estimator") == name and r.get("split") == split and r.get("step") == step
-             and r.get("seed") == 0 and all(r.get(k) == v for k, v in settings.items())]
+             and r.get("seed") == 0 and all(r[k] == v for k, v in settings.items() if k in r)]
     if found and n is None:
         n = split_size(ckpt, split)
     found = [r for r in found if r.get("num_examples") == n]
@@ -210,8 +211,9 @@ def run_one(estimator: str, model: str, seed: int, args: argparse.Namespace) -> 
 
     def score(name: str, split: str, n: int | None, **settings):
         est = OmegaConf.merge(OmegaConf.load(common.CONFIG_DIR / "estimator" / f"{name}.yaml"), settings)
+        stated = {k: v for k, v in OmegaConf.to_container(est).items() if isinstance(v, (int, float, str, bool))}
         earlier = None if args.rescore else scored_before(run_dir / "scores.jsonl", ckpt, metrics["step"], name,
-                                                           split, n, settings)
+                                                           split, n, stated)
         return earlier or evaluate_checkpoint(ckpt, est, EvalSpec(split=split, num_examples=n, seed=0,
                                                                   device=args.device, progress=False,
                                                                   output=str(run_dir / "scores.jsonl")))
