@@ -164,20 +164,22 @@ def last_logged(run_dir: Path, tag: str) -> float | None:
     return values[-1] if values else None
 
 
-def scored_before(scores: Path, ckpt: Path, step: int, name: str, split: str, n: int | None,
-                  settings: dict) -> SimpleNamespace | None:
-    """The evaluator's own record of this score, where a run scored before wrote one to ``scores``: the same
-    estimator, split, number of examples (``n`` None: the whole split), seed and checkpoint step, and the same value
-    of every setting (``settings``: the estimator's config, scalars) that the record states.
+def scored_before(ckpt: Path, step: int, name: str, settings: dict, spec: EvalSpec) -> SimpleNamespace | None:
+    """The evaluator's own record of this score, where a run scored before wrote one to ``spec.output``: the same
+    estimator, ``spec``'s split, number of examples (None: the whole split) and seed, the checkpoint's step, and the
+    same value of every setting (``settings``: the estimator's config, scalars) that the record states.
     Scoring the IWAE(5000) of one SBN-200-200-200 on the test set takes ~13 min of a core; a rerun that adds a seed
     to a table reuses the seeds already scored (``--rescore`` scores again)."""
+    scores = Path(spec.output)
     if not scores.exists():
         return None
     records = [json.loads(line) for line in scores.read_text().splitlines() if line.strip()]
-    found = [r for r in records if r.get("estimator") == name and r.get("split") == split and r.get("step") == step
-             and r.get("seed") == 0 and all(r[k] == v for k, v in settings.items() if k in r)]
+    found = [r for r in records if r.get("estimator") == name and r.get("split") == spec.split
+             and r.get("step") == step and r.get("seed") == spec.seed
+             and all(r[k] == v for k, v in settings.items() if k in r)]
+    n = spec.num_examples
     if found and n is None:
-        n = split_size(ckpt, split)
+        n = split_size(ckpt, spec.split)
     found = [r for r in found if r.get("num_examples") == n]
     if not found:
         return None
@@ -211,12 +213,11 @@ def run_one(estimator: str, model: str, seed: int, args: argparse.Namespace) -> 
 
     def score(name: str, split: str, n: int | None, **settings):
         est = OmegaConf.merge(OmegaConf.load(common.CONFIG_DIR / "estimator" / f"{name}.yaml"), settings)
+        spec = EvalSpec(split=split, num_examples=n, seed=0, device=args.device, progress=False,
+                        output=str(run_dir / "scores.jsonl"))
         stated = {k: v for k, v in OmegaConf.to_container(est).items() if isinstance(v, (int, float, str, bool))}
-        earlier = None if args.rescore else scored_before(run_dir / "scores.jsonl", ckpt, metrics["step"], name,
-                                                           split, n, stated)
-        return earlier or evaluate_checkpoint(ckpt, est, EvalSpec(split=split, num_examples=n, seed=0,
-                                                                  device=args.device, progress=False,
-                                                                  output=str(run_dir / "scores.jsonl")))
+        earlier = None if args.rescore else scored_before(ckpt, metrics["step"], name, stated, spec)
+        return earlier or evaluate_checkpoint(ckpt, est, spec)
 
     return {
         "steps": metrics["step"], "evals": evals, "rate": metrics["steps_per_second"], "seconds": seconds,

@@ -385,6 +385,7 @@ def test_the_bench_scores_a_finished_run_without_training_it_again(tmp_path):
     is scored by the same command again, not refused as a resume past its end; with more steps it trains on."""
     import argparse
     import sys
+    from dataclasses import replace
     from pathlib import Path
 
     bench = str(Path(__file__).resolve().parents[1] / "bench")
@@ -417,5 +418,6 @@ def test_the_bench_scores_a_finished_run_without_training_it_again(tmp_path):
     assert longer["steps"] == 6 and ckpt.stat().st_mtime_ns != stamp
     assert len(scores.read_text().splitlines()) == scored + 9  # a new step: every score computed
     # a record of 5 test images is not the whole test set's
-    assert de.scored_before(scores, ckpt, 6, "elbo", "test", 5, {"num_samples": 10}) is not None
-    assert de.scored_before(scores, ckpt, 6, "elbo", "test", None, {"num_samples": 10}) is None
+    spec = de.EvalSpec(split="test", num_examples=5, seed=0, output=str(scores))
+    assert de.scored_before(ckpt, 6, "elbo", {"num_samples": 10}, spec) is not None
+    assert de.scored_before(ckpt, 6, "elbo", {"num_samples": 10}, replace(spec, num_examples=None)) is None
