@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import platform
 import sys
 import time
@@ -162,6 +163,30 @@ def measured_cells(result: dict | None, paper: float | None, missing: str = NOT_
     gap = f"{-result['elbo'].mean - paper:+.2f}" if paper is not None else "—"
     return [fmt_bound(result["elbo"]), fmt_bound(result["iwae"]), str(m["step"]), rate,
             f"{result['seconds']:.0f}", gap]
+
+
+def mean_se(values: list[float], own_se: float | None = None) -> tuple[float, float]:
+    """The mean of independent repeats (seeds) and its standard error, sqrt(s^2 / n); one repeat: ``own_se``
+    (the estimate's own SE), nan when there is none."""
+    n = len(values)
+    mean = sum(values) / n
+    if n > 1:
+        return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n)
+    return mean, own_se if own_se is not None else float("nan")
+
+
+def paired_differences(by_seed: dict[str, dict[int, float]], reference: str) -> dict[str, tuple[float, float, int]]:
+    """Each row's difference from the ``reference`` row, paired by seed: mean ± SE over the seeds both ran (d_s =
+    x_s - ref_s), and the number of those seeds. Rows sharing no seed with the reference, and the reference, are left
+    out. Pairing removes what a seed gives every row alike (the same seed builds the same initial parameters and
+    minibatch order), so a difference can be resolved with fewer seeds than the two means' SEs suggest."""
+    ref = by_seed[reference]
+    out = {}
+    for name, values in by_seed.items():
+        seeds = sorted(set(values) & set(ref))
+        if name != reference and seeds:
+            out[name] = (*mean_se([values[s] - ref[s] for s in seeds]), len(seeds))
+    return out
 
 
 def sync(device) -> None:

@@ -24,7 +24,8 @@ own objective: -ELBO (10 samples, Mnih & Gregor's Table 1 measure), -IWAE(``--iw
 and the per-example AIS of ``estimator=ais_posterior`` on the first ``--ais-examples`` test cases with its
 certificate (ESS over runs, run spread). Also the training ELBO on ``--train-examples`` training images (RELAX's
 Table 1 measure) and the last ``grad/snr`` and ``grad/inference_variance`` the run logged. Every figure is a mean
-over seeds ± its standard error over seeds (one seed: the estimator's own SE). The published anchors follow, each
+over seeds ± its standard error over seeds (one seed: the estimator's own SE); a second table gives each estimator's
+training -ELBO and test -IWAE minus the best estimator's, paired by seed. The published anchors follow, each
 with its protocol; a number here is comparable to one there only under that protocol and budget (``--protocol``
 sets one up: estimators, model, updates, minibatch, binarisation).
 """
@@ -33,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from pathlib import Path
@@ -52,8 +52,7 @@ from nvil.learners import LEARNERS  # noqa: E402
 
 ESTIMATORS = ["nvil", "vimco", "rloo", "arm", "disarm", "rebar", "relax", "gumbel_st"]
 MODELS = {"sbn200": [200], "sbn200x3": [200, 200, 200]}
-# --protocol: the published protocols the anchors below were measured under (bench defaults they set, and overrides
-# per estimator). Any option given on the command line still wins.
+# --protocol: the published protocols of the anchors below (defaults, per-estimator overrides; the command line wins)
 # RELAX's protocol: REBAR and RELAX as the authors' code (duvenaud/relax) trains them: one Adam (beta2 0.99999) at one
 # rate for the model and q, the control variate at 10x that rate on the logit-space variance; RELAX's r_rho one
 # net per layer on (x - mean, z, 2 b_below - 1), two ReLU layers of 200, weight decay 1e-4. (The authors' learning
@@ -67,8 +66,7 @@ AUTHORS_NVIL = ["learner.inference_lr_scale=1", "learner.beta2=0.99999", "learne
                 "learner.constant_baseline=false", "learner.variance_normalisation=false"]
 # DisARM's protocol as its authors' code trains it (google-research disarm/binary/experiment_launcher_singlelayer.py):
 # dynamic binarisation, one Adam per network at 1e-4 (model and q alike), batch 50, 1M steps; REINFORCE LOO with two
-# samples (one pair). There the prior's logits have an SGD optimiser of their own at 1e-2; here they share the
-# model's Adam.
+# samples (one pair). There the prior's logits have an SGD optimiser of their own at 1e-2; here, the model's Adam.
 AUTHORS_DISARM = ["data.binarize=dynamic", "learner.lr=1e-4", "learner.inference_lr_scale=1"]
 PROTOCOLS = {
     "relax": {"defaults": {"estimators": "nvil,rebar,relax", "models": "sbn200", "steps": 2_000_000, "batch_size": 24},
@@ -220,7 +218,7 @@ def run_one(estimator: str, model: str, seed: int, args: argparse.Namespace) -> 
         return earlier or evaluate_checkpoint(ckpt, est, spec)
 
     return {
-        "steps": metrics["step"], "evals": evals, "rate": metrics["steps_per_second"], "seconds": seconds,
+        "seed": seed, "steps": metrics["step"], "evals": evals, "rate": metrics["steps_per_second"], "seconds": seconds,
         "elbo": score("elbo", "test", args.test_examples, num_samples=10),
         "iwae": score("iwae", "test", args.test_examples, num_samples=args.iwae_k),
         "ais": score("ais_posterior", "test", args.ais_examples, num_betas=args.ais_betas),
@@ -229,20 +227,25 @@ def run_one(estimator: str, model: str, seed: int, args: argparse.Namespace) -> 
     }
 
 
-def across_seeds(values: list[float], own_se: float | None = None) -> str:
-    """mean ± SE over seeds (one seed: ± the estimate's own SE)."""
-    n = len(values)
-    mean = sum(values) / n
-    if n > 1:
-        se = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n)
-    else:
-        se = own_se if own_se is not None else float("nan")
-    return f"{mean:.2f} ± {se:.2f}"
+def paired_rows(results: dict[tuple[str, str], list[dict]]) -> list[list[str]]:
+    """Per model, each estimator's training -ELBO and test -IWAE minus those of the estimator with the best (lowest)
+    mean training -ELBO, paired by seed (``common.paired_differences``); none where no two estimators share a seed."""
+    rows = []
+    for model in dict.fromkeys(m for m, _ in results):
+        runs = {e: rs for (m, e), rs in results.items() if m == model and rs}
+        best = min(runs, key=lambda e: -sum(r["train_elbo"].mean for r in runs[e]) / len(runs[e]))
+        diffs = {key: common.paired_differences({e: {r["seed"]: -r[key].mean for r in rs} for e, rs in runs.items()},
+                                                best) for key in ("train_elbo", "iwae")}
+        rows += [[model, f"{e} - {best}", str(diffs["train_elbo"][e][2]),
+                  *("{:+.2f} ± {:.2f}".format(*diffs[key][e][:2]) for key in ("train_elbo", "iwae"))]
+                 for e in diffs["train_elbo"] if diffs["train_elbo"][e][2] > 1]
+    return rows
 
 
 def row_cells(runs: list[dict]) -> list[str]:
     def bound(key):
-        return across_seeds([-r[key].mean for r in runs], runs[0][key].stderr if len(runs) == 1 else None)
+        return "{:.2f} ± {:.2f}".format(*common.mean_se([-r[key].mean for r in runs],  # one seed: its own SE
+                                                        runs[0][key].stderr if len(runs) == 1 else None))
 
     certified = [r["ais"].certified for r in runs]
     snr = [r["snr"] for r in runs if r["snr"] is not None]
@@ -275,6 +278,10 @@ def main(argv=None) -> None:
     print(f"\n**Matched {args.budget}** (batch {args.batch_size}, {common.cpu_name()}, "
           f"{torch.get_num_threads()} threads; test figures on {args.test_examples or 'all'} test images)\n")
     print(common.markdown_table(head, rows))
+    if paired := paired_rows(results):
+        head = ["model", "estimators", "seeds", "train -ELBO", f"test -IWAE({args.iwae_k})"]
+        print("\n**Paired by seed** (minus the best training ELBO's estimator; mean ± SE over shared seeds)\n\n"
+              + common.markdown_table(head, paired))
     print("\n**Published anchors** (each under its own protocol)\n")
     print(common.markdown_table(["estimator", "model", "figure", "measure", "protocol"],
                                 [[e, m, f"{v:.1f}" if v is not None else "—", what, proto]

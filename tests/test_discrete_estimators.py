@@ -421,3 +421,35 @@ def test_the_bench_scores_a_finished_run_without_training_it_again(tmp_path):
     spec = de.EvalSpec(split="test", num_examples=5, seed=0, output=str(scores))
     assert de.scored_before(ckpt, 6, "elbo", {"num_samples": 10}, spec) is not None
     assert de.scored_before(ckpt, 6, "elbo", {"num_samples": 10}, replace(spec, num_examples=None)) is None
+
+
+def test_the_bench_pairs_estimators_by_seed():
+    """bench/discrete_estimators.py's paired table: differences from the best estimator taken seed by seed (by hand:
+    d = 1, 1.5, 0.5 -> mean 1.0, SE sqrt(0.25 / 3)), over the seeds both ran only; pairing removes a shift the seeds
+    share, which the unpaired SEs of the two means do not."""
+    import sys
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    bench = str(Path(__file__).resolve().parents[1] / "bench")
+    if bench not in sys.path:
+        sys.path.insert(0, bench)
+    import common
+    import discrete_estimators as de
+
+    ours = {"a": {0: 110.0, 1: 112.0, 2: 111.0}, "b": {0: 111.0, 1: 113.5, 2: 111.5, 3: 99.0}, "c": {7: 1.0}}
+    diffs = common.paired_differences(ours, "a")
+    assert set(diffs) == {"b"}  # c shares no seed with a; a is the reference
+    assert diffs["b"] == pytest.approx((1.0, (0.25 / 3) ** 0.5, 3))
+    unpaired = (common.mean_se(list(ours["a"].values()))[1] ** 2 + common.mean_se([111.0, 113.5, 111.5])[1] ** 2) ** 0.5
+    assert diffs["b"][1] < unpaired / 2
+    assert common.mean_se([3.0], own_se=0.4) == (3.0, 0.4)
+
+    def run(seed, train, iwae):
+        return {"seed": seed, "train_elbo": SimpleNamespace(mean=-train), "iwae": SimpleNamespace(mean=-iwae)}
+
+    results = {("sbn200", "arm"): [run(0, 118.0, 109.0), run(1, 117.5, 108.5)],
+               ("sbn200", "disarm"): [run(0, 116.5, 108.4), run(1, 116.7, 108.6)],
+               ("sbn200x3", "vimco"): [run(0, 99.0, 92.0)]}
+    rows = de.paired_rows(results)  # by hand: train d = 1.5, 0.8; IWAE d = 0.6, -0.1; SE = |d0 - d1| / 2
+    assert rows == [["sbn200", "arm - disarm", "2", "+1.15 ± 0.35", "+0.25 ± 0.35"]]
