@@ -231,7 +231,7 @@ def paired_rows(results: dict[tuple[str, str], list[dict]]) -> list[list[str]]:
     """Per model, each estimator's training -ELBO and test -IWAE minus those of the estimator with the best (lowest)
     mean training -ELBO, paired by seed (``common.paired_differences``); none where no two estimators share a seed."""
     rows = []
-    for model in dict.fromkeys(m for m, _ in results):
+    for model in dict.fromkeys(m for (m, _), rs in results.items() if rs):  # a failed row is empty
         runs = {e: rs for (m, e), rs in results.items() if m == model and rs}
         best = min(runs, key=lambda e: -sum(r["train_elbo"].mean for r in runs[e]) / len(runs[e]))
         diffs = {key: common.paired_differences({e: {r["seed"]: -r[key].mean for r in rs} for e, rs in runs.items()},
