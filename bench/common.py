@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import platform
 import sys
 import time
@@ -32,6 +31,7 @@ from omegaconf import DictConfig, OmegaConf  # noqa: E402
 import train  # noqa: E402
 from nvil.errors import UserError  # noqa: E402,F401  (re-exported for the scripts)
 from nvil.evaluation import EvalSpec, evaluate_checkpoint  # noqa: E402
+from nvil.ops import mean_and_stderr  # noqa: E402
 
 CONFIG_DIR = ROOT / "configs"
 NOT_RUN = "not run"
@@ -166,12 +166,11 @@ def measured_cells(result: dict | None, paper: float | None, missing: str = NOT_
 
 
 def mean_se(values: list[float], own_se: float | None = None) -> tuple[float, float]:
-    """The mean of independent repeats (seeds) and its standard error, sqrt(s^2 / n); one repeat: ``own_se``
-    (the estimate's own SE), nan when there is none."""
-    n = len(values)
-    mean = sum(values) / n
-    if n > 1:
-        return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n)
+    """The mean of independent repeats (seeds) and its standard error (``nvil.ops.mean_and_stderr``); one repeat:
+    ``own_se`` (the estimate's own SE), nan when there is none."""
+    mean, se = mean_and_stderr(torch.tensor(values, dtype=torch.float64))
+    if len(values) > 1:
+        return mean, se
     return mean, own_se if own_se is not None else float("nan")
 
 

@@ -25,9 +25,8 @@ and the per-example AIS of ``estimator=ais_posterior`` on the first ``--ais-exam
 certificate (ESS over runs, run spread). Also the training ELBO on ``--train-examples`` training images (RELAX's
 Table 1 measure) and the last ``grad/snr`` and ``grad/inference_variance`` the run logged. Every figure is a mean
 over seeds ± its standard error over seeds (one seed: the estimator's own SE); a second table gives each estimator's
-training -ELBO and test -IWAE minus the best estimator's, paired by seed. The published anchors follow, each
-with its protocol; a number here is comparable to one there only under that protocol and budget (``--protocol``
-sets one up: estimators, model, updates, minibatch, binarisation).
+training -ELBO and test -IWAE minus the best estimator's, paired by seed. The published anchors follow, each with its
+protocol; a number here is comparable to one there only under that protocol and budget (``--protocol`` sets one up).
 """
 
 from __future__ import annotations
@@ -218,7 +217,8 @@ def run_one(estimator: str, model: str, seed: int, args: argparse.Namespace) -> 
         return earlier or evaluate_checkpoint(ckpt, est, spec)
 
     return {
-        "seed": seed, "steps": metrics["step"], "evals": evals, "rate": metrics["steps_per_second"], "seconds": seconds,
+        "seed": seed, "run_dir": run_dir, "steps": metrics["step"], "evals": evals, "rate": metrics["steps_per_second"],
+        "seconds": seconds,
         "elbo": score("elbo", "test", args.test_examples, num_samples=10),
         "iwae": score("iwae", "test", args.test_examples, num_samples=args.iwae_k),
         "ais": score("ais_posterior", "test", args.ais_examples, num_betas=args.ais_betas),
@@ -231,9 +231,9 @@ def paired_rows(results: dict[tuple[str, str], list[dict]]) -> list[list[str]]:
     """Per model, each estimator's training -ELBO and test -IWAE minus those of the estimator with the best (lowest)
     mean training -ELBO, paired by seed (``common.paired_differences``); none where no two estimators share a seed."""
     rows = []
-    for model in dict.fromkeys(m for (m, _), rs in results.items() if rs):  # a failed row is empty
-        runs = {e: rs for (m, e), rs in results.items() if m == model and rs}
-        best = min(runs, key=lambda e: -sum(r["train_elbo"].mean for r in runs[e]) / len(runs[e]))
+    for model in dict.fromkeys(m for m, _ in results):
+        runs = {e: rs for (m, e), rs in results.items() if m == model}
+        best = min(runs, key=lambda e: common.mean_se([-r["train_elbo"].mean for r in runs[e]])[0])
         diffs = {key: common.paired_differences({e: {r["seed"]: -r[key].mean for r in rs} for e, rs in runs.items()},
                                                 best) for key in ("train_elbo", "iwae")}
         rows += [[model, f"{e} - {best}", str(diffs["train_elbo"][e][2]),
@@ -244,8 +244,7 @@ def paired_rows(results: dict[tuple[str, str], list[dict]]) -> list[list[str]]:
 
 def row_cells(runs: list[dict]) -> list[str]:
     def bound(key):
-        return "{:.2f} ± {:.2f}".format(*common.mean_se([-r[key].mean for r in runs],  # one seed: its own SE
-                                                        runs[0][key].stderr if len(runs) == 1 else None))
+        return "{:.2f} ± {:.2f}".format(*common.mean_se([-r[key].mean for r in runs], runs[0][key].stderr))
 
     certified = [r["ais"].certified for r in runs]
     snr = [r["snr"] for r in runs if r["snr"] is not None]
@@ -267,14 +266,16 @@ def main(argv=None) -> None:
             for seed in args.seeds:
                 print(f"== {model} {estimator} seed {seed} ({args.budget} budget)", flush=True)
                 try:
-                    results.setdefault((model, estimator), []).append(run_one(estimator, model, seed, args))
+                    run = run_one(estimator, model, seed, args)
                 except common.UserError as e:
                     print(f"error: {model} {estimator} seed {seed}: {e}", file=sys.stderr, flush=True)
+                else:
+                    results.setdefault((model, estimator), []).append(run)
     head = ["model", "estimator", "updates", "evals/example", "seeds", "test -ELBO(10)",
             f"test -IWAE({args.iwae_k})", f"test -log p, AIS ({args.ais_examples} cases)",
             f"train -ELBO ({args.train_examples})", "grad SNR", "inference grad variance", "updates/s",
             "training s (this call)"]
-    rows = [[model, est, *row_cells(runs)] for (model, est), runs in results.items() if runs]
+    rows = [[model, est, *row_cells(runs)] for (model, est), runs in results.items()]
     print(f"\n**Matched {args.budget}** (batch {args.batch_size}, {common.cpu_name()}, "
           f"{torch.get_num_threads()} threads; test figures on {args.test_examples or 'all'} test images)\n")
     print(common.markdown_table(head, rows))
@@ -286,9 +287,8 @@ def main(argv=None) -> None:
     print(common.markdown_table(["estimator", "model", "figure", "measure", "protocol"],
                                 [[e, m, f"{v:.1f}" if v is not None else "—", what, proto]
                                  for e, m, v, what, proto in ANCHORS]))
-    common.plot([(f"{model} {est} s{seed}", *common.val_curve(args.out / model / args.budget / f"{est}_s{seed}"),
-                  {"color": f"C{ESTIMATORS.index(est)}"})
-                 for (model, est), runs in results.items() for seed in args.seeds],
+    common.plot([(f"{m} {e} s{r['seed']}", *common.val_curve(r["run_dir"]), {"color": f"C{ESTIMATORS.index(e)}"})
+                 for (m, e), runs in results.items() for r in runs],
                 common.plot_path(args, "discrete_curves.png"), "Discrete gradient estimators: validation ELBO")
     (args.out / "results.json").parent.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(
