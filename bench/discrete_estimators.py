@@ -7,6 +7,8 @@ A benchmark, not run by CI.
     python bench/discrete_estimators.py --protocol relax        # RELAX Table 1's: NVIL, REBAR, RELAX, 2M updates
     python bench/discrete_estimators.py --estimators nvil,disarm,vimco --seeds 0 --steps 300 \
         --test-examples 100 --iwae-k 50 --ais-examples 10 --device cpu --out /tmp/discrete_smoke   # a smoke test
+    python bench/discrete_estimators.py --protocol disarm --seeds 0,1,2,3,4 \
+        --rows machine_a/rows.jsonl,machine_b/rows.jsonl      # the tables from records of those runs, training nothing
 
 Each row trains ``learner=<estimator>`` on a model (``--models``: sbn200 = one layer of 200 units, sbn200x3 = three)
 on binarised MNIST (fixed binarisation; ``--protocol disarm`` binarises dynamically), at
@@ -17,7 +19,9 @@ VIMCO with K = 5, gets --steps / e updates). Runs live in ``<out>/<model>/<budge
 continues them (``trainer.resume=true``), so raising ``--steps`` extends them; a run already at its steps (stopped
 while it was being scored) is scored without training, and a score the run's ``scores.jsonl`` already holds (the same
 estimator, settings, examples and step) is read back, not computed again (``--rescore`` computes it), so adding a seed
-to a table costs that seed's runs only.
+to a table costs that seed's runs only. Every scored run is also recorded in ``<out>/rows.jsonl``
+(``discrete_records.py``); ``--rows FILE,...`` prints the tables from such records instead of training, so runs
+trained in other sessions or on other machines (each appending its records) make one table.
 
 Each final checkpoint is scored on the test split, so the table ranks estimators by log-likelihood, not by their
 own objective: -ELBO (10 samples, Mnih & Gregor's Table 1 measure), -IWAE(``--iwae-k``) (an upper bound on -log p),
@@ -41,6 +45,8 @@ from types import SimpleNamespace
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common  # noqa: E402
+import discrete_records as records  # noqa: E402
+from discrete_protocols import ANCHORS, PROTOCOLS  # noqa: E402
 import torch  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
@@ -51,42 +57,7 @@ from nvil.learners import LEARNERS  # noqa: E402
 
 ESTIMATORS = ["nvil", "vimco", "rloo", "arm", "disarm", "rebar", "relax", "gumbel_st"]
 MODELS = {"sbn200": [200], "sbn200x3": [200, 200, 200]}
-# --protocol: the published protocols of the anchors below (defaults, per-estimator overrides; the command line wins)
-# RELAX's protocol: REBAR and RELAX as the authors' code (duvenaud/relax) trains them: one Adam (beta2 0.99999) at one
-# rate for the model and q, the control variate at 10x that rate on the logit-space variance; RELAX's r_rho one
-# net per layer on (x - mean, z, 2 b_below - 1), two ReLU layers of 200, weight decay 1e-4. (The authors' learning
-# rate was tuned per model and is not published in PAPERS.md; ours is the learner's 1e-3.)
-AUTHORS_REBAR = ["learner.inference_lr_scale=1", "learner.beta2=0.99999", "learner.cv_lr_scale=10",
-                 "learner.cv_objective=logits", "learner.cv_noise=common"]
-# NVIL as the REBAR authors' code (tensorflow/models research/rebar, ``get_nvil_gradient``) trains the anchor's NVIL:
-# the same Adam for model and q, the input-dependent baseline (100 tanh units on x - mean) alone, trained at 10x
-# the rate on the squared signal, no running mean and no variance normalisation.
-AUTHORS_NVIL = ["learner.inference_lr_scale=1", "learner.beta2=0.99999", "learner.baseline_lr_scale=10",
-                "learner.constant_baseline=false", "learner.variance_normalisation=false"]
-# DisARM's protocol as its authors' code trains it (google-research disarm/binary/experiment_launcher_singlelayer.py):
-# dynamic binarisation, one Adam per network at 1e-4 (model and q alike), batch 50, 1M steps; REINFORCE LOO with two
-# samples (one pair). There the prior's logits have an SGD optimiser of their own at 1e-2; here, the model's Adam.
-AUTHORS_DISARM = ["data.binarize=dynamic", "learner.lr=1e-4", "learner.inference_lr_scale=1"]
-PROTOCOLS = {
-    "relax": {"defaults": {"estimators": "nvil,rebar,relax", "models": "sbn200", "steps": 2_000_000, "batch_size": 24},
-              "overrides": {"nvil": AUTHORS_NVIL, "rebar": AUTHORS_REBAR,
-                            "relax": AUTHORS_REBAR + ["learner.cv_inputs=x_z", "learner.cv_depth=2",
-                                                      "learner.cv_activation=relu", "learner.cv_weight_decay=1e-4"]}},
-    "disarm": {"defaults": {"estimators": "rloo,arm,disarm", "models": "sbn200", "steps": 1_000_000, "batch_size": 50},
-               "overrides": {"*": AUTHORS_DISARM + ["trainer.accel=compile"],  # all three on the hand-derived path
-                             "rloo": ["learner.num_samples=2"]}},
-    "vimco": {"defaults": {"estimators": "vimco", "models": "sbn200x3"},  # compiled: its hand-derived step (1.56x)
-              "overrides": {"vimco": ["learner.num_samples=5", "trainer.accel=compile"]}},
-}
-# (estimator, model, figure in nats (positive: a negated bound or NLL), measure, protocol)
-ANCHORS = [
-    ("nvil", "sbn200", 112.5, "-training ELBO", "RELAX Table 1: linear SBN-200, fixed binarisation, 2M updates, batch 24"),
-    ("rebar", "sbn200", 111.6, "-training ELBO", "RELAX Table 1 (same protocol)"),
-    ("relax", "sbn200", 111.2, "-training ELBO", "RELAX Table 1 (same protocol)"),
-    ("vimco", "sbn200x3", 93.6, "test NLL", "VIMCO (Mnih & Rezende 2016): SBN-200-200-200, K = 5"),
-    ("disarm", "sbn200", None, "-training ELBO",
-     "DisARM Table 1: dynamic binarisation, 1M updates at batch 50 (its figures are not copied into PAPERS.md)"),
-]
+
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -105,6 +76,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="score every checkpoint again (default: reuse a run's scores.jsonl record of the same score)")
     p.add_argument("--protocol", choices=sorted(PROTOCOLS), default=None,
                    help="a published protocol's estimators, model, budget and batch (see ANCHORS)")
+    p.add_argument("--rows", default=None,
+                   help="comma list of record files (<out>/rows.jsonl): print the tables from their records of the\n"
+                        "named runs under these settings, training nothing (discrete_records.py)")
     common.add_common_args(p, default_out=common.ROOT / "bench" / "out" / "discrete", plot_name="discrete_curves.png",
                            default_steps=20_000)
     p.set_defaults(iwae_k=5000)
@@ -127,6 +101,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error("--seeds must name a seed; --steps, --batch-size, --train-examples, --ais-examples, --ais-betas and "
                 "--iwae-k must be positive")
     args.out = Path(args.out)
+    args.rows = [Path(r.strip()) for r in args.rows.split(",") if r.strip()] if args.rows else None
     return args
 
 
@@ -218,7 +193,7 @@ def run_one(estimator: str, model: str, seed: int, args: argparse.Namespace) -> 
 
     return {
         "seed": seed, "run_dir": run_dir, "steps": metrics["step"], "evals": evals, "rate": metrics["steps_per_second"],
-        "seconds": seconds,
+        "seconds": seconds, "cpu": common.cpu_name(), "threads": torch.get_num_threads(),
         "elbo": score("elbo", "test", args.test_examples, num_samples=10),
         "iwae": score("iwae", "test", args.test_examples, num_samples=args.iwae_k),
         "ais": score("ais_posterior", "test", args.ais_examples, num_betas=args.ais_betas),
@@ -256,10 +231,8 @@ def row_cells(runs: list[dict]) -> list[str]:
             f"{sum(r['rate'] for r in runs) / len(runs):.0f}", f"{sum(r['seconds'] for r in runs):.0f}"]
 
 
-def main(argv=None) -> None:
-    args = parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+def trained(args: argparse.Namespace) -> dict[tuple[str, str], list[dict]]:
+    """Every named run trained (or continued) and scored, each also recorded in ``<out>/rows.jsonl``."""
     results: dict[tuple[str, str], list[dict]] = {}
     for model in args.models:
         for estimator in args.estimators:
@@ -271,13 +244,37 @@ def main(argv=None) -> None:
                     print(f"error: {model} {estimator} seed {seed}: {e}", file=sys.stderr, flush=True)
                 else:
                     results.setdefault((model, estimator), []).append(run)
+                    records.append(args.out / "rows.jsonl", records.record(model, estimator, run, args))
+    return results
+
+
+def recorded(args: argparse.Namespace) -> dict[tuple[str, str], list[dict]]:
+    """The named runs read from ``--rows`` record files (no training); a named run without a record is said."""
+    try:
+        results, missing = records.load(args.rows, args)
+    except (OSError, ValueError) as e:
+        sys.exit(f"error: {e}")
+    for line in missing:
+        print(f"not in --rows: {line}", file=sys.stderr, flush=True)
+    if not results:
+        sys.exit("error: --rows holds no record of the named runs under these settings")
+    return results
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    results = recorded(args) if args.rows else trained(args)
     head = ["model", "estimator", "updates", "evals/example", "seeds", "test -ELBO(10)",
             f"test -IWAE({args.iwae_k})", f"test -log p, AIS ({args.ais_examples} cases)",
             f"train -ELBO ({args.train_examples})", "grad SNR", "inference grad variance", "updates/s",
-            "training s (this call)"]
+            "training s (recorded)" if args.rows else "training s (this call)"]
     rows = [[model, est, *row_cells(runs)] for (model, est), runs in results.items()]
-    print(f"\n**Matched {args.budget}** (batch {args.batch_size}, {common.cpu_name()}, "
-          f"{torch.get_num_threads()} threads; test figures on {args.test_examples or 'all'} test images)\n")
+    where = (", ".join(sorted({f"{r['cpu']}, {r['threads']} threads" for runs in results.values() for r in runs}))
+             if args.rows else f"{common.cpu_name()}, {torch.get_num_threads()} threads")
+    print(f"\n**Matched {args.budget}** (batch {args.batch_size}, {where}; test figures on "
+          f"{args.test_examples or 'all'} test images)\n")
     print(common.markdown_table(head, rows))
     if paired := paired_rows(results):
         head = ["model", "estimators", "seeds", "train -ELBO", f"test -IWAE({args.iwae_k})"]

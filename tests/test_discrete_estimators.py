@@ -453,3 +453,47 @@ def test_the_bench_pairs_estimators_by_seed():
                ("sbn200x3", "vimco"): [run(0, 99.0, 92.0)]}
     rows = de.paired_rows(results)  # by hand: train d = 1.5, 0.8; IWAE d = 0.6, -0.1; SE = |d0 - d1| / 2
     assert rows == [["sbn200", "arm - disarm", "2", "+1.15 ± 0.35", "+0.25 ± 0.35"]]
+
+
+def test_the_bench_prints_its_tables_again_from_records(tmp_path, monkeypatch, capsys):
+    """bench/discrete_estimators.py ``--rows``: every scored run is recorded in <out>/rows.jsonl, and the same command
+    with ``--rows`` prints the same figures from those records without training or scoring; a run named but not
+    recorded, or recorded under other settings only, is said, and a file that is not a record is one error line."""
+    import sys
+    from pathlib import Path
+
+    bench = str(Path(__file__).resolve().parents[1] / "bench")
+    if bench not in sys.path:
+        sys.path.insert(0, bench)
+    import discrete_estimators as de
+
+    argv = ["--estimators", "nvil", "--seeds", "0", "--steps", "4", "--test-examples", "5", "--iwae-k", "3",
+            "--ais-examples", "1", "--ais-betas", "3", "--train-examples", "5", "--device", "cpu",
+            "--extra-override", "data.num_train=100", "--extra-override", "trainer.val_num_examples=10",
+            "--plot", str(tmp_path / "curves.png")]
+    de.main([*argv, "--out", str(tmp_path / "trained")])
+    rows = tmp_path / "trained" / "rows.jsonl"
+    assert len(rows.read_text().splitlines()) == 1
+    trained = json.loads((tmp_path / "trained" / "results.json").read_text())
+
+    def no_training(*a, **k):
+        raise AssertionError("--rows must not train or score")
+
+    monkeypatch.setattr(de, "run_one", no_training)
+    capsys.readouterr()
+    de.main([*argv, "--out", str(tmp_path / "again"), "--seeds", "0,1", "--rows", str(rows)])
+    again = json.loads((tmp_path / "again" / "results.json").read_text())
+    assert again == trained and set(trained) == {"sbn200/nvil"}
+    out = capsys.readouterr()
+    assert "not in --rows: sbn200 nvil seed 1: no record" in out.err
+    assert "training s (recorded)" in out.out
+    # other settings (here IWAE's K) do not mix into the table
+    with pytest.raises(SystemExit, match="no record of the named runs"):
+        de.main([*argv, "--iwae-k", "4", "--out", str(tmp_path / "again"), "--rows", str(rows)])
+    assert "recorded under other settings only" in capsys.readouterr().err
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"model": "sbn200"}\n')
+    with pytest.raises(SystemExit, match=r"^error: --rows: .*bad.jsonl line 1 is not a record"):
+        de.main([*argv, "--rows", str(bad)])
+    with pytest.raises(SystemExit, match=r"^error: --rows: .*missing.jsonl does not exist"):
+        de.main([*argv, "--rows", str(tmp_path / "missing.jsonl")])
