@@ -145,8 +145,8 @@ def scored_before(ckpt: Path, step: int, name: str, settings: dict, spec: EvalSp
     scores = Path(spec.output)
     if not scores.exists():
         return None
-    records = [json.loads(line) for line in scores.read_text().splitlines() if line.strip()]
-    found = [r for r in records if r.get("estimator") == name and r.get("split") == spec.split
+    scored = [json.loads(line) for line in scores.read_text().splitlines() if line.strip()]
+    found = [r for r in scored if r.get("estimator") == name and r.get("split") == spec.split
              and r.get("step") == step and r.get("seed") == spec.seed
              and all(r[k] == v for k, v in settings.items() if k in r)]
     n = spec.num_examples
@@ -271,8 +271,7 @@ def main(argv=None) -> None:
             f"train -ELBO ({args.train_examples})", "grad SNR", "inference grad variance", "updates/s",
             "training s (recorded)" if args.rows else "training s (this call)"]
     rows = [[model, est, *row_cells(runs)] for (model, est), runs in results.items()]
-    where = (", ".join(sorted({f"{r['cpu']}, {r['threads']} threads" for runs in results.values() for r in runs}))
-             if args.rows else f"{common.cpu_name()}, {torch.get_num_threads()} threads")
+    where = ", ".join(sorted({f"{r['cpu']}, {r['threads']} threads" for runs in results.values() for r in runs}))
     print(f"\n**Matched {args.budget}** (batch {args.batch_size}, {where}; test figures on "
           f"{args.test_examples or 'all'} test images)\n")
     print(common.markdown_table(head, rows))
@@ -289,8 +288,7 @@ def main(argv=None) -> None:
                 common.plot_path(args, "discrete_curves.png"), "Discrete gradient estimators: validation ELBO")
     (args.out / "results.json").parent.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(
-        {f"{m}/{e}": [{k: (v.mean if hasattr(v, "mean") and not isinstance(v, float) else v) for k, v in r.items()}
-                      for r in runs] for (m, e), runs in results.items()}, indent=1, default=str))
+        {f"{m}/{e}": [records.record(m, e, r, args) for r in runs] for (m, e), runs in results.items()}, indent=1))
 
 
 if __name__ == "__main__":
