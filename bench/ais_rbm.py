@@ -131,7 +131,7 @@ def main() -> None:
             rows.append([str(chains), str(nb), mode, f"{est.log_z:.2f} ± {est.stderr:.2f}", f"{sec:.1f}",
                          f"{1e3 * sec / nb:.2f}", f"{1e3 * cpu / nb:.2f}", f"{gflops:.1f}", f"{square:.1f}",
                          f"{100 * gflops / square:.0f}%", f"{shaped:.1f}", f"{100 * gflops / shaped:.0f}%", share])
-            print(rows[-1], flush=True)
+            print(f"{chains} chains, {mode}: {sec:.1f} s, {100 * gflops / shaped:.0f}% of the AIS-shaped peak", flush=True)
     print(f"\nAIS, paper schedule (betas per row; GFLOP/s per step does not depend on it), {rbm.n_pixels}-{rbm.n_hidden} "
           f"RBM on {device} ({torch.get_num_threads()} threads, torch {torch.__version__}):")
     print(markdown_table(["chains", "betas", "accel", "log Z", "seconds", "ms/step", "CPU ms/step", "GFLOP/s",
