@@ -18,7 +18,7 @@ MAX_FIT_LINES = 70
 # (Markov chains, datasets) sits on the kernel and the models; the application is everything else.
 KERNEL = {"nvil", "nvil.errors", "nvil.ops", "nvil.config", "nvil.accel", "nvil.distributed", "nvil.native",
           "nvil.native.triton_sweep", "nvil.native.sparse_rows", "nvil.native.softplus_difference",
-          "nvil.native.skinny_gemm", "nvil.cpu_kernels", "nvil.gemm"}
+          "nvil.native.bernoulli_log_prob", "nvil.native.skinny_gemm", "nvil.cpu_kernels", "nvil.gemm"}
 MACHINERY = ("nvil.mcmc", "nvil.data")
 
 

@@ -35,7 +35,8 @@ from nvil.errors import ConfigError
 
 SOURCE = Path(__file__).with_name("sequential.c")
 HEADERS = tuple(Path(__file__).with_name(h) for h in ("lateral_sweep.h", "lateral_tiled.h", "sparse_rows.h",
-                                                     "skinny_gemm.h", "softplus_difference.h", "threads.h"))
+                                                     "skinny_gemm.h", "softplus_difference.h",
+                                                     "bernoulli_log_prob.h", "threads.h"))
 # -fno-trapping-math: the loops with selects (softplus_difference.h's clamps, near / far expm1) are if-converted and
 # vectorised on AVX2 too (under -ftrapping-math only AVX-512's masks allowed it: scalar, 3.1x slower on a Zen 1).
 # No value changes: the compiler may evaluate both sides of a select; it does not reorder or contract arithmetic.
@@ -93,7 +94,7 @@ def library() -> ctypes.CDLL:
                 raise NativeUnavailable(f"accel=native could not build or load its kernels: {e}") from None
         for suffix, real in (("f32", ctypes.c_float), ("f64", ctypes.c_double)):
             for name, (restype, argtypes) in _signatures(real).items():
-                if suffix == "f32" or not name.startswith("softplus"):  # the increment is float32 only
+                if suffix == "f32" or not name.startswith(("softplus", "bernoulli_log")):  # float32 only
                     fn = getattr(lib, f"{name}_{suffix}")
                     fn.restype, fn.argtypes = restype, argtypes
         _library = lib
@@ -122,7 +123,9 @@ def _signatures(real) -> dict:
             "skinny_gemm": (None, [i64] * 5 + [ptr] + [i64] * 2 + [real] + [ptr] * 4),
             "skinny_gemm_threads": (None, [i64, i32] + [i64] * 4 + [ptr] + [i64] * 2 + [real] + [ptr] * 4),
             "softplus_difference": (None, [i64] * 3 + [ptr, real, real, ptr]),
-            "softplus_difference_threads": (None, [i64] * 2 + [ptr, real, real, ptr, i32])}
+            "softplus_difference_threads": (None, [i64] * 2 + [ptr, real, real, ptr, i32]),
+            "bernoulli_log_prob": (None, [i64] * 3 + [ptr, i64, ptr, i64, ptr]),
+            "bernoulli_log_prob_threads": (None, [i64] * 2 + [ptr, i64, ptr, i64, ptr, i32])}
 
 
 def _built(cc: str, flags: tuple, strict: bool = False) -> Path | None:

@@ -107,6 +107,12 @@ void softplus_difference_threads_f32(int64_t rows, int64_t width, const float *a
     FOR_RANGES(rows, softplus_difference_f32(begin, end, width, a, beta_lo, d, out))
 }
 
+/* A Bernoulli layer's log-probability per row, float32 only (bernoulli_log_prob.h). */
+void bernoulli_log_prob_threads_f32(int64_t rows, int64_t width, const float *a, int64_t a_period,
+                                    const float *value, int64_t v_period, float *out, int threads) {
+    FOR_RANGES(rows, bernoulli_log_prob_f32(begin, end, width, a, a_period, value, v_period, out))
+}
+
 #undef RANGE_LOOP
 #undef FOR_RANGES
 #undef FOR_RANGES_FAILED

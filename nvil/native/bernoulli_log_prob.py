@@ -1,0 +1,47 @@
+"""A Bernoulli layer's log-probability per row as C (``bernoulli_log_prob.h``, built into the library of
+``nvil.native``): the K-sample bounds' largest elementwise passes."""
+
+from __future__ import annotations
+
+import torch
+
+from nvil import native
+from nvil.native import _ptr, library, threads_for
+
+MIN_ELEMENTS = 4096  # below this the call's set-up outweighs torch's three kernels (a [20, 784] layer has 15,680)
+
+
+def periodic_rows(t: torch.Tensor, shape: torch.Size) -> torch.Tensor | None:
+    """``t`` (broadcast to ``shape``) as a contiguous [period, width] block whose rows repeat along the rows of
+    ``shape``, or None where it is not one: its leading dimensions of size 1 or stride 0 dropped (the
+    ``x.unsqueeze(0).expand(K, ...)`` of the K-sample bounds), the rest contiguous and equal to the trailing shape."""
+    while t.dim() > 1 and (t.shape[0] == 1 or t.stride(0) == 0):
+        t = t[0]
+    if t.dim() == 0 or not t.is_contiguous() or tuple(t.shape) != tuple(shape[len(shape) - t.dim():]):
+        return None
+    return t.reshape(-1, shape[-1])
+
+
+def bernoulli_log_prob(logits: torch.Tensor, value: torch.Tensor) -> torch.Tensor | None:
+    """sum_j value_j a_j - softplus(a_j) over the last dimension (``nvil.ops.bernoulli_log_prob``) in one pass with
+    vectorised polynomials for exp and log1p, summed in double, in torch.get_num_threads() OpenMP threads (torch's
+    pool) over the rows: float32, of the broadcast leading shape. None where it does not apply (not float32 CPU
+    tensors; fewer than ``MIN_ELEMENTS`` terms; an operand whose rows do not repeat in the broadcast shape; an input
+    that requires grad under grad mode, which autograd differentiates through torch's form; a step being compiled,
+    where Inductor fuses torch's form; a machine where the kernels do not build): the caller's torch form, the same
+    values up to float32 rounding."""
+    if (logits.dtype != torch.float32 or value.dtype != torch.float32 or logits.device.type != "cpu"
+            or value.device.type != "cpu" or torch.compiler.is_compiling()
+            or (torch.is_grad_enabled() and (logits.requires_grad or value.requires_grad))):
+        return None
+    shape = torch.broadcast_shapes(logits.shape, value.shape)
+    if len(shape) == 0 or shape.numel() < MIN_ELEMENTS:
+        return None
+    a, v = periodic_rows(logits, shape), periodic_rows(value, shape)
+    if a is None or v is None or not native.wanted("auto", "cpu"):
+        return None
+    out = torch.empty(shape[:-1], dtype=torch.float32)
+    rows = out.numel()
+    library().bernoulli_log_prob_threads_f32(rows, shape[-1], _ptr(a), a.shape[0], _ptr(v), v.shape[0], _ptr(out),
+                                             threads_for(rows, 256))
+    return out
