@@ -22,6 +22,8 @@ from nvil.data import take_rows
 from nvil.errors import ConfigError
 from nvil.ops import StreamingLogMeanExp, StreamingMean
 
+MAX_ELEMENTS = 2**22  # floats per chunk of samples (estimator.max_elements): the logits stay in the caches and heap
+
 
 def log_weights(model, inference, x: torch.Tensor, k: int, generator: torch.Generator) -> torch.Tensor:
     """[k, batch] log importance weights log p(x, h) - log q(h | x), h ~ q(. | x)."""
@@ -53,13 +55,13 @@ def _reduce_log_weights(model, inference, data, num_samples, accumulator, *, bat
 
 
 def importance_sampled_bound(model, inference, data, num_samples, *, generator, batch_size=100,
-                             max_elements=2**22, progress=None, **seeding) -> torch.Tensor:
+                             max_elements=MAX_ELEMENTS, progress=None, **seeding) -> torch.Tensor:
     """Per-example L_K = log (1/K) sum_k p(v, h_k) / q(h_k | v), h_k ~ q(. | v)."""
     return _reduce_log_weights(model, inference, data, num_samples, StreamingLogMeanExp, batch_size=batch_size,
                                generator=generator, max_elements=max_elements, progress=progress, **seeding)
 
 
-def elbo(model, inference, data, num_samples, *, generator, batch_size=100, max_elements=2**22,
+def elbo(model, inference, data, num_samples, *, generator, batch_size=100, max_elements=MAX_ELEMENTS,
          progress=None, **seeding) -> torch.Tensor:
     """Per-example ELBO: the mean of log w over ``num_samples`` samples from q."""
     return _reduce_log_weights(model, inference, data, num_samples, StreamingMean, batch_size=batch_size,

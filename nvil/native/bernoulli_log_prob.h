@@ -5,7 +5,8 @@
 
    the form of log sigmoid(+-a) that neither overflows nor cancels. exp(-|a|) in (0, 1] and log1p of it from
    softplus_difference.h's polynomials (included before this file): no calls into libm, so the loop vectorises
-   (torch's float32 softplus took ~6 ns per element on a Zen 3 core, scalar log1p; this ~0.5). log1p(y) for y in
+   (torch's float32 softplus took ~6 ns per element on a Zen 3 core, scalar log1p; this pass with the dot
+   product ~2.4, measured beside another job: bench/RESULTS.md, twenty-third session). log1p(y) for y in
    (0, 1] as 2 atanh(s), s = y / (2 + y) in (0, 1/3], to s^15: truncation below 1e-9. Either operand's rows may
    repeat (the K-sample bounds' x, and q's first logits, the same for every sample: no K copies of them). Each block
    of 128 terms is summed in float32 (in the vector lanes), the blocks of a row in double; out is float32, rows
