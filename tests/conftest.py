@@ -97,6 +97,16 @@ def chi_square(samples: torch.Tensor, log_probs: torch.Tensor) -> tuple[float, i
 CHI2_999 = {15: 37.70, 63: 103.44}
 
 
+@pytest.fixture
+def native_kernels():
+    """Skips a test of the C kernels (``nvil.native``) where they do not build (no C compiler)."""
+    from nvil import native
+    try:
+        native.library()
+    except native.NativeUnavailable as e:
+        pytest.skip(str(e))
+
+
 @pytest.fixture(autouse=True, scope="session")
 def one_thread():
     """The tests use small tensors, for which a second torch thread costs more than it gives (and

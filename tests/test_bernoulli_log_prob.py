@@ -10,16 +10,11 @@ import torch
 import torch.nn.functional as F
 
 from estimators.bounds import importance_sampled_bound
-from nvil import native, ops
+from nvil import ops
 from nvil.native import bernoulli_log_prob as blp
 
 
-@pytest.fixture(autouse=True)
-def kernels():
-    try:
-        native.library()
-    except native.NativeUnavailable as e:
-        pytest.skip(str(e))
+pytestmark = pytest.mark.usefixtures("native_kernels")
 
 
 def gen(seed: int) -> torch.Generator:

@@ -269,6 +269,22 @@ def test_sigmoid_and_softplus_sum_compiled_form_is_exact(width):
 
 
 # ---- the centred x's layers from the pixels that are on (nvil.native.sparse_rows) -----------
+@pytest.fixture(autouse=True)
+def hand_vectorised(monkeypatch):
+    """The sparse-input path on any CPU: the learners take it only where its kernels are vectorised by hand
+    (AVX-512), but its values are the same on every CPU, and are tested on every CPU."""
+    monkeypatch.setattr(sparse_rows, "VECTORISED", True)
+
+
+def test_the_sparse_input_path_needs_the_hand_vectorised_kernels(monkeypatch):
+    """On a CPU without AVX-512 the plain loops of sparse_rows.h lose to the GEMMs (an NVIL step 1.2-1.45x slower on
+    a Zen 3): the dense products stay, the weights in nn.Linear's layout."""
+    monkeypatch.setattr(sparse_rows, "VECTORISED", False)
+    fast, _ = pair()
+    assert fast.accelerate("auto") is fast and not fast.fused.sparse_input
+    assert fast.inference.encoders[0].weight.is_contiguous()
+
+
 INPUT_MEAN = torch.tensor([0.3, 0.0, 0.5, 0.9, 0.0, 0.25], dtype=torch.float64)  # two inputs with mean 0
 
 

@@ -11,6 +11,7 @@ from omegaconf import OmegaConf
 from conftest import make_cfg, tiny_model
 from estimators.exact import enumerate_states, split_layers
 from nvil.learners.wake_sleep import WakeSleep
+from nvil.native import sparse_rows
 
 
 def test_sleep_gradient_matches_its_exact_expectation():
@@ -118,9 +119,11 @@ def test_a_fused_sleep_phase_at_the_wake_samples_fails_the_comparison(monkeypatc
         assert_same_ws_step(fast, slow, x, diagnostics=True)
 
 
-def test_fused_wake_sleep_on_the_sparse_input_path_takes_the_autograd_paths_updates():
+def test_fused_wake_sleep_on_the_sparse_input_path_takes_the_autograd_paths_updates(monkeypatch):
     """trainer.accel=auto on a CPU: q's first layer reads the centred x (the data, and the dream in the sleep phase)
-    from the pixels that are on (nvil.native.sparse_rows); the same updates as autograd."""
+    from the pixels that are on (nvil.native.sparse_rows; taken on any CPU here, by the learners only with AVX-512);
+    the same updates as autograd."""
+    monkeypatch.setattr(sparse_rows, "VECTORISED", True)
     fast, slow = ws_pair()
     for learner in (fast, slow):
         learner.inference.set_input_mean(torch.tensor([0.3, 0.0, 0.5, 0.9, 0.0, 0.25], dtype=torch.float64))

@@ -39,6 +39,7 @@ from nvil import gemm, native
 from nvil.accel import accelerate, accelerate_sampling
 from nvil.learners.baselines import LearningSignal, baseline_loss_grad
 from nvil.learners.weight_steps import affine
+from nvil.native import sparse_rows
 from nvil.ops import bernoulli_log_prob, input_major_, sigmoid_and_softplus_sum
 
 
@@ -72,17 +73,18 @@ class LayeredBernoulliGradients:
         self.sparse_input = False  # the centred x's layers from the pixels that are on (``use_sparse_input``)
 
     def use_sparse_input(self, mode: str, device, optimizer: torch.optim.Optimizer) -> None:
-        """With ``trainer.accel`` auto, native or compile on a CPU where the C kernels build, and an optimiser that is
-        not fused: the layers that read the centred x (q's first layer, the first baseline's hidden layer), forward
-        and weight step, from the rows of their weights of the pixels that are on (``nvil.native.sparse_rows``):
-        (nonzeros of x) x H multiply-adds instead of a GEMM's N x D x H, the same values up to rounding. Their
-        weights are stored input-major for it (``nvil.ops.input_major_``), and so are the decoders', whose products
-        with the minibatch's few rows ``nvil.gemm`` then runs in ``nvil.native.skinny_gemm`` where it applies. A fused
+        """With ``trainer.accel`` auto, native or compile on a CPU where the C kernels build and are vectorised by
+        hand (AVX-512: ``nvil.native.sparse_rows.VECTORISED``), and an optimiser that is not fused: the layers that
+        read the centred x (q's first layer, the first baseline's hidden layer), forward and weight step, from the
+        rows of their weights of the pixels that are on (``nvil.native.sparse_rows``): (nonzeros of x) x H
+        multiply-adds instead of a GEMM's N x D x H, the same values up to rounding. Their weights are stored
+        input-major for it (``nvil.ops.input_major_``), and so are the decoders', whose products with the
+        minibatch's few rows ``nvil.gemm`` then runs in ``nvil.native.skinny_gemm`` where it applies. A fused
         optimiser (Adam here) copies parameters that are not contiguous at every step, which costs more than the
         sparse products save, so with it the dense products stay."""
         layers = [self.inference.encoders[0]] + [b.net[0] for b in self.baselines[:1]] + list(self.model.decoders)
         self.sparse_input = (mode in ("auto", "native", "compile") and not optimizer.defaults.get("fused")
-                             and native.wanted("auto", device or "cpu"))  # False off the CPU
+                             and sparse_rows.VECTORISED and native.wanted("auto", device or "cpu"))  # not off the CPU
         if self.sparse_input:
             for layer in layers:
                 input_major_(layer)

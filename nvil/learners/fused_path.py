@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from nvil.accel import check_mode, compiled
+from nvil.learners.base import accelerate_optimizer
 from nvil.learners.fused import LayeredBernoulliGradients, compile_fused
 from nvil.learners.weight_steps import apply_update, plain_sgd_rates
 
@@ -45,7 +46,8 @@ class FusedPath:
         """``trainer.accel=compile`` compiles the hand-derived step (``fused_step``) where it applies, else the
         autograd path's ``surrogate``; the autoregressive layers take the mode either way."""
         if self.fused is not None:
-            self.fused.use_sparse_input(check_mode(mode, device, "trainer.accel"), device, self.optimizer)
+            accelerate_optimizer(self.optimizer, check_mode(mode, device, "trainer.accel"), device)
+            self.fused.use_sparse_input(mode, device, self.optimizer)
             if compiled(mode):
                 self.fused_step = compile_fused(self.fused_step, self.fused, mode, device)
                 return self

@@ -36,11 +36,15 @@ from nvil.errors import ConfigError
 SOURCE = Path(__file__).with_name("sequential.c")
 HEADERS = tuple(Path(__file__).with_name(h) for h in ("lateral_sweep.h", "lateral_tiled.h", "sparse_rows.h",
                                                      "skinny_gemm.h", "softplus_difference.h",
-                                                     "bernoulli_log_prob.h", "threads.h"))
+                                                     "bernoulli_log_prob.h", "adam.h", "threads.h"))
 # -fno-trapping-math: the loops with selects (softplus_difference.h's clamps, near / far expm1) are if-converted and
 # vectorised on AVX2 too (under -ftrapping-math only AVX-512's masks allowed it: scalar, 3.1x slower on a Zen 1).
 # No value changes: the compiler may evaluate both sides of a select; it does not reorder or contract arithmetic.
-FLAGS = ("-O3", "-march=native", "-fno-trapping-math", "-fopenmp-simd", "-fPIC", "-shared", "-std=c11")
+# -fno-math-errno: sqrtf (adam.h) is the vector square root, not a libm call per element kept to set errno on a
+# negative argument; correctly rounded either way (expf, logf stay libm calls: glibc vectorises them only under
+# -ffast-math).
+FLAGS = ("-O3", "-march=native", "-fno-trapping-math", "-fno-math-errno", "-fopenmp-simd", "-fPIC", "-shared",
+         "-std=c11")
 OPENMP = ("-fopenmp",)  # tried first: the *_threads drivers then run in torch's OpenMP pool (threads.h)
 MODES = {"sample": 0, "force": 1, "argmax": 2}
 _SUFFIX = {torch.float32: "f32", torch.float64: "f64"}
@@ -94,7 +98,7 @@ def library() -> ctypes.CDLL:
                 raise NativeUnavailable(f"accel=native could not build or load its kernels: {e}") from None
         for suffix, real in (("f32", ctypes.c_float), ("f64", ctypes.c_double)):
             for name, (restype, argtypes) in _signatures(real).items():
-                if suffix == "f32" or not name.startswith(("softplus", "bernoulli_log")):  # float32 only
+                if suffix == "f32" or not name.startswith(("softplus", "bernoulli_log", "adam")):  # float32 only
                     fn = getattr(lib, f"{name}_{suffix}")
                     fn.restype, fn.argtypes = restype, argtypes
         _library = lib
@@ -125,7 +129,8 @@ def _signatures(real) -> dict:
             "softplus_difference": (None, [i64] * 3 + [ptr, real, real, ptr]),
             "softplus_difference_threads": (None, [i64] * 2 + [ptr, real, real, ptr, i32]),
             "bernoulli_log_prob": (None, [i64] * 3 + [ptr, i64, ptr, i64, ptr]),
-            "bernoulli_log_prob_threads": (None, [i64] * 2 + [ptr, i64, ptr, i64, ptr, i32])}
+            "bernoulli_log_prob_threads": (None, [i64] * 2 + [ptr, i64, ptr, i64, ptr, i32]),
+            "adam_threads": (i32, [i64] + [ptr] * 7 + [ctypes.c_double] * 3 + [i32])}
 
 
 def _built(cc: str, flags: tuple, strict: bool = False) -> Path | None:

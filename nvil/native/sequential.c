@@ -327,9 +327,10 @@ DEFINE_AUTOREGRESSIVE(double, f64, exp)
 #undef NAME
 
 /* AIS's weight increment for an RBM, float32 (softplus_difference.h), and a Bernoulli layer's log-probability from
-   the same polynomials (bernoulli_log_prob.h). */
+   the same polynomials (bernoulli_log_prob.h); Adam's update (adam.h). */
 #include "softplus_difference.h"
 #include "bernoulli_log_prob.h"
+#include "adam.h"
 
 /* Every range kernel's OpenMP driver (threads.h). */
 #include "threads.h"

@@ -7,7 +7,13 @@ from __future__ import annotations
 import torch
 
 from nvil.accel import opaque_when_compiled
+from nvil.cpu_kernels import cpu_flags
 from nvil.native import _checked, _kernel, _ptr, threads_for
+
+# Whether the kernels are vectorised by hand here (AVX-512, ``sparse_rows.h``), where they beat the GEMMs they replace;
+# elsewhere the compiler's plain loops lose to them: on a Zen 3 (AVX2) an NVIL step at batch 20 was 1.2x slower eager
+# and 1.45x slower compiled with them (bench/RESULTS.md, twenty-fourth session). NVIL's learners take them only here.
+VECTORISED = "avx512f" in cpu_flags()
 
 
 def centred_linear(v: torch.Tensor, m: torch.Tensor, wt: torch.Tensor, base: torch.Tensor) -> torch.Tensor:

@@ -113,6 +113,24 @@ void bernoulli_log_prob_threads_f32(int64_t rows, int64_t width, const float *a,
     FOR_RANGES(rows, bernoulli_log_prob_f32(begin, end, width, a, a_period, value, v_period, out))
 }
 
+/* Adam's update over `count` tensors (adam.h): the step counts and bias corrections once, then each thread the same
+   share of every tensor. 1 where the scratch could not be allocated (nothing changed), else 0. */
+int adam_threads_f32(int64_t count, float *const *p, const float *const *g, float *const *m, float *const *v,
+                     const int64_t *n, float *const *t, const double *lr, double beta1, double beta2, double eps,
+                     int threads) {
+    double *rates = malloc((size_t)(2 * count + 1) * sizeof(double));
+    if (!rates)
+        return 1;
+    adam_rates_f32(count, t, lr, beta1, beta2, rates, rates + count);
+    _Pragma("omp parallel for num_threads(threads) schedule(static, 1)")
+    for (int r = 0; r < threads; r++)
+        for (int64_t k = 0; k < count; k++)
+            adam_span_f32(n[k] * r / threads, n[k] * (r + 1) / threads, p[k], g[k], m[k], v[k], (float)(1.0 - beta1),
+                          (float)beta2, (float)(1.0 - beta2), (float)rates[k], (float)rates[count + k], (float)eps);
+    free(rates);
+    return 0;
+}
+
 #undef RANGE_LOOP
 #undef FOR_RANGES
 #undef FOR_RANGES_FAILED
