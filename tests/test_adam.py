@@ -97,6 +97,18 @@ def test_the_c_step_is_adam(fresh_grads):
     assert not close_to_float64(broken32, opt_b, broken64, opt_64)
 
 
+def test_the_c_step_does_not_depend_on_the_threads(monkeypatch):
+    """Each OpenMP thread takes a share of every tensor (threads.h): one thread and three give the same bits."""
+    from nvil.native import adam as native_adam_module
+    results = []
+    for threads in (1, 3):
+        monkeypatch.setattr(native_adam_module, "threads_for", lambda n, per, t=threads: t)
+        ps = parameters()
+        run(native_adam(ps), ps, range(5))
+        results.append(ps)
+    assert all(torch.equal(a, b) for a, b in zip(*results))
+
+
 def test_the_c_step_equals_torchs_fused_step_to_rounding():
     """Against torch's own float32 fused step: the same arithmetic, so within a few float32 roundings."""
     ps_c, ps_t = parameters(), parameters()
@@ -160,7 +172,7 @@ def test_what_the_c_step_leaves_to_torch(case):
     run(torch_opt, ref, range(5))
     for a, b in zip(ps, ref):
         assert torch.equal(a, b)
-    assert opt._plan is None
+    assert opt._plan is None and (opt._plan_key is None) == (case == "accel none")  # asked once, then torch's
 
 
 def test_nvil_with_the_c_step_takes_torchs_updates():

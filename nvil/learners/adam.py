@@ -20,7 +20,8 @@ class Adam(torch.optim.Adam):
     torch's fused step would copy every time), with its gradient in its layout; else torch's step runs."""
 
     native = False
-    _plan: AdamCall | None = None
+    _plan: AdamCall | None = None  # the C call for the parameters, gradients and settings of _plan_key; None: torch's
+    _plan_key: tuple | None = None
 
     def __init__(self, params, lr: float, betas: tuple[float, float]):
         super().__init__(params, lr=lr, betas=betas, fused=True)
@@ -41,11 +42,11 @@ class Adam(torch.optim.Adam):
 
     def load_state_dict(self, state_dict: dict) -> None:
         super().load_state_dict(state_dict)
-        self._plan = None  # new state tensors
+        self._plan_key = None  # new state tensors
 
     def add_param_group(self, param_group: dict) -> None:
         super().add_param_group(param_group)
-        self._plan = None
+        self._plan_key = None
 
     def _native_step(self) -> bool:
         """The C step over every parameter with a gradient; False (nothing changed) where one does not qualify. What
@@ -56,14 +57,14 @@ class Adam(torch.optim.Adam):
         key = (tuple(t.data_ptr() if t is not None else 0 for g in groups for p in g["params"] for t in (p, p.grad)),
                tuple((g["betas"], g["eps"], g["weight_decay"], g["amsgrad"], g["maximize"], g["differentiable"],
                       torch.is_tensor(g["lr"])) for g in groups))
-        if self._plan is None or self._plan.key != key:
-            self._plan = self._new_plan(key)
+        if key != self._plan_key:
+            self._plan, self._plan_key = self._new_plan(), key
         if self._plan is None:
             return False
         self._plan([g["lr"] for g in groups])
         return True
 
-    def _new_plan(self, key: tuple) -> AdamCall | None:
+    def _new_plan(self) -> AdamCall | None:
         """The C call over every parameter with a gradient, its state made where it has none (as torch's first step
         makes it) and put in the parameter's layout where a checkpoint's is not; None where one does not qualify."""
         betas, eps = self.param_groups[0]["betas"], self.param_groups[0]["eps"]
@@ -88,7 +89,7 @@ class Adam(torch.optim.Adam):
                         state[name] = torch.empty_like(p).copy_(state[name])
                 tensors.append((p.detach(), p.grad, state["exp_avg"], state["exp_avg_sq"], state["step"]))
                 group_of.append(k)
-        return AdamCall(key, tensors, group_of, float(betas[0]), float(betas[1]), float(eps))
+        return AdamCall(tensors, group_of, float(betas[0]), float(betas[1]), float(eps))
 
 
 def _qualifies(p: torch.Tensor, g: torch.Tensor) -> bool:

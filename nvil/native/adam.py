@@ -15,11 +15,11 @@ class AdamCall:
     """Adam's step in place (``adam.h``) over a fixed set of float32 CPU tensors: per parameter (theta, its gradient,
     exp_avg, exp_avg_sq, its float32 step count), the four in one layout; ``group_of`` each parameter's group,
     whose rate the call takes. The pointer arrays are built once; the tensors are held, so no address in them is
-    reused while the call exists. ``key`` is its caller's, to know when the set changed."""
+    reused while the call exists."""
 
-    def __init__(self, key, tensors: list[tuple[torch.Tensor, ...]], group_of: list[int], beta1: float, beta2: float,
+    def __init__(self, tensors: list[tuple[torch.Tensor, ...]], group_of: list[int], beta1: float, beta2: float,
                  eps: float):
-        self.key, self.tensors, self.group_of = key, tensors, group_of
+        self.tensors, self.group_of = tensors, group_of
         self.beta1, self.beta2, self.eps = beta1, beta2, eps
         columns = list(zip(*tensors)) or [()] * 5
         self.arrays = [_array(ctypes.c_void_p, [t.data_ptr() for t in ts]) for ts in columns]
