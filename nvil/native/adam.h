@@ -9,9 +9,10 @@
    contracts nothing), so theta, m and v agree with torch's to float32 rounding. Each tensor k is
    n[k] floats in any layout the four of them share (the input-major weights of NVIL's sparse-input path too: the
    update is elementwise); t[k] is its float32 step count, as torch keeps it. Per tensor the bias corrections are
-   computed once in double. torch's fused Adam costs a NVIL step at batch 20 ~0.6 ms of Python and ~0.5 ms of
-   kernel on a Zen 3 core (three groups, 0.4 M parameters); this call ~0.15 ms (bench/RESULTS.md, twenty-fourth
-   session). The caller's threads each take the same share of every tensor (threads.h). */
+   computed once in double. What it saves is torch's Python (~0.3 ms per NVIL update at batch 20 on a Zen 3 core:
+   three groups, 0.4 M parameters); in the training loop this loop, like torch's kernel, is bound by memory (~0.55
+   ms: m and v leave the caches between steps; bench/RESULTS.md, twenty-fourth session). The caller's threads each
+   take the same share of every tensor (threads.h). */
 
 static void adam_span_f32(int64_t i0, int64_t i1, float *p, const float *g, float *m, float *v, float w, float b2,
                           float c2, float step_size, float bc2_sqrt, float eps) {

@@ -4,11 +4,13 @@ step of ``nvil.learners.adam.Adam``."""
 from __future__ import annotations
 
 import ctypes
+
 import torch
 
 from nvil.native import _array, library, threads_for
 
-PER_THREAD = 1 << 16  # floats per thread, at least: below this a second thread costs more than it saves
+PER_THREAD = 1 << 16  # floats per thread, at least (NVIL's SBN-200, 0.4 M parameters: 2 threads; 1 and 2 took the
+                      # same 0.16 ms with the tensors in cache)
 
 
 class AdamCall:
