@@ -193,3 +193,13 @@ def test_nvil_with_the_c_step_takes_torchs_updates():
     fast, slow = (dict(learner.named_parameters()) for learner in learners)
     for name in slow:
         torch.testing.assert_close(fast[name], slow[name], rtol=1e-5, atol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("mode, native", [("none", False), ("auto", True), ("compile", True)])
+def test_every_accel_path_of_a_learner_reaches_its_optimiser(mode, native):
+    """``trainer.accel`` through the learner (the fused path's compiled branch returns before the autograd path's
+    ``accelerate``): the C step with auto and compile, torch's with none."""
+    model, inference = tiny_model(n_visible=12, layers=(6, 4))
+    learner = NVIL(model.float(), inference.float(), make_cfg().learner, "cpu", 0)
+    learner.accelerate(mode, "cpu")
+    assert learner.optimizer.native == native

@@ -74,18 +74,14 @@ def test_one_pass_increment_equals_the_difference_of_softplus_sums(dtype):
     assert increment_matches(two_float_sums, DT) and not increment_matches(two_float_sums, torch.float32)
 
 
+@pytest.mark.usefixtures("native_kernels")
 def test_native_increment_equals_the_difference_of_softplus_sums(monkeypatch):
     """The C increment (``nvil.native.softplus_difference``, vectorised polynomials for exp, expm1 and log1p; AIS's
     with ``accel=auto``) meets the float32 tolerance above on the same extreme rows, including a row wider than one
     of its 128-term blocks; the same kernel without the max(a, 0) part (its d times the sum of max(a, 0) set to 0)
     fails it."""
-    from nvil import native
     from nvil.native.softplus_difference import softplus_difference as native_increment
 
-    try:
-        native.library()
-    except native.NativeUnavailable as e:
-        pytest.skip(str(e))
     assert increment_matches(native_increment, torch.float32)
     wide = torch.randn(3, 300, generator=gen(2)) * 4
     for beta_lo, beta_hi in [(0.0, 1e-4), (0.2, 0.9)]:
@@ -245,13 +241,12 @@ def test_native_draws_with_one_seed_for_every_sweep_fail(monkeypatch):
     assert abs(est.log_z - m.log_z_exact().item()) > 4 * est.stderr + 0.01, (est.log_z, est.stderr)
 
 
+@pytest.mark.usefixtures("native_kernels")
 def test_the_c_draws_and_increment_do_not_depend_on_the_threads():
     """``native.bernoulli_`` and the C weight increment split their work over torch's OpenMP threads (one runtime in
     the process: the library links the one torch loaded); 1, 2 and 3 threads give the same values bit for bit."""
     from nvil import native
     from nvil.native.softplus_difference import softplus_difference as native_increment
-    if not native.wanted("auto", "cpu"):
-        pytest.skip("the native kernels do not build here")
     p = torch.rand(3000, 200, generator=gen(1))
     a = torch.randn(3000, 200, generator=gen(2)) * 3
     threads, results = torch.get_num_threads(), []

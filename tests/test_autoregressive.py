@@ -87,21 +87,12 @@ def test_masked_weights_get_no_gradient():
 
 
 # ---- accel=native / auto: the draw as one C call (nvil.native.autoregressive) ------------------------------------
-def native_or_skip():
-    from nvil import native
-    try:
-        native.library()
-    except native.NativeUnavailable as e:
-        pytest.skip(str(e))
-    return native
-
-
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.usefixtures("native_kernels")
 def test_native_draw_equals_the_eager_loop_for_the_same_uniforms(dtype):
     """The same generator state gives the same units in both modes (float64: every unit; float32: the C expf may
     round a logit's sigmoid one ulp away from torch's, so a draw sitting on the boundary may differ), over leading
     dimensions and in two threads."""
-    native_or_skip()
     torch.manual_seed(1)
     layer = AutoregressiveLinear(50).to(dtype)
     with torch.no_grad():
@@ -120,10 +111,11 @@ def test_native_draw_equals_the_eager_loop_for_the_same_uniforms(dtype):
     assert mismatch == 0.0 if dtype == torch.float64 else mismatch < 1e-3
 
 
+@pytest.mark.usefixtures("native_kernels")
 def test_native_draw_with_w_untransposed_fails():
     """A broken variant, W passed where its transpose belongs (each unit that comes on moves the wrong logits),
     disagrees with the eager loop, so the equality above has power."""
-    native = native_or_skip()
+    from nvil import native
     torch.manual_seed(1)
     layer = AutoregressiveLinear(30).double()
     with torch.no_grad():
@@ -135,8 +127,8 @@ def test_native_draw_with_w_untransposed_fails():
     assert (broken != eager).double().mean().item() > 0.05
 
 
+@pytest.mark.usefixtures("native_kernels")
 def test_native_draw_matches_the_distribution(ar_layer):
-    native_or_skip()
     layer, a = ar_layer
     layer.accelerate_sampling("auto")
     samples = layer.sample(a.expand(40000, 6), generator=torch.Generator().manual_seed(0))
@@ -158,6 +150,7 @@ def test_trainer_accel_reaches_the_autoregressive_layers():
         assert layers and all(m.sample_mode == "auto" for m in layers)
 
 
+@pytest.mark.usefixtures("native_kernels")
 def test_evaluation_draws_autoregressive_q_natively(tmp_path, synthetic_overrides, monkeypatch):
     """An evaluation with the estimator's default accel (auto) draws an autoregressive q through the C kernel, and
     scores it as the eager draw does (same uniforms: the same bound to float rounding)."""
@@ -166,7 +159,6 @@ def test_evaluation_draws_autoregressive_q_natively(tmp_path, synthetic_override
     from nvil.evaluation import EvalSpec, evaluate_checkpoint
     from train import train
 
-    native_or_skip()
     train(make_cfg("train", synthetic_overrides + ["model.inference.autoregressive=true", "trainer.max_steps=20"]),
           tmp_path / "run")
     calls, kernel = [], native.autoregressive

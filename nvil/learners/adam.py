@@ -16,8 +16,9 @@ class Adam(torch.optim.Adam):
     (``adam.h``: torch's arithmetic, float32 rounding apart) instead of torch's, whose Python took ~0.3 ms of a 3.4 ms
     NVIL step at batch 20 on a Zen 3 core. It qualifies when no group asks for weight decay, AMSGrad, maximize,
     differentiable or a tensor rate, the groups share betas and eps, and every parameter with a gradient is a float32
-    CPU tensor, contiguous or a contiguous transpose (the input-major weights of NVIL's sparse-input path, which
-    torch's fused step would copy every time), with its gradient in its layout; else torch's step runs."""
+    CPU tensor, contiguous or a contiguous transpose (the layout ``nvil.ops.input_major_`` gives a weight; the update
+    is elementwise, so any layout its four tensors share will do), with its gradient in its layout; else torch's step
+    runs."""
 
     native = False
     _plan: AdamCall | None = None  # the C call for the parameters, gradients and settings of _plan_key; None: torch's

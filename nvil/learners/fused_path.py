@@ -46,10 +46,10 @@ class FusedPath:
         """``trainer.accel=compile`` compiles the hand-derived step (``fused_step``) where it applies, else the
         autograd path's ``surrogate``; the autoregressive layers take the mode either way."""
         if self.fused is not None:
-            accelerate_optimizer(self.optimizer, check_mode(mode, device, "trainer.accel"), device)
-            self.fused.use_sparse_input(mode, device, self.optimizer)
+            self.fused.use_sparse_input(check_mode(mode, device, "trainer.accel"), device, self.optimizer)
             if compiled(mode):
                 self.fused_step = compile_fused(self.fused_step, self.fused, mode, device)
+                accelerate_optimizer(self.optimizer, mode, device)  # (SurrogateLearner.accelerate does, below)
                 return self
         return super().accelerate(mode, device)
 
