@@ -9,7 +9,10 @@
   pixel sweep, ``SequentialGibbs`` for Chib, the harmonic mean and per-example AIS); every other function stays
   eager. CPU only; compiled once per machine with the system C compiler.
 - ``auto``: ``native`` for the sequential sweeps of CPU tensors where the C kernels build (else, after one warning,
-  the eager sweeps); ``none`` for everything else and on CUDA. The estimators' default.
+  the eager sweeps); ``none`` for everything else and on CUDA. The estimators' default. In a training run of at
+  least ``AUTO_COMPILE_STEPS`` updates on a CPU, a learner whose step repays its compilation there (the hand-derived
+  NVIL-family steps, ``FusedPath.auto_compiles``) is compiled as with ``compile``; where that compilation fails (no
+  C++ compiler for Inductor), one warning and the eager step (``eager_if_uncompilable``).
 
 ``compiled(mode)`` says whether a mode compiles anything with ``torch.compile`` (``compile``, ``cudagraphs``): the
 fused-kernel and autograd paths switch on that, never on ``native`` or ``auto``.
@@ -29,8 +32,11 @@ surrogate, SAP its negative phase's sweeps).
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import logging
 import types
+import warnings
 from typing import Callable
 
 import torch
@@ -38,6 +44,10 @@ import torch
 from nvil.errors import ConfigError
 
 MODES = ("none", "compile", "cudagraphs", "native", "auto")
+# The run length from which ``auto`` compiles a CPU step that repays it: the default job's NVIL step (Adam, batch 20)
+# took 3.1-3.6 ms eager and 1.8-1.9 ms compiled on a Zen 3 core, and its compilation 2 s with Inductor's cache warm,
+# ~25 s cold (bench/RESULTS.md, twenty-fifth session): even / cold it is repaid after ~15,000 steps.
+AUTO_COMPILE_STEPS = 20_000
 
 
 def compiled(mode: str) -> bool:
@@ -89,6 +99,46 @@ def accelerate(fn: Callable, mode: str = "none", device=None, what: str = "accel
         return torch.utils._pytree.tree_map(lambda t: t.clone() if torch.is_tensor(t) else t, out)
 
     return replay
+
+
+def eager_if_uncompilable(compiled_fn: Callable, eager_fn: Callable, what: str) -> Callable:
+    """``compiled_fn``, or from its first call on ``eager_fn`` where that first call fails: ``auto``'s compilation,
+    which must not stop a run that the eager step can do (Inductor's CPU code needs a C++ compiler and Python's
+    headers). One warning names the reason; a later failure, or one the eager step shares, is raised as it is.
+    ``compiled_fn`` must draw no random numbers and change no state before it fails (``accelerate``'s contract:
+    a function of tensors), so the eager call repeats nothing."""
+    chosen: list[Callable] = []
+
+    @functools.wraps(eager_fn)
+    def call(*args, **kwargs):
+        if chosen:
+            return chosen[0](*args, **kwargs)
+        try:
+            with quiet_cpu_compile():
+                out = compiled_fn(*args, **kwargs)
+        except Exception as e:  # noqa: BLE001  (any failure to compile; the eager call below raises real errors)
+            warnings.warn(f"{what}=auto could not compile the step ({type(e).__name__}: "
+                          f"{str(e).strip().splitlines()[0][:200] if str(e).strip() else 'no message'}); it runs "
+                          "eagerly (slower)", stacklevel=2)
+            chosen.append(eager_fn)
+            return eager_fn(*args, **kwargs)
+        chosen.append(compiled_fn)
+        return out
+
+    return call
+
+
+@contextlib.contextmanager
+def quiet_cpu_compile():
+    """Inductor's first CPU compilation logs "No CUDA runtime is found, using CUDA_HOME=..." as a warning on a machine
+    without CUDA (``torch.utils.cpp_extension``): noise for a CPU graph. Silenced for the duration."""
+    logger = logging.getLogger("torch.utils.cpp_extension")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def own_code(fn: Callable) -> Callable:

@@ -49,6 +49,7 @@ def build(cfg, device: torch.device, check: Callable | None = None) -> Run:
         inference.set_input_mean(data.train_mean())
     seed = distributed.rank_seed(cfg.seed, distributed.current())  # rank 0 (and a single process): cfg.seed
     learner = build_learner(cfg.learner, model, inference, device, seed)
-    learner.accelerate(cfg.trainer.get("accel", "none"), device)
+    steps = cfg.trainer.get("max_steps")
+    learner.accelerate(cfg.trainer.get("accel", "none"), device, steps=None if steps is None else int(steps))
     learner.bind_data(data.split("train"))  # per-example state (MCEM's persistent chains), sized before a resume
     return Run(data, model, inference, learner)

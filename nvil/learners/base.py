@@ -65,10 +65,11 @@ class Learner(nn.Module):
         (``nvil.learners.diagnostics``); nothing for learners that do not estimate a gradient by sampling q."""
         return {}
 
-    def accelerate(self, mode: str, device=None) -> "Learner":
+    def accelerate(self, mode: str, device=None, steps: int | None = None) -> "Learner":
         """Apply ``trainer.accel`` in place (once, after building the learner; it keeps no state, so before or
         after restoring a checkpoint). The random stream is the same in every mode; ``none`` changes nothing.
-        Returns the learner."""
+        ``steps``: the run's length where known (``nvil.build``), which ``auto`` may weigh against a compilation's
+        cost (``FusedPath.auto_compiles``). Returns the learner."""
         check_mode(mode, device, "trainer.accel")
         return self
 
@@ -162,7 +163,7 @@ class SurrogateLearner(DataParallel):
         self.optimizer.step()
         return metrics
 
-    def accelerate(self, mode: str, device=None) -> "SurrogateLearner":
+    def accelerate(self, mode: str, device=None, steps: int | None = None) -> "SurrogateLearner":
         """``surrogate`` replaced by its compiled version (an instance attribute). Dynamo splits it at each
         sampling call (torch.rand with the learner's generator, which it cannot trace) and compiles the pieces
         between them, forward and backward; the draws stay eager. ``step`` is unchanged."""

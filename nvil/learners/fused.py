@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from nvil import gemm, native
-from nvil.accel import accelerate, accelerate_sampling
+from nvil.accel import accelerate, accelerate_sampling, eager_if_uncompilable
 from nvil.learners.baselines import LearningSignal, baseline_loss_grad
 from nvil.learners.weight_steps import affine
 from nvil.native import sparse_rows
@@ -248,11 +248,15 @@ def fused_gradients(model: nn.Module, inference: nn.Module, baselines: nn.Module
     return LayeredBernoulliGradients(model, inference, nn.ModuleList() if baselines is None else baselines)
 
 
-def compile_fused(step, fused: LayeredBernoulliGradients, mode: str, device) -> object:
+def compile_fused(step, fused: LayeredBernoulliGradients, mode: str, device, fallback: bool = False) -> object:
     """``trainer.accel=compile`` for a learner's fused step: ``step`` compiled where the forward pass is one graph
     (``fused.compilable``); with an autoregressive q the step stays eager and the sequential draws run in C where the
-    kernels build (``auto``; eager on CUDA). The autoregressive layers of the model and q take the mode either way."""
+    kernels build (``auto``; eager on CUDA). The autoregressive layers of the model and q take the mode either way.
+    ``fallback`` (``auto``'s choice to compile): the eager step where the compilation fails, after one warning."""
     if fused.compilable:
+        eager = step
         step = accelerate(step, mode, device, "trainer.accel", fixed_modules=True)
+        if fallback:
+            step = eager_if_uncompilable(step, eager, "trainer.accel")
     accelerate_sampling(mode if fused.compilable else "auto", fused.model, fused.inference)
     return step

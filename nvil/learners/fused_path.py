@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from nvil.accel import check_mode, compiled
+from nvil.accel import AUTO_COMPILE_STEPS, check_mode, compiled
 from nvil.learners.base import accelerate_optimizer
 from nvil.learners.fused import LayeredBernoulliGradients, compile_fused
 from nvil.learners.weight_steps import apply_update, plain_sgd_rates
@@ -42,16 +42,27 @@ class FusedPath:
         else eager."""
         return self.fused_signals(x, uniforms, offset)
 
-    def accelerate(self, mode: str, device=None):
+    def accelerate(self, mode: str, device=None, steps: int | None = None):
         """``trainer.accel=compile`` compiles the hand-derived step (``fused_step``) where it applies, else the
-        autograd path's ``surrogate``; the autoregressive layers take the mode either way."""
+        autograd path's ``surrogate``; the autoregressive layers take the mode either way. ``auto`` compiles it too
+        in a run of ``steps`` that repays the compilation (``auto_compiles``), falling back to the eager step where
+        it cannot compile."""
         if self.fused is not None:
             self.fused.use_sparse_input(check_mode(mode, device, "trainer.accel"), device, self.optimizer)
-            if compiled(mode):
-                self.fused_step = compile_fused(self.fused_step, self.fused, mode, device)
+            auto = self.auto_compiles(mode, device, steps)
+            if compiled(mode) or auto:
+                self.fused_step = compile_fused(self.fused_step, self.fused, "compile" if auto else mode, device,
+                                                fallback=auto)
                 accelerate_optimizer(self.optimizer, mode, device)  # (SurrogateLearner.accelerate does, below)
                 return self
-        return super().accelerate(mode, device)
+        return super().accelerate(mode, device, steps)
+
+    def auto_compiles(self, mode: str, device, steps: int | None) -> bool:
+        """Whether ``trainer.accel=auto`` compiles the fused step: a CPU run of at least ``AUTO_COMPILE_STEPS`` updates
+        whose step is one graph (``fused.compilable``). On a CPU, compiling roughly halves a batch-20 step (Python's
+        per-operation cost is most of it); on CUDA ``auto`` leaves the choice to ``compile`` / ``cudagraphs``."""
+        return (mode == "auto" and steps is not None and steps >= AUTO_COMPILE_STEPS and self.fused.compilable
+                and device is not None and torch.device(device).type == "cpu")
 
     def distribute(self, d, device: torch.device) -> None:
         """Data parallelism averages gradients in DDP's ``backward``: the autograd path."""

@@ -136,7 +136,7 @@ class SAP(DataParallel):
         self.phase.hidden_input = None
         return self.phase.sample(x, self.sweeps_now(), self.updates)
 
-    def accelerate(self, mode: str, device=None) -> "SAP":
+    def accelerate(self, mode: str, device=None, steps: int | None = None) -> "SAP":
         """The negative phase's block-Gibbs sweeps and tempered-transitions runs use the fused kernels of
         ``BoltzmannMachine.gibbs_kernel`` (binary RBMs without labels or lateral weights; others stay eager)."""
         if check_mode(mode, device, "trainer.accel") != "none":

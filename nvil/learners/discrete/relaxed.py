@@ -249,7 +249,7 @@ class REBAR(DiscreteLearner):
         self.optimizer.step()
         return metrics
 
-    def accelerate(self, mode: str, device=None) -> "REBAR":
+    def accelerate(self, mode: str, device=None, steps: int | None = None) -> "REBAR":
         """Nothing to compile here: the double backward runs eagerly in every mode (``trainer.accel`` is checked)."""
         check_mode(mode, device, "trainer.accel")
         return self
