@@ -169,7 +169,7 @@ def test_evaluation_draws_autoregressive_q_natively(tmp_path, synthetic_override
     fast = evaluate_checkpoint(ckpt, estimator, spec)
     assert calls, "the autoregressive q was drawn eagerly"
     n_calls = len(calls)
-    eager_cfg = make_cfg("evaluate", ["estimator=iwae", "estimator.num_samples=20", "+estimator.accel=none"]).estimator
+    eager_cfg = make_cfg("evaluate", ["estimator=iwae", "estimator.num_samples=20", "estimator.accel=none"]).estimator
     eager = evaluate_checkpoint(ckpt, eager_cfg, spec)
     assert len(calls) == n_calls, "accel=none still drew through the C kernel"
     assert fast.mean == pytest.approx(eager.mean, abs=1e-4)

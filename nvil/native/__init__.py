@@ -128,8 +128,8 @@ def _signatures(real) -> dict:
             "skinny_gemm_threads": (None, [i64, i32] + [i64] * 4 + [ptr] + [i64] * 2 + [real] + [ptr] * 4),
             "softplus_difference": (None, [i64] * 3 + [ptr, real, real, ptr]),
             "softplus_difference_threads": (None, [i64] * 2 + [ptr, real, real, ptr, i32]),
-            "bernoulli_log_prob": (None, [i64] * 3 + [ptr, i64, ptr, i64, ptr]),
-            "bernoulli_log_prob_threads": (None, [i64] * 2 + [ptr, i64, ptr, i64, ptr, i32]),
+            "bernoulli_log_prob": (None, [i64] * 3 + [ptr, i64, ptr, i64, ptr, ptr]),
+            "bernoulli_log_prob_threads": (None, [i64] * 2 + [ptr, i64, ptr, i64, ptr, ptr, i32]),
             "adam_threads": (i32, [i64] + [ptr] * 7 + [ctypes.c_double] * 3 + [i32])}
 
 

@@ -8,6 +8,7 @@ import torch
 from nvil import native
 from nvil.native import _ptr, library, threads_for
 
+REPEATS = 4  # logits whose rows repeat this often or more have their softplus terms summed once per distinct row
 MIN_ELEMENTS = 4096  # below this the call's set-up outweighs torch's three kernels (a [20, 784] layer has 15,680)
 
 
@@ -41,7 +42,15 @@ def bernoulli_log_prob(logits: torch.Tensor, value: torch.Tensor) -> torch.Tenso
     if a is None or v is None or not native.wanted("auto", "cpu"):
         return None
     out = torch.empty(shape[:-1], dtype=torch.float32)
-    rows = out.numel()
-    library().bernoulli_log_prob_threads_f32(rows, shape[-1], _ptr(a), a.shape[0], _ptr(v), v.shape[0], _ptr(out),
-                                             threads_for(rows, 256))
+    rows, width = out.numel(), shape[-1]
+    softplus = None
+    if a.shape[0] * REPEATS <= rows:  # the logits' rows repeat (q's first layer, a factorial prior): sum once
+        zeros = torch.zeros(1, width)
+        softplus = torch.empty(a.shape[0], dtype=torch.float64)
+        sums = torch.empty(a.shape[0], dtype=torch.float32)
+        library().bernoulli_log_prob_threads_f32(a.shape[0], width, _ptr(a), a.shape[0], _ptr(zeros), 1, None,
+                                                 _ptr(sums), threads_for(a.shape[0], 256))
+        softplus.copy_(sums).neg_()
+    library().bernoulli_log_prob_threads_f32(rows, width, _ptr(a), a.shape[0], _ptr(v), v.shape[0], _ptr(softplus),
+                                             _ptr(out), threads_for(rows, 256))
     return out
