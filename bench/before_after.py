@@ -103,8 +103,12 @@ if "discrete" in groups:  # REBAR / RELAX at RELAX's protocol batch
 if "iwae" in groups:
     model, inference = build_model(model_cfg("sbn", layers=[200]), 784)
     x = binary(100)
+    import inspect
+    # estimator.accel (the bounds' default, auto) where this revision's log_weights takes it
+    accel = {"accel": "auto"} if "accel" in inspect.signature(log_weights).parameters else {}
     with torch.no_grad():
-        out["IWAE chunk, SBN-200, 100 examples x 341 samples"] = per_call(lambda: log_weights(model, inference, x, 341, g), 3)
+        out["IWAE chunk, SBN-200, 100 examples x 341 samples"] = per_call(
+            lambda: log_weights(model, inference, x, 341, g, **accel), 3)
 rbm = BoltzmannMachine(784, 500)
 with torch.no_grad():
     rbm.W.normal_(0, 0.1)
