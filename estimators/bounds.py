@@ -18,8 +18,8 @@ import torch
 from estimators.base import BatchProgress, Estimator, Result, batch_generator, chunks, phase_namer, shows_progress
 from estimators.certify import stored_particles
 from estimators.log_z import apply_log_z, top_log_z
-from nvil.accel import check_mode
 from nvil import native
+from nvil.accel import check_mode
 from nvil.data import take_rows
 from nvil.errors import ConfigError
 from nvil.ops import StreamingLogMeanExp, StreamingMean
@@ -35,10 +35,10 @@ def log_weights(model, inference, x: torch.Tensor, k: int, generator: torch.Gene
     kernels' counter-based stream under one seed drawn from ``generator`` (``nvil.native``): on the default job's
     K = 1000 bound, torch.rand and the sigmoid and comparison after it were a fifth of the time."""
     xk = x.unsqueeze(0).expand(k, *x.shape)
-    seed = None
     if getattr(inference, "seeded_draws", False) and native.wanted(accel, x.device) and x.dtype in SEEDED_DTYPES:
-        seed = native.seed_from(generator)
-    hs, log_q = inference.sample(xk, generator=generator, **({} if seed is None else {"seed": seed}))
+        hs, log_q = inference.sample(xk, generator=generator, seed=native.seed_from(generator))
+    else:
+        hs, log_q = inference.sample(xk, generator=generator)
     return model.log_joint(xk, hs) - torch.stack(log_q).sum(0)
 
 
