@@ -104,21 +104,12 @@ def test_compiled_hmc_and_nvil_surrogate_match_eager():
     torch.testing.assert_close(res["compile"][0].position, res["none"][0].position, rtol=1e-5, atol=1e-5)
     assert torch.equal(res["compile"][1], res["none"][1])
 
-    from models.inference import LayeredInference
-    from models.sbn import SBN
-    from nvil.learners.nvil import NVIL
-
     # Without c: with it, the first minibatch makes the baseline's output-bias gradient mean(l - c - b) = 0 up to
     # rounding, and Adam turns the sign of that rounding (which differs between compiled and eager kernels) into a
     # full step of +-lr.
-    cfg = OmegaConf.create({"optimizer": "adam", "lr": 1e-3, "inference_lr_scale": 0.2, "baseline_lr_scale": 1.0,
-                            "baseline_hidden": 5, "smoothing": 0.8, "input_baseline": True, "constant_baseline": False,
-                            "variance_normalisation": True, "layerwise": True})
+    learners = nvil_learners(optimizer="adam", lr=1e-3, constant_baseline=False)
     metrics = {}
-    for mode in ("none", "compile"):
-        torch.manual_seed(0)
-        learner = NVIL(SBN(12, [4]), LayeredInference(12, [4]), cfg, torch.device("cpu"), 0)
-        assert learner.accelerate(mode) is learner
+    for mode, learner in learners.items():
         for _ in range(2):
             m = learner.step(x)
         metrics[mode] = (m["train/elbo"], [p.detach().clone() for p in learner.parameters()])
@@ -126,7 +117,24 @@ def test_compiled_hmc_and_nvil_surrogate_match_eager():
     for a, b in zip(metrics["compile"][1], metrics["none"][1]):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
     with pytest.raises(ConfigError, match="trainer.accel"):
-        learner.accelerate("cudagraphs", "cpu")
+        learners["compile"].accelerate("cudagraphs", "cpu")
+
+
+def nvil_learners(**cfg) -> dict:
+    """A tiny NVIL learner (SBN 12-4) per mode, none and compile, from one seed; ``cfg`` over the settings below."""
+    from models.inference import LayeredInference
+    from models.sbn import SBN
+    from nvil.learners.nvil import NVIL
+
+    cfg = OmegaConf.create({"optimizer": "sgd", "lr": 1e-2, "inference_lr_scale": 0.2, "baseline_lr_scale": 1.0,
+                            "baseline_hidden": 5, "smoothing": 0.8, "input_baseline": True, "constant_baseline": True,
+                            "variance_normalisation": True, "layerwise": True, **cfg})
+    learners = {}
+    for mode in ("none", "compile"):
+        torch.manual_seed(0)
+        learners[mode] = NVIL(SBN(12, [4]), LayeredInference(12, [4]), cfg, torch.device("cpu"), 0)
+        assert learners[mode].accelerate(mode) is learners[mode]
+    return learners
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -183,17 +191,7 @@ def test_guards_are_checked_once_per_kind_of_call(monkeypatch):
 def test_a_compiled_fused_step_takes_new_shapes_after_skipping_guards():
     """NVIL's compiled fused step (guards checked once per kind of call) against the eager learner over minibatches of
     8, then 5, then 8 rows again: each new shape goes through the guards (and gets its graph), the repeats skip them."""
-    from models.inference import LayeredInference
-    from models.sbn import SBN
-    from nvil.learners.nvil import NVIL
-
-    cfg = OmegaConf.create({"optimizer": "sgd", "lr": 1e-2, "inference_lr_scale": 0.2, "baseline_lr_scale": 1.0,
-                            "baseline_hidden": 5, "smoothing": 0.8, "input_baseline": True, "constant_baseline": True,
-                            "variance_normalisation": True, "layerwise": True})
-    learners = {}
-    for mode in ("none", "compile"):
-        torch.manual_seed(0)
-        learners[mode] = NVIL(SBN(12, [4]), LayeredInference(12, [4]), cfg, torch.device("cpu"), 0).accelerate(mode)
+    learners = nvil_learners()
     for rows in (8, 8, 8, 5, 5, 8, 5):
         out = {mode: learner.step(data(rows)) for mode, learner in learners.items()}
         torch.testing.assert_close(out["compile"]["train/elbo"], out["none"]["train/elbo"], rtol=1e-5, atol=1e-5)

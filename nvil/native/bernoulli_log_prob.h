@@ -30,16 +30,16 @@ static float blp_dot(const float *a, const float *v, int64_t n) {
     return sum;
 }
 
-/* With a_softplus (not NULL: sum_j softplus(a_j) of each of the a_period rows, as this kernel gives for value 0,
-   negated) a row costs its dot product only: the softplus terms of a row that repeats are summed once. */
+/* With a_zero (not NULL: each of the a_period rows' log-probability of the value 0, -sum_j softplus(a_j), as this
+   kernel gives it) a row costs its dot product only: the softplus terms of a row that repeats are summed once. */
 void bernoulli_log_prob_f32(int64_t r0, int64_t r1, int64_t width, const float *a, int64_t a_period,
-                            const float *value, int64_t v_period, const double *a_softplus, float *out) {
+                            const float *value, int64_t v_period, const float *a_zero, float *out) {
     for (int64_t r = r0; r < r1; r++) {
         const float *row = a + (r % a_period) * width, *v = value + (r % v_period) * width;
-        double sum = a_softplus ? -a_softplus[r % a_period] : 0.0;
+        double sum = a_zero ? (double)a_zero[r % a_period] : 0.0;
         for (int64_t j = 0; j < width; j += SD_BLOCK) {
             int64_t n = width - j < SD_BLOCK ? width - j : SD_BLOCK;
-            sum += (double)(a_softplus ? blp_dot(row + j, v + j, n) : blp_block(row + j, v + j, n));
+            sum += (double)(a_zero ? blp_dot(row + j, v + j, n) : blp_block(row + j, v + j, n));
         }
         out[r] = (float)sum;
     }

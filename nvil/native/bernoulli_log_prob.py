@@ -42,15 +42,12 @@ def bernoulli_log_prob(logits: torch.Tensor, value: torch.Tensor) -> torch.Tenso
     if a is None or v is None or not native.wanted("auto", "cpu"):
         return None
     out = torch.empty(shape[:-1], dtype=torch.float32)
-    rows, width = out.numel(), shape[-1]
-    softplus = None
-    if a.shape[0] * REPEATS <= rows:  # the logits' rows repeat (q's first layer, a factorial prior): sum once
-        zeros = torch.zeros(1, width)
-        softplus = torch.empty(a.shape[0], dtype=torch.float64)
-        sums = torch.empty(a.shape[0], dtype=torch.float32)
-        library().bernoulli_log_prob_threads_f32(a.shape[0], width, _ptr(a), a.shape[0], _ptr(zeros), 1, None,
-                                                 _ptr(sums), threads_for(a.shape[0], 256))
-        softplus.copy_(sums).neg_()
-    library().bernoulli_log_prob_threads_f32(rows, width, _ptr(a), a.shape[0], _ptr(v), v.shape[0], _ptr(softplus),
+    rows, width, period = out.numel(), shape[-1], a.shape[0]
+    zero = None  # log p(0) of each distinct row of logits, where they repeat (q's first layer, a factorial prior)
+    if period * REPEATS <= rows:
+        zero, zeros = torch.empty(period, dtype=torch.float32), torch.zeros(1, width)  # held through the call
+        library().bernoulli_log_prob_threads_f32(period, width, _ptr(a), period, _ptr(zeros), 1, None, _ptr(zero),
+                                                 threads_for(period, 256))
+    library().bernoulli_log_prob_threads_f32(rows, width, _ptr(a), period, _ptr(v), v.shape[0], _ptr(zero),
                                              _ptr(out), threads_for(rows, 256))
     return out

@@ -109,9 +109,9 @@ void softplus_difference_threads_f32(int64_t rows, int64_t width, const float *a
 
 /* A Bernoulli layer's log-probability per row, float32 only (bernoulli_log_prob.h). */
 void bernoulli_log_prob_threads_f32(int64_t rows, int64_t width, const float *a, int64_t a_period,
-                                    const float *value, int64_t v_period, const double *a_softplus, float *out,
+                                    const float *value, int64_t v_period, const float *a_zero, float *out,
                                     int threads) {
-    FOR_RANGES(rows, bernoulli_log_prob_f32(begin, end, width, a, a_period, value, v_period, a_softplus, out))
+    FOR_RANGES(rows, bernoulli_log_prob_f32(begin, end, width, a, a_period, value, v_period, a_zero, out))
 }
 
 /* Adam's update over `count` tensors (adam.h): the step counts and bias corrections once, then each thread the same
