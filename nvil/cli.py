@@ -18,6 +18,7 @@ from typing import Callable
 from omegaconf import OmegaConf
 
 from nvil import distributed, gemm
+from nvil.accel import quiet_cpu_compile
 from nvil.config import CONFIG_DIR, check_group_choices
 from nvil.errors import ConfigError, UserError
 
@@ -41,7 +42,8 @@ def run_task(task: Callable, hydra_main: Callable, config_name: str, run_dir_roo
     except UserError as e:
         fail(e)
     try:
-        hydra_main()
+        with quiet_cpu_compile():  # Inductor's "No CUDA runtime is found" on every CPU compilation: noise here
+            hydra_main()
     except KeyboardInterrupt:
         fail(UserInterrupt())
     finally:
