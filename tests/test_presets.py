@@ -60,8 +60,14 @@ def test_preset_composes_and_builds(name):
 
 
 def check_boltzmann_preset(name: str, cfg, model) -> None:
-    """Trans-SAP presets carry Salakhutdinov 2009's schedules (Sec. 4)."""
+    """Trans-SAP presets carry Salakhutdinov 2009's schedules (Sec. 4), and compare with SAP at equal Gibbs steps
+    (the paper's footnote 4): updates plus the 2 (S - 1) sweeps of each tempered-transitions run = SAP's updates."""
     learner, arch = name.split("_", 1)
+    if learner == "transsap":
+        tt = cfg.learner.tt
+        gibbs = cfg.trainer.max_steps + (cfg.trainer.max_steps - tt.start_step) // tt.every * 2 * (tt.num_betas - 1)
+        sap_steps = make_cfg("train", [f"experiment=sap_{arch}"]).trainer.max_steps
+        assert abs(gibbs - sap_steps) <= 0.01 * sap_steps, (gibbs, sap_steps)
     assert cfg.learner.name == {"transsap": "trans_sap", "sap": "sap", "exactml": "exact_ml"}[learner]
     if arch == "rbm10_toy":
         assert (cfg.model.name, model.n_hidden, cfg.trainer.batch_size) == ("rbm", 10, 100)
