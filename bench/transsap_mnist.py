@@ -2,15 +2,16 @@
 Fig. 1 and the test log-probabilities of Salakhutdinov (2009), Sec. 4.1. A benchmark, not run by CI.
 
     pip install -e '.[bench]'
-    python bench/transsap_mnist.py                          # semi-RBM 500, both rows, 200,000 updates each
+    python bench/transsap_mnist.py                          # semi-RBM 500, both rows, 200,000 Gibbs steps each
     python bench/transsap_mnist.py --model rbm --device cuda
     python bench/transsap_mnist.py --model srbm --hidden 20 --steps 200 --threads 1 --device cpu \
         --tt-betas 10 --out /tmp/bench_smoke_tt                 # a smoke test
 
 The rows are the presets sap_srbm500 and transsap_srbm500 (``--model rbm`` swaps in an RBM, ``--hidden``
 the number of hidden units; labels are always modelled): minibatches of 100, 100 particles, 200,000
-updates, rate 0.05 for 50,000 updates then 100 / (2000 + t); Trans-SAP adds one run of 500 betas
-(0.9 to 1) every 1,000 updates in the last 100,000 (paper: acceptance about 0.7). ``--steps`` scales
+Gibbs steps, rate 0.05 for 50,000 updates then 100 / (2000 + t); SAP makes 200,000 updates, Trans-SAP
+150,000 and one run of 500 betas (0.9 to 1, ~1,000 sweeps) after every 1,000 from update 100,000 (paper:
+acceptance about 0.7; the paper compares at equal Gibbs steps, its footnote 4). ``--steps`` scales
 the schedule as in transsap_toy.py. log Z cannot be enumerated, so training is followed by the
 stochastic pseudo-likelihood on the validation set (plotted), and the final parameters
 (``checkpoints/last.pt``) are scored on the test set by
