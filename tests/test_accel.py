@@ -199,29 +199,35 @@ def test_a_compiled_fused_step_takes_new_shapes_after_skipping_guards():
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
 
+def mcem_steps(name: str, mode: str, device: str = "cpu") -> tuple[int, list[torch.Tensor]]:
+    """(frames Dynamo compiled, [chains, *parameters]) after three iterations of ``learner=name`` (MCEM or
+    MAP-latents) on a GBN 12-3-2 with ``trainer.accel=mode``, from one seed."""
+    from conftest import make_cfg
+    from nvil.learners.mcem import MAPLatents, MCEM
+
+    cfg = make_cfg("train", ["model=gbn", f"learner={name}", "learner.adapt=dual_averaging"]).learner
+    x, rows = data(8, device=device), torch.arange(8, device=device)
+    torch.manual_seed(0)
+    net = GaussianBeliefNet(12, [3, 2]).to(device)
+    learner = (MAPLatents if name == "map_latents" else MCEM)(net, None, cfg, torch.device(device), seed=0)
+    learner.accelerate(mode, device)
+    learner.bind_data(x)
+    torch._dynamo.reset()  # compiled afresh here, whichever test compiled these functions before
+    before = torch._dynamo.utils.counters["frames"]["ok"]
+    for _ in range(3):
+        learner.step(x, indices=rows)
+    frames = torch._dynamo.utils.counters["frames"]["ok"] - before
+    return frames, [learner.chains.clone()] + [p.detach().clone() for p in net.parameters()]
+
+
 @pytest.mark.parametrize("name", ["mcem_hmc", "map_latents"])
 def test_compiled_mcem_takes_the_eager_steps(name):
     """``trainer.accel=compile`` for MCEM compiles the E-step target's gradient and the M-step's objective (Dynamo
     compiles frames: the learner's ``accelerate`` is not the base class's no-op) and takes the eager steps: the same
     chains and parameters after three iterations, from one seed, to float tolerance."""
-    from conftest import make_cfg
-    from nvil.learners.mcem import MAPLatents, MCEM
-
-    cfg = make_cfg("train", ["model=gbn", f"learner={name}", "learner.adapt=dual_averaging"]).learner
-    x, rows = data(8), torch.arange(8)
-    out, frames = {}, {}
+    frames, out = {}, {}
     for mode in ("none", "compile"):
-        torch.manual_seed(0)
-        net = GaussianBeliefNet(12, [3, 2])
-        learner = (MAPLatents if name == "map_latents" else MCEM)(net, None, cfg, torch.device("cpu"), seed=0)
-        learner.accelerate(mode, "cpu")
-        learner.bind_data(x)
-        torch._dynamo.reset()  # compiled afresh here, whichever test compiled these functions before
-        before = torch._dynamo.utils.counters["frames"]["ok"]
-        for _ in range(3):
-            learner.step(x, indices=rows)
-        frames[mode] = torch._dynamo.utils.counters["frames"]["ok"] - before
-        out[mode] = [learner.chains.clone()] + [p.detach().clone() for p in net.parameters()]
+        frames[mode], out[mode] = mcem_steps(name, mode)
     assert frames["none"] == 0 and frames["compile"] >= 2, frames
     for a, b in zip(out["compile"], out["none"]):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)

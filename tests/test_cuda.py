@@ -112,3 +112,16 @@ def test_hmc_under_cudagraphs_makes_the_eager_chain():
             state = hmc.step(state, generator=g, step_size=0.3)[0]
         chains[mode] = state.position
     torch.testing.assert_close(chains["cudagraphs"], chains["none"], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("mode", ["compile", "cudagraphs"])
+def test_mcem_compiled_on_cuda_takes_the_eager_steps(mode):
+    """MCEM's ``trainer.accel`` on the GPU: the compiled (or CUDA-graph-replayed) E-step gradient and M-step objective
+    give the eager chains and parameters after three iterations."""
+    from test_accel import mcem_steps
+
+    frames, out = mcem_steps("mcem_hmc", mode, "cuda")
+    _, eager = mcem_steps("mcem_hmc", "none", "cuda")
+    assert frames >= 2
+    for a, b in zip(out, eager):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
