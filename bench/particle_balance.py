@@ -1,0 +1,98 @@
+"""Where SAP's persistent particles go at the final parameters: the digit classes (label units) of a checkpoint's
+particles over block-Gibbs sweeps with the parameters fixed (Salakhutdinov 2009, Sec. 4.1 and Fig. 2: SAP's
+particles follow a model that changes under them, and a tempered-transitions run showed the current model "very
+unbalanced, with more probability mass placed on images of four"). A diagnostic, not run by CI.
+
+    python bench/particle_balance.py bench/checkpoints/sap_srbm500.pt bench/checkpoints/transsap_srbm500.pt
+    python bench/particle_balance.py RUN/checkpoints/last.pt --sweeps 4000 --every 1000 --seeds 1,2
+
+For each checkpoint of a (semi-)RBM with label units trained by SAP or Trans-SAP (its learner state carries the
+particles), block Gibbs at beta = 1 from the stored particles with the final parameters, and a table of the
+particles' classes every ``--every`` sweeps (the argmax of the label units, which the sweeps draw as one-hot), with
+Pearson's chi-square against the training set's class frequencies: 9 degrees of freedom, so about 9 +- 4.2 for
+particles drawn from those frequencies, above 21.7 with probability 0.01. Balanced particles under SAP that leave
+balance here were kept balanced by the learning itself (the parameters move under them), not by the model they
+are meant to sample.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from common import markdown_table  # noqa: I001  (puts the repository root on sys.path)
+
+import torch
+from omegaconf import OmegaConf
+
+from models.rbm import State
+from nvil.data import build_model_data
+from nvil.evaluation import load_model
+from nvil.mcmc import BlockGibbs
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("checkpoints", nargs="+", type=Path, help="checkpoints of SAP / Trans-SAP runs with label units")
+    p.add_argument("--sweeps", type=int, default=1000, help="Gibbs sweeps at the final parameters (default 1000)")
+    p.add_argument("--every", type=int, default=250, help="a table row every this many sweeps (default 250)")
+    p.add_argument("--seeds", default="0", help="Gibbs seeds, comma-separated: a run from the particles for each")
+    p.add_argument("--threads", type=int, default=1)
+    args = p.parse_args(argv)
+    if args.sweeps < 1 or args.every < 1:
+        p.error("--sweeps and --every must be positive")
+    args.seeds = [int(s) for s in args.seeds.split(",")]
+    return args
+
+
+def particles(path: Path):
+    """(model, State of the stored particles, training class frequencies [10]) of a SAP / Trans-SAP checkpoint."""
+    model, _, payload = load_model(path, torch.device("cpu"))
+    learner = payload.get("learner") or {}
+    if "particles_x" not in learner or not getattr(model, "n_labels", 0):
+        raise SystemExit(f"{path}: not a SAP / Trans-SAP checkpoint of a model with label units (no particles or labels)")
+    data = build_model_data(OmegaConf.create(payload["config"]["data"]), OmegaConf.create(payload["config"]["model"]),
+                            torch.device("cpu"))
+    counts = torch.bincount(data.labels["train"].long(), minlength=model.n_labels).double()
+    return model, State(learner["particles_x"].clone(), learner["particles_h"].clone()), counts / counts.sum()
+
+
+def chi_square(classes: torch.Tensor, freq: torch.Tensor) -> float:
+    """Pearson's chi-square of the classes' counts against ``freq`` times their number."""
+    expected = freq * classes.numel()
+    observed = torch.bincount(classes, minlength=freq.numel()).double()
+    return float(((observed - expected) ** 2 / expected).sum())
+
+
+def trace(model, start: State, freq: torch.Tensor, sweeps: int, every: int, seed: int) -> list[list[str]]:
+    """Rows (sweep, class counts, chi-square) every ``every`` sweeps of block Gibbs from ``start``."""
+    gibbs = BlockGibbs(model, accel="auto")
+    generator = torch.Generator().manual_seed(seed)
+    state, n_pixels, rows = start, model.n_pixels, []
+    for k in range(sweeps + 1):
+        if k:
+            state, _ = gibbs.step(state, generator=generator)
+        if k % every == 0:
+            classes = state.x[:, n_pixels:].argmax(-1)
+            counts = torch.bincount(classes, minlength=freq.numel()).tolist()
+            rows.append([str(k), " ".join(map(str, counts)), f"{chi_square(classes, freq):.1f}"])
+    return rows
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    for path in args.checkpoints:
+        model, start, freq = particles(path)
+        print(f"\n{path} ({start.x.shape[0]} particles; training class frequencies "
+              f"{' '.join(f'{f:.3f}' for f in freq.tolist())}):")
+        for seed in args.seeds:
+            began = time.perf_counter()
+            rows = trace(model, start, freq, args.sweeps, args.every, seed)
+            print(f"Gibbs seed {seed}, {time.perf_counter() - began:.0f} s:")
+            print(markdown_table(["sweeps", "particles per class 0-9", "chi-square (9 d.o.f.)"], rows))
+
+
+if __name__ == "__main__":
+    main()
