@@ -13,6 +13,12 @@ Pearson's chi-square against the training set's class frequencies: 9 degrees of 
 particles drawn from those frequencies, above 21.7 with probability 0.01. Balanced particles under SAP that leave
 balance here were kept balanced by the learning itself (the parameters move under them), not by the model they
 are meant to sample.
+
+``--test-classes`` adds what the class balance does to the test log-probability: per class k, the mean over the test
+images of class k of log p*(x, y) minus its mean over all of them (log p* unnormalised: the model's log Z cancels,
+so no AIS is needed), for each checkpoint, and each later checkpoint's difference from the first with the standard
+error of the paired per-image difference. Adding a checkpoint's certified mean test log p (``evaluate.py ...
+estimator=ais``) to its row gives the per-class test log p.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--sweeps", type=int, default=1000, help="Gibbs sweeps at the final parameters (default 1000)")
     p.add_argument("--every", type=int, default=250, help="a table row every this many sweeps (default 250)")
     p.add_argument("--seeds", default="0", help="Gibbs seeds, comma-separated: a run from the particles for each")
+    p.add_argument("--test-classes", action="store_true", help="also the test log p* per class (see above)")
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args(argv)
     if args.sweeps < 1 or args.every < 1:
@@ -51,7 +58,8 @@ def particles(path: Path):
     model, _, payload = load_model(path, torch.device("cpu"))
     learner = payload.get("learner") or {}
     if "particles_x" not in learner or not getattr(model, "n_labels", 0):
-        raise SystemExit(f"{path}: not a SAP / Trans-SAP checkpoint of a model with label units (no particles or labels)")
+        raise SystemExit(f"{path}: not a SAP / Trans-SAP checkpoint of a model with label units "
+                         "(no particles or labels)")
     data = build_model_data(OmegaConf.create(payload["config"]["data"]), OmegaConf.create(payload["config"]["model"]),
                             torch.device("cpu"))
     counts = torch.bincount(data.labels["train"].long(), minlength=model.n_labels).double()
@@ -80,6 +88,42 @@ def trace(model, start: State, freq: torch.Tensor, sweeps: int, every: int, seed
     return rows
 
 
+@torch.no_grad()
+def test_log_p_star(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log p*(x, y) = -F(x, y) of every test image with its label [N], the labels [N]) under the checkpoint."""
+    model, _, payload = load_model(path, torch.device("cpu"))
+    data = build_model_data(OmegaConf.create(payload["config"]["data"]), OmegaConf.create(payload["config"]["model"]),
+                            torch.device("cpu"))
+    x = data.split("test")
+    log_p_star = torch.cat([-model.free_energy(x[i:i + 1000]) for i in range(0, x.shape[0], 1000)])
+    return log_p_star.double(), data.labels["test"].long()
+
+
+def class_profile(log_p_star: torch.Tensor, labels: torch.Tensor) -> list[tuple[float, float]]:
+    """Per class: (mean of log p* over its images minus the mean over all, its standard error)."""
+    centred, out = log_p_star - log_p_star.mean(), []
+    for k in range(int(labels.max()) + 1):
+        v = centred[labels == k]
+        out.append((float(v.mean()), float(v.std() / v.numel() ** 0.5)))
+    return out
+
+
+def test_classes(paths: list[Path]) -> None:
+    """The per-class table of ``--test-classes``."""
+    scored = [test_log_p_star(p) for p in paths]
+    labels = scored[0][1]
+    head = ["checkpoint"] + [f"class {k}" for k in range(int(labels.max()) + 1)]
+    cells = lambda profile: [f"{m:+.2f} ± {se:.2f}" for m, se in profile]  # noqa: E731
+    rows = [[p.name] + cells(class_profile(lp, labels)) for p, (lp, _) in zip(paths, scored)]
+    first = scored[0][0]
+    for p, (lp, _) in zip(paths[1:], scored[1:]):
+        diff = (lp - lp.mean()) - (first - first.mean())  # paired: the same images under both
+        rows.append([f"{p.name} - {paths[0].name}"] + cells(class_profile(diff, labels)))
+    print("\nTest log p*(x, y) per class, minus the checkpoint's mean over the test set (nats; ± SE over the class's "
+          "images):")
+    print(markdown_table(head, rows))
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -92,6 +136,8 @@ def main(argv=None) -> None:
             rows = trace(model, start, freq, args.sweeps, args.every, seed)
             print(f"Gibbs seed {seed}, {time.perf_counter() - began:.0f} s:")
             print(markdown_table(["sweeps", "particles per class 0-9", "chi-square (9 d.o.f.)"], rows))
+    if args.test_classes:
+        test_classes(args.checkpoints)
 
 
 if __name__ == "__main__":
