@@ -53,24 +53,28 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def particles(path: Path):
-    """(model, State of the stored particles, training class frequencies [10]) of a SAP / Trans-SAP checkpoint."""
+def load(path: Path):
+    """(model, checkpoint payload, the run's dataset with one-hot labels) of a checkpoint, read once."""
     model, _, payload = load_model(path, torch.device("cpu"))
+    data = build_model_data(OmegaConf.create(payload["config"]["data"]), OmegaConf.create(payload["config"]["model"]),
+                            torch.device("cpu"))
+    return model, payload, data
+
+
+def particles(path: Path, model, payload: dict, data) -> tuple[State, torch.Tensor]:
+    """(State of the stored particles, training class frequencies [n_labels]) of a SAP / Trans-SAP checkpoint."""
     learner = payload.get("learner") or {}
     if "particles_x" not in learner or not getattr(model, "n_labels", 0):
         raise SystemExit(f"{path}: not a SAP / Trans-SAP checkpoint of a model with label units "
                          "(no particles or labels)")
-    data = build_model_data(OmegaConf.create(payload["config"]["data"]), OmegaConf.create(payload["config"]["model"]),
-                            torch.device("cpu"))
     counts = torch.bincount(data.labels["train"].long(), minlength=model.n_labels).double()
-    return model, State(learner["particles_x"].clone(), learner["particles_h"].clone()), counts / counts.sum()
+    return State(learner["particles_x"].clone(), learner["particles_h"].clone()), counts / counts.sum()
 
 
-def chi_square(classes: torch.Tensor, freq: torch.Tensor) -> float:
-    """Pearson's chi-square of the classes' counts against ``freq`` times their number."""
-    expected = freq * classes.numel()
-    observed = torch.bincount(classes, minlength=freq.numel()).double()
-    return float(((observed - expected) ** 2 / expected).sum())
+def chi_square(counts: torch.Tensor, freq: torch.Tensor) -> float:
+    """Pearson's chi-square of class ``counts`` against ``freq`` times their total."""
+    expected = freq * counts.sum()
+    return float(((counts - expected) ** 2 / expected).sum())
 
 
 def trace(model, start: State, freq: torch.Tensor, sweeps: int, every: int, seed: int) -> list[list[str]]:
@@ -82,18 +86,14 @@ def trace(model, start: State, freq: torch.Tensor, sweeps: int, every: int, seed
         if k:
             state, _ = gibbs.step(state, generator=generator)
         if k % every == 0:
-            classes = state.x[:, n_pixels:].argmax(-1)
-            counts = torch.bincount(classes, minlength=freq.numel()).tolist()
-            rows.append([str(k), " ".join(map(str, counts)), f"{chi_square(classes, freq):.1f}"])
+            counts = torch.bincount(state.x[:, n_pixels:].argmax(-1), minlength=freq.numel()).double()
+            rows.append([str(k), " ".join(str(int(n)) for n in counts), f"{chi_square(counts, freq):.1f}"])
     return rows
 
 
 @torch.no_grad()
-def test_log_p_star(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
-    """(log p*(x, y) = -F(x, y) of every test image with its label [N], the labels [N]) under the checkpoint."""
-    model, _, payload = load_model(path, torch.device("cpu"))
-    data = build_model_data(OmegaConf.create(payload["config"]["data"]), OmegaConf.create(payload["config"]["model"]),
-                            torch.device("cpu"))
+def test_log_p_star(model, data) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log p*(x, y) = -F(x, y) of every test image with its label [N], the labels [N])."""
     x = data.split("test")
     log_p_star = torch.cat([-model.free_energy(x[i:i + 1000]) for i in range(0, x.shape[0], 1000)])
     return log_p_star.double(), data.labels["test"].long()
@@ -108,9 +108,14 @@ def class_profile(log_p_star: torch.Tensor, labels: torch.Tensor) -> list[tuple[
     return out
 
 
-def test_classes(paths: list[Path]) -> None:
-    """The per-class table of ``--test-classes``."""
-    scored = [test_log_p_star(p) for p in paths]
+def test_classes(paths: list[Path], scored: list[tuple[torch.Tensor, torch.Tensor]], test_sets: list[torch.Tensor]
+                 ) -> None:
+    """The per-class table of ``--test-classes``; the differences are paired per image, so every checkpoint's test
+    set must be the first's (the same images and binarisation)."""
+    for p, x in zip(paths[1:], test_sets[1:]):
+        if not torch.equal(x, test_sets[0]):
+            raise SystemExit(f"{p}: its run's test images differ from {paths[0]}'s (another data config), so the "
+                             "per-image differences are not paired; compare runs of one data config")
     labels = scored[0][1]
     head = ["checkpoint"] + [f"class {k}" for k in range(int(labels.max()) + 1)]
     cells = lambda profile: [f"{m:+.2f} ± {se:.2f}" for m, se in profile]  # noqa: E731
@@ -127,8 +132,10 @@ def test_classes(paths: list[Path]) -> None:
 def main(argv=None) -> None:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
+    scored, test_sets = [], []
     for path in args.checkpoints:
-        model, start, freq = particles(path)
+        model, payload, data = load(path)
+        start, freq = particles(path, model, payload, data)
         print(f"\n{path} ({start.x.shape[0]} particles; training class frequencies "
               f"{' '.join(f'{f:.3f}' for f in freq.tolist())}):")
         for seed in args.seeds:
@@ -136,8 +143,11 @@ def main(argv=None) -> None:
             rows = trace(model, start, freq, args.sweeps, args.every, seed)
             print(f"Gibbs seed {seed}, {time.perf_counter() - began:.0f} s:")
             print(markdown_table(["sweeps", "particles per class 0-9", "chi-square (9 d.o.f.)"], rows))
+        if args.test_classes:
+            scored.append(test_log_p_star(model, data))
+            test_sets.append(data.split("test"))
     if args.test_classes:
-        test_classes(args.checkpoints)
+        test_classes(args.checkpoints, scored, test_sets)
 
 
 if __name__ == "__main__":
