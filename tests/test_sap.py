@@ -230,6 +230,26 @@ def test_cd1_is_unbiased_for_its_own_expectation_and_biased_for_ml():
     assert learner.particles is None and learner.gibbs_sweeps == 300  # CD keeps no persistent chains
 
 
+def test_tempered_transitions_report_the_mean_acceptance_over_all_runs():
+    """mcmc/tt_accept_mean is the mean of every run's acceptance rate so far (the paper's figure) and mcmc/tt_runs
+    their count; mcmc/tt_accept_rate stays the last run's. The runs' rates differ here, so a report that gave the
+    last rate (or the first) as the mean fails."""
+    m, x = tiny_rbm(scale=1.0), tiny_data()
+    learner = learner_for(m, "trans_sap", k=1, num_particles=50, **{"tt.num_betas": 4, "tt.beta_min": 0.2,
+                                                                     "tt.every": 2, "tt.start_step": 0})
+    assert learner.phase.report() == {}  # before any run
+    rates = []
+    for update in range(12):
+        learner.step(x)
+        if update % 2 == 0:  # runs at updates 0, 2, ..., 10 (the learner's clock before its step)
+            rates.append(learner.last_tt_accept.item())
+    report = learner.phase.report()
+    assert len(set(rates)) > 1
+    assert report["mcmc/tt_runs"].item() == len(rates) == 6
+    assert report["mcmc/tt_accept_mean"].item() == pytest.approx(sum(rates) / len(rates), rel=1e-6)  # float32 rates
+    assert report["mcmc/tt_accept_rate"].item() == rates[-1]
+
+
 def test_cd_k_rises_linearly_to_k_final():
     """learner.k_final: k goes from k to k_final over k_ramp updates, then stays; each CD update takes k sweeps."""
     m, x = tiny_rbm(scale=1.0), tiny_data()
@@ -272,6 +292,7 @@ def test_resume_gives_identical_parameters_and_particles(tmp_path, learner):
     assert la["updates"] == lb["updates"] == n and la["gibbs_sweeps"] == lb["gibbs_sweeps"]
     if "trans_sap" in learner[0]:  # tempered-transition runs at updates 7, 14, ..., 35 (start_step 5): 5 runs
         assert la["gibbs_sweeps"] == n + 5 * 2 * 3
+        assert la["tt_runs"] == lb["tt_runs"] == 5 and torch.equal(la["tt_accept_sum"], lb["tt_accept_sum"])
     assert a["best_score"] == b["best_score"]
 
 

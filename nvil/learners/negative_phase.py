@@ -135,7 +135,9 @@ class TemperedPersistent(Persistent):
         self.every = positive_int(tt.every, "learner.tt.every")
         self.start_step = int(tt.get("start_step", 0))
         self.last_run: tuple[torch.Tensor, torch.Tensor] | None = None  # x before and after (the paper's Fig. 2)
-        self.last_accept: torch.Tensor | None = None  # reported at every log step after a run
+        self.last_accept: torch.Tensor | None = None  # the last run's acceptance rate
+        self.runs = 0  # tempered-transitions runs so far
+        self.accept_sum: torch.Tensor | float = 0.0  # the sum of their acceptance rates, on the chains' device
 
     def sample(self, x: torch.Tensor, k: int, updates: int) -> torch.Tensor:
         self.start(x)
@@ -144,11 +146,28 @@ class TemperedPersistent(Persistent):
             self.chains, info = self.tt.step(self.chains, generator=self.generator)
             self.last_run = (before, self.chains.x)
             self.last_accept = info["accept_rate"]
+            self.runs += 1
+            self.accept_sum = self.accept_sum + self.last_accept
             self.sweeps += 2 * (len(self.tt.betas) - 1)
         return super().sample(x, k, updates)
 
     def report(self) -> dict[str, torch.Tensor]:
-        return {} if self.last_accept is None else {"mcmc/tt_accept_rate": self.last_accept}
+        """The last run's acceptance rate (``mcmc/tt_accept_rate``: the same value at every log step until the next
+        run), the runs so far (``mcmc/tt_runs``) and their mean acceptance rate (``mcmc/tt_accept_mean``, the
+        paper's figure: Salakhutdinov 2009 quotes ~0.8 on the toy RBM); nothing before the first run."""
+        if self.last_accept is None:  # also after a resume, until the next run (so runs >= 1 below)
+            return {}
+        return {"mcmc/tt_accept_rate": self.last_accept, "mcmc/tt_runs": torch.tensor(float(self.runs)),
+                "mcmc/tt_accept_mean": self.accept_sum / self.runs}
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "tt_runs": self.runs, "tt_accept_sum": self.accept_sum}
+
+    def load_state_dict(self, state: dict) -> None:
+        """A checkpoint written before the counters existed restarts them at zero (the mean then covers the runs
+        since the resume)."""
+        super().load_state_dict(state)
+        self.runs, self.accept_sum = int(state.get("tt_runs", 0)), state.get("tt_accept_sum", 0.0)
 
     def image_grids(self, n_pixels: int) -> dict[str, torch.Tensor]:
         out = super().image_grids(n_pixels)
