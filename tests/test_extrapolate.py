@@ -11,7 +11,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 
-from extrapolate import fit_power_law, main, read_curve, updates_to_reach, window_means  # noqa: E402
+from extrapolate import (fit_power_law, main, parse_points, read_curve, updates_to_reach,  # noqa: E402
+                         window_means)
 
 
 def write_run(tmp_path: Path, law, steps) -> Path:
@@ -48,3 +49,24 @@ def test_cli_prints_the_fit_and_refuses_bad_runs(tmp_path, capsys):
         main([str(tmp_path / "missing")])
     with pytest.raises(SystemExit, match="the fit needs at least 3"):
         main([str(run), "--from", "950000"])
+
+
+def test_points_fit_given_pairs_and_refuse_bad_ones(capsys):
+    """--points fits the law to update:nats pairs (checkpoints' test-set figures); exact points of a known law give
+    it back, and its budget to the target."""
+    def law(t):
+        return 118.9 + 12.3 * (t / 1e6) ** -0.43
+    pairs = ",".join(f"{t}:{law(t)!r}" for t in (4_690_000, 1_340_000, 2_450_000, 3_530_000))  # any order
+    points = parse_points(pairs)
+    assert [t for t, _ in points] == [1.34e6, 2.45e6, 3.53e6, 4.69e6]
+    a, b, c, rss = fit_power_law(points)
+    assert abs(c - 0.43) < 1e-9 and abs(a - 118.9) < 1e-6 and rss < 1e-12
+    main(["--points", pairs, "--target", "121.8"])
+    out = capsys.readouterr().out
+    assert "4 given points" in out and "reaches 121.8: " in out and "never" not in out
+    with pytest.raises(SystemExit, match="update:nats pairs"):
+        parse_points("1000:110.2,2000")
+    with pytest.raises(SystemExit, match="the fit needs at least 3"):
+        main(["--points", "1000:110,2000:109"])
+    with pytest.raises(SystemExit):
+        main(["/tmp", "--points", pairs])  # a run directory and points: one or the other
