@@ -5,6 +5,7 @@ protocol run fell 34 nats late in training and nothing said so (nvil/divergence.
 from __future__ import annotations
 
 import json
+import statistics
 import logging
 
 import pytest
@@ -47,16 +48,30 @@ def test_a_late_fall_is_said_once_and_a_healthy_curve_never():
     assert any(warnings_along(DivergenceMonitor(regression=0.5), healthy_curve(seed=seed)) for seed in range(5))
 
 
-@pytest.mark.parametrize("run", ["nvil_sbn200_sgd", "nvil_fdarn200", "ws_sbn200", "ws_sbn200_lr0.001",
+@pytest.mark.parametrize("run", ["nvil_sbn200_sgd", "nvil_fdarn200", "ws_sbn200_lr0.001",
                                  "nvil_sbn200_ar", "nvil_sbn200_ar_lr0.003", "ws_sbn200_q1"])
 def test_the_committed_runs_real_curves_are_not_called_regressions(run):
-    """The validation curves of the committed reproduction runs (134 to 750 validations each, to 7.5M updates): none
+    """The validation curves of the committed reproduction runs (134 to 1,054 validations each, to 10.5M updates): none
     fell, and none is said to; at a factor of 3 (the broken variant) their noise is, in all but one."""
     rows = [json.loads(line) for line in (ROOT / "bench" / "checkpoints" / f"{run}.val.jsonl").open()]
     scores = [r["val/elbo"] for r in rows if "val/elbo" in r]
     assert len(scores) > 100 and warnings_along(DivergenceMonitor(), scores) == []
     if run != "nvil_sbn200_ar":
         assert warnings_along(DivergenceMonitor(regression=3), scores)
+
+
+def test_the_wake_sleep_runs_validation_dip_is_said_where_it_is():
+    """ws_sbn200, resumed on 2026-11-28 to 7.05M updates: its 100-image validation score dipped ~0.3 nats below its
+    best around updates 4.0-4.13M (the test figure kept improving: bench/REPRODUCTION.md, rows 4 and 5 on the test
+    measure), more than 10 of the run's median validation-to-validation changes. The rule says so there and only
+    in that stretch; the dip, measured from the data, is that deep."""
+    rows = [json.loads(line) for line in (ROOT / "bench" / "checkpoints" / "ws_sbn200.val.jsonl").open()]
+    steps, scores = [r["step"] for r in rows], [r["val/elbo"] for r in rows]
+    said = [steps[i] for i in warnings_along(DivergenceMonitor(), scores)]
+    assert said and all(3_960_000 <= s <= 4_200_000 for s in said)
+    i = steps.index(said[0])
+    changes = [abs(b - a) for a, b in zip(scores[max(0, i - 100):i], scores[max(1, i - 99):i + 1])]
+    assert max(scores[:i]) - scores[i] > 10 * statistics.median(changes)
 
 
 def test_relaxs_real_fall_is_said():
