@@ -30,16 +30,16 @@ from common import ROOT, markdown_table, sync  # noqa: F401,I001
 
 import torch
 
-from estimators.ais import RBMPath, ais, base_rate, rbm_log_z, schedule
-from nvil.accel import MODES
-from models.rbm import BoltzmannMachine
-from nvil import gemm
-from nvil.evaluation import load_model
+from nvil.estimators.ais import RBMPath, ais, base_rate, rbm_log_z, schedule
+from nvil.backend.accel import MODES
+from nvil.models.rbm import BoltzmannMachine
+from nvil.backend import gemm
+from nvil.app.evaluation import load_model
 
 
 def matmul_gflops(device, m: int, k: int, n: int, min_seconds: float = 0.5) -> float:
     """GFLOP/s of an [m x k] @ [k x n] matmul (best of a few timed batches), by the product AIS itself uses
-    (``nvil.gemm``: oneDNN on an AMD CPU with AVX-512, where it is 2.2x MKL's, else torch's)."""
+    (``nvil.backend.gemm``: oneDNN on an AMD CPU with AVX-512, where it is 2.2x MKL's, else torch's)."""
     a = torch.randn(m, k, device=device)
     b = torch.randn(k, n, device=device)
     gemm.matmul(a, b)

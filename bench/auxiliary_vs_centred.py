@@ -32,10 +32,10 @@ from common import CONFIG_DIR, ROOT, markdown_table, rel  # noqa: I001
 import torch
 from hydra import compose, initialize_config_dir
 
-from nvil.build import build
-from nvil.config import resolve_device
+from nvil.app.build import build
+from nvil.core.config import resolve_device
 from nvil.data import MinibatchStream, take_rows
-from nvil.validation import continuous_log_likelihood
+from nvil.estimators.validation import continuous_log_likelihood
 
 MODELS = {"mnist2": ["experiment=mcem_gbn_mnist"],
           "mnist3": ["experiment=mcem_gbn_mnist", "model.layers=[64,64,64]"],

@@ -30,13 +30,20 @@ root, threads, groups = sys.argv[1], int(sys.argv[2]), set(sys.argv[3].split(","
 sys.path.insert(0, root)
 torch.set_num_threads(threads)
 from omegaconf import OmegaConf
-from models import build_model
-from models.rbm import BoltzmannMachine
+import os
+if os.path.isdir(f"{root}/nvil/core"):  # the floors' names (an older revision: models/, estimators/ at the top)
+    from nvil.models import build_model
+    from nvil.models.rbm import BoltzmannMachine
+    from nvil.estimators.ais import base_rate, rbm_log_z, schedule
+    from nvil.estimators.bounds import log_weights
+else:
+    from models import build_model
+    from models.rbm import BoltzmannMachine
+    from estimators.ais import base_rate, rbm_log_z, schedule
+    from estimators.bounds import log_weights
 from nvil.learners import build_learner
 from nvil.mcmc import BlockGibbs, TemperedTransitions, uniform_betas
 from nvil.mcmc.sequential_gibbs import SequentialGibbs
-from estimators.ais import base_rate, rbm_log_z, schedule
-from estimators.bounds import log_weights
 
 def per_call(fn, n):
     fn()

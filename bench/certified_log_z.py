@@ -20,12 +20,12 @@ from omegaconf import OmegaConf
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from estimators.ais import base_rate  # noqa: E402
-from estimators.certify import certified_log_z, certify_settings, stored_particles  # noqa: E402
-from estimators.log_z import propagate_up  # noqa: E402
-from models.dbn import DBN  # noqa: E402
+from nvil.estimators.ais import base_rate  # noqa: E402
+from nvil.estimators.certify import certified_log_z, certify_settings, stored_particles  # noqa: E402
+from nvil.estimators.log_z import propagate_up  # noqa: E402
+from nvil.models.dbn import DBN  # noqa: E402
 from nvil.data import build_model_data  # noqa: E402
-from nvil.evaluation import load_model  # noqa: E402
+from nvil.app.evaluation import load_model  # noqa: E402
 
 
 def main() -> None:

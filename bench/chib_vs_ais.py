@@ -21,12 +21,12 @@ from common import ROOT, markdown_table, rel  # noqa: I001
 import torch
 from omegaconf import OmegaConf
 
-import train
-from estimators import build_estimator
-from estimators.log_z import top_log_z
-from nvil.config import estimator_config
+import nvil.app.main as train
+from nvil.estimators import build_estimator
+from nvil.estimators.log_z import top_log_z
+from nvil.core.config import estimator_config
 from nvil.data import build_model_data
-from nvil.evaluation import first_per_class, load_model
+from nvil.app.evaluation import first_per_class, load_model
 
 PAPER = {"bound": -87.05, "ais_10000": -85.20, "ais_1000": -86.05, "ais_100": -89.59, "chib_40": -85.22,
          "chib_full": -84.55, "bound_full": -86.22}

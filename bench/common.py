@@ -4,7 +4,7 @@
     python bench/nvil_tables.py --help    # every row of the NVIL paper's Tables 1 and 2
 
 A row is a list of Hydra overrides on ``configs/train.yaml``. ``run_row`` trains it in its run directory
-through ``train.train`` (continuing from ``checkpoints/last.pt`` when one is there, so raising ``--steps``
+through ``nvil.app.main.train`` (continuing from ``checkpoints/last.pt`` when one is there, so raising ``--steps``
 extends a run), then scores the best checkpoint on the test split with the NVIL paper's measure,
 -ELBO averaged over 10 samples from q, and with the importance-sampled bound -L_K. ``val_curve`` and
 ``plot`` read and draw the validation bound (``val/elbo`` in ``metrics.jsonl``, logged under the same tag
@@ -28,10 +28,10 @@ import torch  # noqa: E402
 from hydra import compose, initialize_config_dir  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
-import train  # noqa: E402
-from nvil.errors import UserError  # noqa: E402,F401  (re-exported for the scripts)
-from nvil.evaluation import EvalSpec, evaluate_checkpoint  # noqa: E402
-from nvil.ops import mean_and_stderr  # noqa: E402
+import nvil.app.main as train  # noqa: E402
+from nvil.core.errors import UserError  # noqa: E402,F401  (re-exported for the scripts)
+from nvil.app.evaluation import EvalSpec, evaluate_checkpoint  # noqa: E402
+from nvil.core.ops import mean_and_stderr  # noqa: E402
 
 CONFIG_DIR = ROOT / "configs"
 NOT_RUN = "not run"
@@ -101,7 +101,7 @@ def estimator_cfg(name: str, num_samples: int) -> DictConfig:
 def run_row(overrides: list[str], run_dir: Path, args: argparse.Namespace) -> dict:
     """Train (or continue) one row in ``run_dir``, then score its best checkpoint on the test split.
 
-    Returns ``cfg``, ``metrics`` (from ``train.train``), ``seconds`` (training by this invocation only)
+    Returns ``cfg``, ``metrics`` (from ``nvil.app.main.train``), ``seconds`` (training by this invocation only)
     and the ``elbo`` (10 samples) and ``iwae`` (``args.iwae_k`` samples) results."""
     cfg = compose_row(overrides, run_dir, args)
     started = time.perf_counter()
@@ -166,7 +166,7 @@ def measured_cells(result: dict | None, paper: float | None, missing: str = NOT_
 
 
 def mean_se(values: list[float], own_se: float | None = None) -> tuple[float, float]:
-    """The mean of independent repeats (seeds) and its standard error (``nvil.ops.mean_and_stderr``); one repeat:
+    """The mean of independent repeats (seeds) and its standard error (``nvil.core.ops.mean_and_stderr``); one repeat:
     ``own_se`` (the estimate's own SE), nan when there is none."""
     mean, se = mean_and_stderr(torch.tensor(values, dtype=torch.float64))
     if len(values) > 1:

@@ -1,4 +1,4 @@
-"""torch's AVX-512 CPU kernels against its AVX2 kernels on this machine (nvil/cpu_kernels.py chooses AVX2).
+"""torch's AVX-512 CPU kernels against its AVX2 kernels on this machine (nvil/backend/cpu_kernels.py chooses AVX2).
 
     python bench/cpu_kernels.py                                 # element-wise ops, the hot loops eager, IWAE
     python bench/cpu_kernels.py --parts loops --compile         # the hot loops compiled too
@@ -11,7 +11,7 @@ load falls on both; the tables give the median of the rounds and the ratio avx51
 - ``ops``: ms per call of an element-wise op on a [100, 500] float32 tensor (50,000 elements: an AIS step's hidden
   inputs at 100 chains), one thread;
 - ``loops``: ``bench/profile_hot_loops.py`` (NVIL step, block Gibbs, tempered transitions, HMC, AIS), eager, or
-  with ``--compile`` also ``torch.compile``d (each set in its own compile cache, nvil/cpu_kernels.py); a process
+  with ``--compile`` also ``torch.compile``d (each set in its own compile cache, nvil/backend/cpu_kernels.py); a process
   that dies is reported with its signal;
 - ``iwae``: seconds of ``evaluate.py estimator=iwae`` (K = 1000) on ``--examples`` test images of the committed
   ``bench/checkpoints/nvil_sbn200_sgd.pt``, and its estimate (which must not depend on the kernel set).

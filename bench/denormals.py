@@ -1,4 +1,4 @@
-"""Training speed with denormals flushed to zero and without (``trainer.flush_denormal``, nvil/denormals.py).
+"""Training speed with denormals flushed to zero and without (``trainer.flush_denormal``, nvil/backend/denormals.py).
 
     python bench/denormals.py                                   # every case below, 2 rounds, 1 thread
     python bench/denormals.py --cases relax,rebar --rounds 3 --threads 1

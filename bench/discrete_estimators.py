@@ -50,9 +50,9 @@ from discrete_protocols import ANCHORS, PROTOCOLS  # noqa: E402
 import torch  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
-from models import build_model  # noqa: E402
+from nvil.models import build_model  # noqa: E402
 from nvil.data import build_model_data  # noqa: E402
-from nvil.evaluation import EvalSpec, evaluate_checkpoint  # noqa: E402
+from nvil.app.evaluation import EvalSpec, evaluate_checkpoint  # noqa: E402
 from nvil.learners import LEARNERS  # noqa: E402
 
 ESTIMATORS = ["nvil", "vimco", "rloo", "arm", "disarm", "rebar", "relax", "gumbel_st"]

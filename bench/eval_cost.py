@@ -37,14 +37,14 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-import train
-from estimators import build_estimator
-from estimators.certify import stored_particles
-from estimators.log_z import top_log_z
-from models.rbm import BoltzmannMachine
-from nvil.config import estimator_config
+import nvil.app.main as train
+from nvil.estimators import build_estimator
+from nvil.estimators.certify import stored_particles
+from nvil.estimators.log_z import top_log_z
+from nvil.models.rbm import BoltzmannMachine
+from nvil.core.config import estimator_config
 from nvil.data import build_model_data, take_rows
-from nvil.evaluation import load_model
+from nvil.app.evaluation import load_model
 
 # (estimator, model, overrides, examples): the long estimators at their defaults, then the cheap ones for scale.
 ROWS = [

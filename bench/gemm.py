@@ -1,5 +1,4 @@
-"""torch's float32 product (MKL on x86) against oneDNN's (``nvil.gemm``) on the shapes of this project's hot loops,
-and both against ``nvil.native.skinny_gemm`` on the products with a few rows.
+"""torch's float32 product (MKL on x86) against oneDNN's (``nvil.backend.gemm``) on the shapes of this project's hot loops.
 
     python bench/gemm.py                     # one thread, 5 rounds
     python bench/gemm.py --threads 2 --rounds 7
@@ -9,9 +8,7 @@ ratio; both results are compared (max |difference|). The shapes: block Gibbs / A
 [chains, 784] x [784, 500] with its bias, visible field [chains, 500] x [500, 784]); PCD's weight step on that RBM
 (W += alpha v' p from 100 rows, in place); NVIL's SBN-200 products at batch 20 and 100; the HMC products of a
 784-64-64 Gaussian belief net at 1,000 chains; a 2048^2 square. The CPU's vendor and AVX-512 flag are printed: MKL
-runs AVX-512 only on Intel's CPUs, so the ratio is the one that ``nvil.gemm.backend()`` acts on. The second table:
-NVIL's decoder at batch 20, 64 and 100 (forward h W' + b and the in-place SGD step W += alpha d' h, the weight
-stored input-major as the fused step stores it), torch / oneDNN / the register-blocked kernel, where it builds.
+runs AVX-512 only on Intel's CPUs, so the ratio is the one that ``nvil.backend.gemm.backend()`` acts on.
 """
 
 from __future__ import annotations
@@ -24,8 +21,8 @@ from common import markdown_table  # noqa: I001  (puts the repository root on sy
 
 import torch
 
-from nvil import gemm, native
-from nvil.cpu_kernels import cpu_flags
+from nvil.backend import gemm
+from nvil.backend.cpu_kernels import cpu_flags
 
 
 def cases(g: torch.Generator) -> list[tuple[str, int, object, object]]:
@@ -66,24 +63,6 @@ def cases(g: torch.Generator) -> list[tuple[str, int, object, object]]:
     return out
 
 
-def skinny_cases(g: torch.Generator) -> list[tuple[str, int, dict]]:
-    """(name, multiply-adds, {backend: product}) for NVIL's decoder products with few rows, the weight input-major."""
-    from nvil.native import skinny_gemm
-    wt, b = torch.randn(200, 784, generator=g) * 0.1, torch.randn(784, generator=g)
-    w = wt.t()  # [784, 200] stored input-major, as nvil.learners.fused stores the decoder
-    out = []
-    for batch in (20, 64, 100):
-        h, d = (torch.rand(batch, 200, generator=g) < 0.5).float(), torch.randn(batch, 784, generator=g)
-        out.append((f"SBN-200 decoder h W' + b, batch {batch}", batch * 200 * 784, {
-            "torch": lambda h=h: torch.addmm(b, h, wt), "oneDNN": lambda h=h: gemm.onednn_linear(h, w, b),
-            "skinny": lambda h=h: skinny_gemm.linear(h, wt, b)}))
-        out.append((f"SBN-200 decoder step W += alpha d' h, batch {batch} (in place)", batch * 200 * 784, {
-            "torch": lambda h=h, d=d: wt.addmm_(h.t(), d, alpha=-1e-6),
-            "oneDNN": lambda h=h, d=d: wt.copy_(gemm.onednn_linear_add(h.t() * -1e-6, wt, d.t())),
-            "skinny": lambda h=h, d=d: skinny_gemm.update_(wt, h, d, -1e-6)}))
-    return out
-
-
 def seconds(fn, min_seconds: float) -> float:
     """Seconds per call: calls batched to ``min_seconds``, after one warm-up call."""
     fn()
@@ -107,7 +86,7 @@ def main() -> None:
         raise SystemExit("this torch build has no oneDNN")
     flags = cpu_flags()
     print(f"CPU vendor {gemm.cpu_vendor() or '?'}, avx512f {'avx512f' in flags}, {args.threads} thread(s), "
-          f"torch {torch.__version__}; nvil.gemm.backend() = {gemm.backend()}")
+          f"torch {torch.__version__}; nvil.backend.gemm.backend() = {gemm.backend()}")
     rows = []
     for name, macs, aten, onednn in cases(torch.Generator().manual_seed(0)):
         diff = (aten() - onednn()).abs().max().item() if "in place" not in name else float("nan")
@@ -120,20 +99,6 @@ def main() -> None:
                      f"{2 * macs / t_o / 1e9:.0f}", f"{t_a / t_o:.2f}x", f"{diff:.1e}"])
     print(markdown_table(["product", "torch us", "GFLOP/s", "oneDNN us", "GFLOP/s", "oneDNN speed-up",
                           "max abs diff"], rows))
-    if not native.wanted("auto", "cpu"):
-        return
-    rows = []
-    for name, macs, products in skinny_cases(torch.Generator().manual_seed(1)):
-        times = {k: [] for k in products}
-        for _ in range(args.rounds):
-            for k, fn in products.items():
-                times[k].append(seconds(fn, args.min_seconds))
-        med = {k: statistics.median(v) for k, v in times.items()}
-        best = min(med["torch"], med["oneDNN"])
-        rows.append([name] + [f"{1e6 * med[k]:.0f} ({2 * macs / med[k] / 1e9:.0f})" for k in products]
-                    + [f"{best / med['skinny']:.2f}x"])
-    print("\nProducts with few rows, us per call (GFLOP/s); the weight input-major\n")
-    print(markdown_table(["product", "torch", "oneDNN", "skinny_gemm", "skinny vs the better of the two"], rows))
 
 
 if __name__ == "__main__":

@@ -55,7 +55,7 @@ def export(model, dtype=np.float32) -> tuple[Spec, dict]:
 
 
 def gaussian_log_prob(x, mean, log_sigma):
-    """log N(x; mean, diag exp(log_sigma)^2), summed over the last axis (models.gaussian.gaussian_log_prob)."""
+    """log N(x; mean, diag exp(log_sigma)^2), summed over the last axis (nvil.models.gaussian.gaussian_log_prob)."""
     z = (x - mean) * jnp.exp(-log_sigma)
     return jnp.sum(-0.5 * z * z - log_sigma - 0.5 * LOG_2PI, axis=-1)
 

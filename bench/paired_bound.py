@@ -30,9 +30,9 @@ from common import markdown_table  # noqa: I001  (puts the repository root on sy
 import torch
 from omegaconf import OmegaConf
 
-from estimators.bounds import elbo, importance_sampled_bound
+from nvil.estimators.bounds import elbo, importance_sampled_bound
 from nvil.data import build_model_data
-from nvil.evaluation import load_model
+from nvil.app.evaluation import load_model
 
 BOUNDS = {"elbo": elbo, "iwae": importance_sampled_bound}
 

@@ -32,9 +32,9 @@ from common import markdown_table  # noqa: I001  (puts the repository root on sy
 import torch
 from omegaconf import OmegaConf
 
-from models.rbm import State
+from nvil.models.rbm import State
 from nvil.data import build_model_data
-from nvil.evaluation import load_model
+from nvil.app.evaluation import load_model
 from nvil.mcmc import BlockGibbs
 
 

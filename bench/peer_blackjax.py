@@ -96,10 +96,10 @@ import jax.numpy as jnp  # noqa: E402
 import jax_gbn  # noqa: E402
 import jaxlib  # noqa: E402
 
-from models import build_model  # noqa: E402
-from nvil.config import resolve_device  # noqa: E402
+from nvil.models import build_model  # noqa: E402
+from nvil.core.config import resolve_device  # noqa: E402
 from nvil.data import build_model_data  # noqa: E402
-from nvil.evaluation import load_model  # noqa: E402
+from nvil.app.evaluation import load_model  # noqa: E402
 from nvil.mcmc.hmc import HMC  # noqa: E402
 
 PRESET = "experiment=mcem_gbn_mnist"
@@ -121,7 +121,7 @@ def parse_args() -> argparse.Namespace:
                    help="OMP_WAIT_POLICY for torch's OpenMP pool (default: left as the environment has it); passive "
                         "stops idle threads spinning, which matters when other processes share the cores")
     p.add_argument("--accel", choices=("none", "compile", "cudagraphs"), default="none",
-                   help="ours: HMC(accel=...) from nvil.accel, torch.compile of the gradient (default none: eager)")
+                   help="ours: HMC(accel=...) from nvil.backend.accel, torch.compile of the gradient (default none: eager)")
     p.add_argument("--gradient", choices=("closed", "autograd"), default="closed",
                    help="ours: the model's closed-form gradient (model.posterior, default) or autograd of log_joint")
     p.add_argument("--dtype", choices=("float32", "float64"), default="float32")
@@ -187,7 +187,7 @@ def start_points(model, chains: int, form: str, seed: int, dtype) -> torch.Tenso
 
 def make_ours(model, x, form: str, L: int, accel: str, gradient: str) -> HMC:
     """Our kernel on p(x_c, s) for every chain c at once: the model's closed-form gradient (``model.posterior``,
-    what MCEM and ais_hmc run) or autograd through ``model.log_joint``; ``accel`` (nvil.accel) other than none
+    what MCEM and ais_hmc run) or autograd through ``model.log_joint``; ``accel`` (nvil.backend.accel) other than none
     compiles what computes the gradient (the transition stays eager)."""
     kwargs = {} if accel == "none" else {"accel": accel}
     target = model.posterior(x, form) if gradient == "closed" else (lambda s: model.log_joint(x, s, form))

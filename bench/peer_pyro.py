@@ -6,7 +6,7 @@ same start, same updates.
     python bench/peer_pyro.py --preset adam --batch-size 100 --device cuda --updates 5000
 
 One process, one SBN with 200 binary latents over the 784 pixels of fixed-binarised MNIST (``model=sbn
-model.layers=[200]``, ``data=mnist``), built and initialised the way ``nvil.build`` builds it. Every other side
+model.layers=[200]``, ``data=mnist``), built and initialised the way ``nvil.app.build`` builds it. Every other side
 starts from deep copies of our freshly built generative model, inference network and input-dependent baseline, so
 all start from identical parameters, and our estimators score every result.
 
@@ -72,11 +72,11 @@ from plain_nvil import PlainNVIL
 
 import torch
 
-from estimators.bounds import elbo, importance_sampled_bound
-from nvil.build import build
-from nvil.config import resolve_device
+from nvil.estimators.bounds import elbo, importance_sampled_bound
+from nvil.app.build import build
+from nvil.core.config import resolve_device
 from nvil.data import MinibatchStream, take_rows
-from nvil.ops import mean_and_stderr
+from nvil.core.ops import mean_and_stderr
 
 ONLY = {"ours": "ours", "autograd": "ours, autograd path", "plain": "plain", "pyro": "Pyro"}  # --only -> side
 PRESETS = {  # learner overrides: the paper's SGD protocol, or configs/learner/nvil.yaml's Adam
@@ -86,7 +86,7 @@ PRESETS = {  # learner overrides: the paper's SGD protocol, or configs/learner/n
 
 
 def build_sides(args, device: torch.device):
-    """Data, our model / inference network / NVIL learner as ``nvil.build`` builds them, and untouched copies
+    """Data, our model / inference network / NVIL learner as ``nvil.app.build`` builds them, and untouched copies
     of the model, inference network and first baseline for the other sides, taken before any update."""
     cfg = compose_train([
         "model=sbn", f"model.layers=[{args.latents}]", "learner=nvil", "data=mnist", f"seed={args.seed}",
@@ -163,7 +163,7 @@ def parse_args(argv: list[str] | None = None):
     p.add_argument("--val-examples", type=int, default=10000, help="validation images to score (default: all 10000)")
     p.add_argument("--iwae-k", type=int, default=100, help="K of the importance-sampled bound (default 100)")
     p.add_argument("--accel", choices=("none", "compile", "cudagraphs"), default="none",
-                   help="our side's nvil.accel mode, as trainer.accel (default none: eager)")
+                   help="our side's nvil.backend.accel mode, as trainer.accel (default none: eager)")
     p.add_argument("--warmup", type=int, default=5,
                    help="untimed updates of our side before its timed run, then undone (default 5)")
     p.add_argument("--block", type=int, default=50, help="updates per turn of each side (default 50)")

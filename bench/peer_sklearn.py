@@ -58,16 +58,16 @@ from peers import accelerate_ours, compose_train, limit_threads, machine_line, s
 import numpy as np
 import torch
 
-from estimators.ais import SCHEDULES, base_rate, free_energy_log_p, rbm_log_z, schedule
-from estimators.base import Result
-from estimators.certify import DEFAULTS as CERTIFICATE
-from nvil.build import build
-from nvil.config import resolve_device
-from nvil.ops import mean_and_stderr
+from nvil.estimators.ais import SCHEDULES, base_rate, free_energy_log_p, rbm_log_z, schedule
+from nvil.estimators.base import Result
+from nvil.estimators.certify import DEFAULTS as CERTIFICATE
+from nvil.app.build import build
+from nvil.core.config import resolve_device
+from nvil.core.ops import mean_and_stderr
 
 
 def build_ours(args, device: torch.device):
-    """Data and our RBM + SAP learner as the training loop builds them (``nvil.build``)."""
+    """Data and our RBM + SAP learner as the training loop builds them (``nvil.app.build``)."""
     overrides = ["model=rbm", f"model.n_hidden={args.hidden}", "learner=sap", f"learner.lr={args.lr}",
                  f"learner.num_particles={args.batch_size}", "learner.k=1", "data=mnist", f"seed={args.seed}",
                  f"trainer.batch_size={args.batch_size}", f"trainer.device={args.device}", "print_config=false",
@@ -139,8 +139,8 @@ def main() -> None:
                    help="our RBM's start: train.py's (default) or scikit-learn's exact initial parameters")
     p.add_argument("--device", choices=("cpu", "cuda", "auto"), default="auto", help="our side's device")
     p.add_argument("--accel", choices=("auto", "none", "native", "compile", "cudagraphs"), default="auto",
-                   help="our side's nvil.accel mode, as trainer.accel (default auto, train.py's: on a CPU the "
-                        "Gibbs draws by nvil.native.bernoulli_; none: eager torch.rand)")
+                   help="our side's nvil.backend.accel mode, as trainer.accel (default auto, train.py's: on a CPU the "
+                        "Gibbs draws by nvil.backend.native.bernoulli_; none: eager torch.rand)")
     p.add_argument("--reuse-hidden", action=argparse.BooleanOptionalAction, default=True,
                    help="our chain sweeps x | h then h | x and reuses the negatives' p(h | v), as BernoulliRBM "
                         "does (learner.reuse_hidden; default on)")

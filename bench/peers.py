@@ -3,14 +3,14 @@
     python bench/peer_pyro.py --help       # NVIL vs Pyro's TraceGraph_ELBO, SBN-200 on binarised MNIST
     python bench/peer_sklearn.py --help    # SAP vs scikit-learn's BernoulliRBM, RBM 784-500
 
-- ``PyroSBN``: a Pyro model and guide written over *our* ``models.sbn.SBN`` and ``models.inference.LayeredInference``
+- ``PyroSBN``: a Pyro model and guide written over *our* ``nvil.models.sbn.SBN`` and ``nvil.models.inference.LayeredInference``
   modules (registered with ``pyro.module``, so Pyro trains our very ``nn.Parameter`` objects and our estimators
   can score the result), with an NVIL-style neural baseline per latent site.
 - ``sklearn_to_rbm``: load a fitted scikit-learn ``BernoulliRBM``
   (``components_`` [hidden, visible], ``intercept_hidden_``, ``intercept_visible_``) into our
-  ``models.rbm.BoltzmannMachine`` (``W`` [visible, hidden], hidden bias ``c``, visible bias ``b``).
+  ``nvil.models.rbm.BoltzmannMachine`` (``W`` [visible, hidden], hidden bias ``c``, visible bias ``b``).
 - ``limit_threads``, ``machine_line``: the same thread count for torch and for numpy's BLAS, and the
-  header line every peer table prints; ``accelerate_ours`` and ``warm_up``: our side's ``nvil.accel`` mode and
+  header line every peer table prints; ``accelerate_ours`` and ``warm_up``: our side's ``nvil.backend.accel`` mode and
   untimed warm-up steps whose effects are undone before the timed run;
 - ``plain_from_ours`` / ``plain_to_ours``: the plain eager-PyTorch NVIL script (``bench/plain_nvil.py``) started
   from copies of our model, and its result written back into our modules for our estimators.
@@ -34,7 +34,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from common import cpu_name, sync  # noqa: E402  (bench/common.py, beside this file)
-from models.rbm import BoltzmannMachine  # noqa: E402
+from nvil.models.rbm import BoltzmannMachine  # noqa: E402
 from plain_nvil import Generative, Recognition  # noqa: E402  (bench/plain_nvil.py)
 
 CONFIG_DIR = ROOT / "configs"
@@ -200,7 +200,7 @@ def sklearn_to_rbm(sk, device: torch.device | str = "cpu", dtype: torch.dtype = 
 # ---- our side's acceleration and warm-up ------------------------------------------------------------------
 
 def accelerate_ours(learner, mode: str, device: torch.device) -> None:
-    """``nvil.accel``'s ``mode`` (none | compile | cudagraphs) applied to our learner, as ``trainer.accel`` would."""
+    """``nvil.backend.accel``'s ``mode`` (none | compile | cudagraphs) applied to our learner, as ``trainer.accel`` would."""
     learner.accelerate(mode, device)
 
 

@@ -30,12 +30,12 @@ from common import ROOT, markdown_table, sync  # noqa: F401,I001
 import torch
 from omegaconf import OmegaConf
 
-from estimators.ais import RBMPath, base_rate
-from models.gaussian import GaussianBeliefNet
-from models.inference import LayeredInference
-from models.rbm import BoltzmannMachine
-from models.sbn import SBN
-from nvil.accel import MODES
+from nvil.estimators.ais import RBMPath, base_rate
+from nvil.models.gaussian import GaussianBeliefNet
+from nvil.models.inference import LayeredInference
+from nvil.models.rbm import BoltzmannMachine
+from nvil.models.sbn import SBN
+from nvil.backend.accel import MODES
 from nvil.learners.nvil import NVIL
 from nvil.mcmc import BlockGibbs, TemperedTransitions
 from nvil.mcmc.hmc import HMC
@@ -124,7 +124,7 @@ def ais_case(chains: int, args, device):
         start = path.sample_base(chains, g)
 
         @torch.no_grad()
-        def run():  # ais_steps AIS steps (weight increment, then the move), as estimators.ais.ais takes them
+        def run():  # ais_steps AIS steps (weight increment, then the move), as nvil.estimators.ais.ais takes them
             state, log_w = start, 0.0
             for k in range(1, len(betas)):
                 if path.fused_step is not None:

@@ -21,13 +21,13 @@ import common  # puts the repository on sys.path; markdown_table
 import torch
 from omegaconf import OmegaConf
 
-from nvil import distributed
-from nvil.build import build
+from nvil.core import distributed
+from nvil.app.build import build
 from nvil.data import MinibatchStream, take_rows
-from nvil.denormals import flushed_denormals
-from nvil.divergence import DivergenceMonitor
-from nvil.resume import restore
-from nvil.validation import validate
+from nvil.backend.denormals import flushed_denormals
+from nvil.app.divergence import DivergenceMonitor
+from nvil.app.resume import restore
+from nvil.estimators.validation import validate
 
 
 def q_only(checkpoint: Path, q_lr: float, updates: int, every: int, examples: int,

@@ -3,7 +3,7 @@
     git worktree add /tmp/before_seq HEAD        # the code to compare with
     python bench/sequential_sweeps.py --before /tmp/before_seq --threads 1,2
     python bench/sequential_sweeps.py --rows pixel_100 --accel compile   # the compiled in-block updates
-    python bench/sequential_sweeps.py --before /tmp/before_seq --accel native   # the C sweeps (nvil.native)
+    python bench/sequential_sweeps.py --before /tmp/before_seq --accel native   # the C sweeps (nvil.backend.native)
 
 Rows (fixed seeds, random parameters of realistic scale):
 
@@ -15,11 +15,11 @@ Rows (fixed seeds, random parameters of realistic scale):
 - ``sbn200_50``, ``sbn200_500``: one ``SequentialGibbs`` sweep over the 200 latents of an SBN-200 given 784
   binary pixels (one softplus factor of K = 784), 50 and 500 chains (Chib, per-example AIS);
 - ``dbn_500``: one sweep over h1 of a DBN 784-500-2000 (factors of K = 784 and 2,000), 500 chains;
-  ``dbn_500_ais``: one temperature of per-example AIS over the same h1 (``estimators.ais.PosteriorPath``: the sweep
+  ``dbn_500_ais``: one temperature of per-example AIS over the same h1 (``nvil.estimators.ais.PosteriorPath``: the sweep
   at f_beta = Q^(1 - beta) P*^beta, a factorial Q, then log Q and log P* of the new states).
 
 ``--device cuda`` runs every row on the GPU (synchronised around each call); there ``--accel auto`` is the
-Triton whole-sweep kernel (``nvil.native.triton_sweep``) and ``--baseline-accel none`` times the eager sweep of the
+Triton whole-sweep kernel (``nvil.backend.native.triton_sweep``) and ``--baseline-accel none`` times the eager sweep of the
 same tree as the "before" column:
 
     python bench/sequential_sweeps.py --device cuda --rows pixel_100,sbn200_500,dbn_500,dbn_500_ais --accel auto \
@@ -68,8 +68,8 @@ def make_call(row: str, accel: str, device: str = "cpu"):
     import torch
     from omegaconf import OmegaConf
 
-    from models.binary_density import DensityBuilder
-    from models.rbm import BoltzmannMachine
+    from nvil.models.binary_density import DensityBuilder
+    from nvil.models.rbm import BoltzmannMachine
     from nvil.learners.sap import SAP
     from nvil.mcmc.sequential_gibbs import SequentialGibbs
 
@@ -116,7 +116,7 @@ def make_call(row: str, accel: str, device: str = "cpu"):
     sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
     gen = torch.Generator(device).manual_seed(1)
     if row.endswith("_ais"):
-        from estimators.ais import PosteriorPath
+        from nvil.estimators.ais import PosteriorPath
 
         q = DensityBuilder(sizes[1], chains, joint.u[:, :0])
         q.bernoulli(slice(0, sizes[1]), torch.randn(sizes[1]).to(device))

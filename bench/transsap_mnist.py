@@ -35,8 +35,8 @@ import common  # noqa: E402  (puts the repository root on sys.path)
 import transsap_toy as tt  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
-import estimators  # noqa: E402
-from nvil.evaluation import EvalSpec, evaluate_checkpoint  # noqa: E402
+from nvil import estimators  # noqa: E402
+from nvil.app.evaluation import EvalSpec, evaluate_checkpoint  # noqa: E402
 
 # row -> (preset, label, paper test log-probability by AIS, paper TT acceptance, matplotlib style)
 ROWS = {

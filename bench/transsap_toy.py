@@ -39,7 +39,7 @@ from hydra import compose, initialize_config_dir  # noqa: E402
 import torch  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
-import train  # noqa: E402
+import nvil.app.main as train  # noqa: E402
 
 # row -> (preset, label, matplotlib style)
 ROWS = {
@@ -103,7 +103,7 @@ def row_cfg(base: list[str], run_dir: Path, args: argparse.Namespace) -> DictCon
 
 
 def train_row(cfg: DictConfig, run_dir: Path) -> dict:
-    """``train.train`` in ``run_dir``: {cfg, metrics (with final_eval when enabled), seconds}."""
+    """``nvil.app.main.train`` in ``run_dir``: {cfg, metrics (with final_eval when enabled), seconds}."""
     started = time.perf_counter()
     metrics = train.train(cfg, run_dir)
     return {"cfg": cfg, "metrics": metrics, "seconds": time.perf_counter() - started}

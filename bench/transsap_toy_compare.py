@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402  (puts the repository root on sys.path)
 import torch  # noqa: E402
 
-from nvil.ops import mean_and_stderr  # noqa: E402
+from nvil.core.ops import mean_and_stderr  # noqa: E402
 
 TAG = "train/log_p_exact"
 

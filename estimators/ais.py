@@ -1,5 +1,5 @@
-"""Annealed importance sampling, one import for all of it: the machinery (``estimators.annealing``: ladders, the
-loop, ``LogZ``), the Boltzmann machine's path from its base-rate model (``estimators.ais_rbm``) and, here, the
+"""Annealed importance sampling, one import for all of it: the machinery (``nvil.estimators.annealing``: ladders, the
+loop, ``LogZ``), the Boltzmann machine's path from its base-rate model (``nvil.estimators.ais_rbm``) and, here, the
 per-example path over the latent units (estimator=ais_posterior, and bdmc's binary side):
 
 - ``PosteriorPath``: log f_beta(h) = (1 - beta) log Q(h | v) + beta log P*(v, h), from the inference network's Q
@@ -13,14 +13,37 @@ from typing import NamedTuple
 
 import torch
 
-from estimators.annealing import (FIXED_SCHEDULES, PAPER_SEGMENTS, SCHEDULES, Ladder, LogZ, adaptive_ladder, ais,
-                                  check_schedule, make_ladder, pilot_betas, pilot_grid, schedule)
-from estimators.ais_rbm import (RBMPath, RBMState, TemperedRBM, ais_settings, base_rate, check_boltzmann,
-                                forward_log_z, free_energy_log_p, rbm_log_z, rbm_log_z_reverse, reverse_log_z)
+from nvil.estimators.ais_rbm import (
+    RBMPath,
+    RBMState,
+    TemperedRBM,
+    base_rate,
+    check_boltzmann,
+    forward_log_z,
+    free_energy_log_p,
+    rbm_log_z,
+    rbm_log_z_reverse,
+    reverse_log_z,
+)
+from nvil.estimators.annealing import (
+    FIXED_SCHEDULES,
+    PAPER_SEGMENTS,
+    SCHEDULES,
+    Ladder,
+    LogZ,
+    adaptive_ladder,
+    ais,
+    check_schedule,
+    make_ladder,
+    pilot_betas,
+    pilot_grid,
+    schedule,
+)
+from nvil.estimators.settings import AISSettings
 from nvil.mcmc.sequential_gibbs import SequentialGibbs
 
-__all__ = ["FIXED_SCHEDULES", "PAPER_SEGMENTS", "SCHEDULES", "Ladder", "LogZ", "PosteriorPath", "PosteriorState",
-           "RBMPath", "RBMState", "TemperedRBM", "adaptive_ladder", "ais", "ais_settings", "base_rate",
+__all__ = ["FIXED_SCHEDULES", "PAPER_SEGMENTS", "SCHEDULES", "AISSettings", "Ladder", "LogZ", "PosteriorPath",
+           "PosteriorState", "RBMPath", "RBMState", "TemperedRBM", "adaptive_ladder", "ais", "base_rate",
            "check_boltzmann", "check_schedule", "forward_log_z", "free_energy_log_p", "make_ladder", "pilot_betas", "pilot_grid",
            "rbm_log_z", "rbm_log_z_reverse", "reverse_log_z", "schedule"]
 
@@ -33,7 +56,7 @@ class PosteriorState(NamedTuple):
 
 class PosteriorPath:
     """f_beta(h) = Q(h | v)^(1 - beta) P*(v, h)^beta for each chain's own v; sequential Gibbs moves (``accel``:
-    ``nvil.accel``; ``native`` / ``auto`` run each sweep as one C call, so a new beta costs nothing extra)."""
+    ``nvil.backend.accel``; ``native`` / ``auto`` run each sweep as one C call, so a new beta costs nothing extra)."""
 
     def __init__(self, joint, q, accel: str = "none") -> None:
         self.joint, self.q, self.accel = joint, q, accel

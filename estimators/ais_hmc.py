@@ -2,7 +2,7 @@
 posterior with HMC transitions (Wu, Burda, Salakhutdinov & Grosse 2017), one chain per example x run.
 
 The path tempers the likelihood, f_beta(s) = p(s) p(x | s)^beta, from the normalised prior (beta = 0, Z_0 = 1) to
-the unnormalised posterior p(s) p(x | s) (beta = 1, Z_1 = p(x)); the generic loop of ``estimators.ais`` takes
+the unnormalised posterior p(s) p(x | s) (beta = 1, Z_1 = p(x)); the generic loop of ``nvil.estimators.ais`` takes
 each weight increment (beta_k - beta_{k-1}) log p(x | s) before the move. Each move is one HMC transition at
 beta_k, with a per-chain step size adapted after every move towards an acceptance of 0.65 (Wu et al. 2017,
 Sec. 5), kept within [1e-4, ``max_step_size``]. The adaptation uses only the chain's past, so every transition
@@ -19,15 +19,16 @@ from typing import NamedTuple
 
 import torch
 
-from estimators.annealing import ais, schedule
-from estimators.base import NO_PROGRESS, BatchProgress
-from estimators.per_example import PerExample
-from models.gaussian import FORMS
-from nvil.config import positive_float, positive_int
-from nvil.accel import accelerate, check_mode, compiled
-from nvil.errors import ConfigError
+from nvil.backend.accel import accelerate, check_mode, compiled
+from nvil.core.config import positive_float, positive_int
+from nvil.core.errors import ConfigError
+from nvil.estimators.annealing import ais
+from nvil.estimators.annealing import schedule as schedule_betas
+from nvil.estimators.base import NO_PROGRESS, BatchProgress
+from nvil.estimators.per_example import PerExample
 from nvil.mcmc.adapt import multiplicative_adapt
 from nvil.mcmc.hmc import HMC
+from nvil.models.gaussian import FORMS
 
 CONTINUOUS_HINT = "model=gbn or dbn_dynamic"
 # Upper clamp of the adapted step size: large enough not to bind (in auxiliary form the posterior's scale is at
@@ -111,7 +112,7 @@ def ais_hmc_log_w(lm: ContinuousLatent, x: torch.Tensor, betas: torch.Tensor, *,
                   step_size: float = 0.05, target_accept: float = 0.65, adapt: bool = True, generator=None,
                   accel: str = "none", max_step_size: float | None = MAX_STEP_SIZE, on_step=None):
     """One AIS run per row of x: (log w [rows] float64, final PathState). ``on_step(k, increment)``: as in
-    ``estimators.ais.ais`` (progress)."""
+    ``nvil.estimators.ais.ais`` (progress)."""
     path = PriorPosteriorPath(lm, x, num_leapfrog, target_accept, adapt, accel, max_step_size)
     n = x.shape[0]
     start = path.state(lm.sample_prior(n, generator, x.device), torch.full((n,), float(step_size), device=x.device),
@@ -125,19 +126,27 @@ class AISHMC(PerExample):
     name = "ais_hmc"
     importance_runs = True  # each run's exp(log w) is an importance weight: per-example ESS over runs
 
-    def __init__(self, cfg) -> None:
-        super().__init__(cfg)
-        self.num_betas = positive_int(cfg.get("num_betas"), "estimator.num_betas")
-        self.schedule = cfg.get("schedule", "sigmoid")
-        self.betas = schedule(self.schedule, self.num_betas)
-        self.num_leapfrog = positive_int(cfg.get("num_leapfrog", 10), "estimator.num_leapfrog")
-        self.step_size = positive_float(cfg.get("step_size", 0.05), "estimator.step_size")
-        self.target_accept = positive_float(cfg.get("target_accept", 0.65), "estimator.target_accept")
-        self.adapt = bool(cfg.get("adapt", True))
-        max_step = cfg.get("max_step_size", MAX_STEP_SIZE)
-        self.max_step_size = None if max_step is None else positive_float(max_step, "estimator.max_step_size")
-        self.form = cfg.get("form", "auxiliary")
-        self.accel = check_mode(cfg.get("accel", "none"), what="estimator.accel")
+    def __init__(self, *, num_betas: int = 1000, schedule: str = "sigmoid", num_runs: int = 16, num_leapfrog: int = 10,
+                 step_size: float = 0.05, target_accept: float = 0.65, max_step_size: float | None = MAX_STEP_SIZE,
+                 adapt: bool = True, form: str = "auxiliary", batch_size: int = 100, accel: str = "none",
+                 min_example_ess: float | None = None) -> None:
+        """Defaults: configs/estimator/ais_hmc.yaml. ``num_betas`` steps on the ladder ``schedule`` (sigmoid |
+        linear | paper); ``num_runs``: chains per example; ``num_leapfrog``: leapfrog steps per HMC move;
+        ``step_size``: the initial step size, then adapted per chain (``adapt``) towards ``target_accept`` and
+        clamped at ``max_step_size`` (None: no clamp); ``form``: auxiliary (eps) | centred (z), the same p(x);
+        ``batch_size``: examples per batch (chains = batch_size x num_runs); ``accel``: none | compile (the
+        tempered log density compiled) | cudagraphs (CUDA only); ``min_example_ess``: as ``PerExample``."""
+        super().__init__(num_runs=num_runs, batch_size=batch_size, min_example_ess=min_example_ess)
+        self.num_betas = positive_int(num_betas, "estimator.num_betas")
+        self.schedule = schedule
+        self.betas = schedule_betas(self.schedule, self.num_betas)
+        self.num_leapfrog = positive_int(num_leapfrog, "estimator.num_leapfrog")
+        self.step_size = positive_float(step_size, "estimator.step_size")
+        self.target_accept = positive_float(target_accept, "estimator.target_accept")
+        self.adapt = bool(adapt)
+        self.max_step_size = None if max_step_size is None else positive_float(max_step_size, "estimator.max_step_size")
+        self.form = form
+        self.accel = check_mode(accel, what="estimator.accel")
         self.accept: list[torch.Tensor] = []
         self.final_steps: list[torch.Tensor] = []
 

@@ -11,7 +11,7 @@ move is one block-Gibbs sweep at beta_k (the compiled kernel with ``accel``, b_A
 ``RBMPath`` weighs the states with h summed out, log f_beta(x) = -F_beta(x) - (1 - beta) E_A(x).
 
 What depends on the kind of pixel (the base rate's biases, log Z_A, its exact samples) is asked of the model's
-visible layer (``models.visible``).
+visible layer (``nvil.models.visible``).
 """
 
 from __future__ import annotations
@@ -22,16 +22,14 @@ from typing import NamedTuple
 
 import torch
 
-from estimators.annealing import LogZ, ais, check_schedule
-from models.rbm import BaseRate, BoltzmannMachine, State, as_beta
-from nvil import gemm, native
-from nvil.accel import accelerate, check_mode, compiled
-from nvil.config import positive_float, positive_int
+from nvil.backend import gemm
+from nvil.backend.accel import accelerate, check_mode, compiled
+from nvil.core.errors import ConfigError
+from nvil.core.ops import chunks
 from nvil.data import take_rows
-from nvil.errors import ConfigError
-from nvil.mcmc.gibbs import BlockGibbs, forward_sweep, forward_sweep_eager, forward_sweep_native, sweep_uniforms
-from nvil.native.softplus_difference import softplus_difference as native_increment
-from nvil.ops import chunks
+from nvil.estimators.annealing import LogZ, ais
+from nvil.mcmc.gibbs import BlockGibbs, forward_sweep, forward_sweep_eager, sweep_uniforms
+from nvil.models.rbm import BaseRate, BoltzmannMachine, State, as_beta
 
 # ---- the base-rate model A: every switch on the kind of pixel -------------------------------------------------
 
@@ -139,13 +137,13 @@ def softplus_difference(a: torch.Tensor, beta_lo, beta_hi) -> torch.Tensor:
     return log_terms.sum(-1) + 0.5 * d * (a.sum(-1) + t.sum(-1))
 
 
-def log_ratio(a, e_vis, e_base, beta_lo, beta_hi, sign, difference=softplus_difference):
+def log_ratio(a, e_vis, e_base, beta_lo, beta_hi, sign):
     """log f_beta(x) - log f_beta_prev(x) in float64 from a(x), E_vis(x), E_A(x), given the betas in order and
     sign = +1 if beta = beta_hi (forward), -1 if beta = beta_lo: with log f_beta = -beta E_vis
     + sum_j softplus(beta a_j) - (1 - beta) E_A, it is sign (``softplus_difference`` - (beta_hi - beta_lo)
-    (E_vis - E_A)); ``difference`` computes the first term (``nvil.native.softplus_difference``, the same in C)."""
+    (E_vis - E_A))."""
     d_energy = ((beta_hi - beta_lo) * (e_vis - e_base)).double()
-    return sign * (difference(a, beta_lo, beta_hi).double() - d_energy)
+    return sign * (softplus_difference(a, beta_lo, beta_hi).double() - d_energy)
 
 
 class RBMPath:
@@ -156,9 +154,8 @@ class RBMPath:
     weights (``fused_gibbs``) each move is ``nvil.mcmc.gibbs.forward_sweep`` from ``sweep_uniforms`` (parallel
     streams on the CPU), eager or, with ``accel`` (``compile``, ``cudagraphs``), inside ``fused_step``: one
     compiled kernel for the increment, the sweep and the new state's a(x), E_vis(x), E_A(x). The uniforms are
-    drawn outside the kernels, so the random stream is the same in every mode but ``auto`` / ``native`` on a CPU,
-    where each unit is drawn in C from counter-based uniforms (``forward_sweep_native``, no stored uniforms). Other
-    machines move with ``BlockGibbs`` on ``TemperedRBM`` (the model's own conditionals)."""
+    drawn outside the kernels, so the random stream is the same in every mode. Other machines move with
+    ``BlockGibbs`` on ``TemperedRBM`` (the model's own conditionals)."""
 
     def __init__(self, model: BoltzmannMachine, base: BaseRate, accel: str = "none") -> None:
         self.model, self.base = model, base
@@ -167,9 +164,6 @@ class RBMPath:
             model.visible_layer.accelerate(self.accel, model.W.device)  # the layer's mode (e.g. the trainer's)
         self.tempered = TemperedRBM(model, base)
         self.gibbs = BlockGibbs(self.tempered, accel=self.accel)
-        self._native = model.fused_gibbs and native.wanted(self.accel, model.W.device)  # auto / native: C draws
-        native_sum = self._native and model.W.dtype == torch.float32  # and the increment in C (float32 only)
-        self._difference = native_increment if native_sum else softplus_difference
         self.fused_step = None
         if compiled(accel) and model.fused_gibbs:
             self._kernel = accelerate(self._step_kernel, accel, model.W.device, "estimator.accel")
@@ -191,9 +185,8 @@ class RBMPath:
 
     def log_ratio(self, state: RBMState, beta_prev: float, beta: float) -> torch.Tensor:
         """log f_beta(x) - log f_beta_prev(x) (Salakhutdinov & Murray 2008, Eq. 15 over Eq. 14) in one pass over
-        a(x) (``log_ratio``), for every kind of visible layer; with ``accel`` auto / native on a CPU (float32) the
-        pass is C (``nvil.native.softplus_difference``)."""
-        return log_ratio(state.a, state.e_vis, state.e_base, *ordered(beta_prev, beta), self._difference)
+        a(x) (``log_ratio``), for every kind of visible layer."""
+        return log_ratio(state.a, state.e_vis, state.e_base, *ordered(beta_prev, beta))
 
     def uniforms(self, n: int, generator=None) -> tuple[torch.Tensor, torch.Tensor]:
         """u_h [n, H] and u_x [n, V] for one sweep (``sweep_uniforms``)."""
@@ -202,11 +195,6 @@ class RBMPath:
 
     def transition(self, state: RBMState, beta: float, generator=None) -> RBMState:
         """Block Gibbs at beta: h ~ p_beta(h | x), then x ~ p_beta(x | h) (the sweep draws h afresh from x)."""
-        if self._native:
-            t = self.tempered
-            x, _ = forward_sweep_native(state.x, state.a, native.seed_from(generator), beta, t.W, t.b, t.c,
-                                        t.visible_offset)
-            return self.state(x)
         if self.model.fused_gibbs:
             t = self.tempered
             u_h, u_x = self.uniforms(state.x.shape[0], generator)
@@ -271,15 +259,6 @@ def rbm_log_z_reverse(model: BoltzmannMachine, base: BaseRate, x_init: torch.Ten
 
 
 # ---- what estimator=ais needs beside log Z ----------------------------------------------------------------------
-
-
-def ais_settings(cfg) -> dict:
-    """The validated AIS settings of an estimator config (or its ``log_z`` block)."""
-    kind = cfg.get("schedule", "adaptive")
-    num_betas = positive_int(cfg.get("num_betas"), "num_betas")
-    check_schedule(kind, num_betas)
-    return {"num_chains": positive_int(cfg.get("num_chains"), "num_chains"), "schedule": kind, "num_betas": num_betas,
-            "base_smoothing": positive_float(cfg.get("base_smoothing", 0.05), "base_smoothing")}
 
 
 def free_energy_log_p(model, data, log_z: float, batch_size: int, progress=None) -> torch.Tensor:

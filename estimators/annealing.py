@@ -14,8 +14,8 @@ Log-weights accumulate in float64; averages are log-sum-exps.
 A path is any object with ``log_f(state, beta) -> [chains]`` and ``transition(state, beta, generator) -> state``;
 it may add ``log_ratio(state, beta_prev, beta)``, the increment log f_beta - log f_beta_prev in one pass, and
 ``fused_step(state, beta_prev, beta, generator) -> (increment, state)``, the increment and the move in one call.
-The paths: ``estimators.ais_rbm.RBMPath`` (a Boltzmann machine from its base-rate model), ``estimators.ais.
-PosteriorPath`` (Q(h | v) to the posterior), ``estimators.ais_hmc.PriorPosteriorPath`` (prior to posterior, HMC).
+The paths: ``nvil.estimators.ais_rbm.RBMPath`` (a Boltzmann machine from its base-rate model), ``nvil.estimators.ais.
+PosteriorPath`` (Q(h | v) to the posterior), ``nvil.estimators.ais_hmc.PriorPosteriorPath`` (prior to posterior, HMC).
 
 The ladder is built once per estimate (``make_ladder``, then ``Ladder.betas``) and passed down to every run
 that walks it: forward, reverse (the same betas backwards) and the pilot of an adaptive ladder.
@@ -29,10 +29,10 @@ from dataclasses import asdict, dataclass
 import torch
 from tqdm import tqdm
 
-from estimators.base import progress_interval
-from nvil.config import positive_int
-from nvil.errors import ConfigError
-from nvil.ops import log_mean_exp
+from nvil.core.config import positive_int
+from nvil.core.errors import ConfigError
+from nvil.core.ops import log_mean_exp
+from nvil.estimators.base import progress_interval
 
 SCHEDULES = ("adaptive", "paper", "linear", "sigmoid")
 FIXED_SCHEDULES = ("paper", "linear", "sigmoid")

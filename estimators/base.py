@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from nvil.ops import chunks, log_mean_exp, mean_and_stderr  # noqa: F401  (chunks: re-exported, its old home)
+from nvil.core.ops import chunks, log_mean_exp, mean_and_stderr  # noqa: F401  (chunks: re-exported, its old home)
 
 
 class Certificate:
-    """The certificate protocol shared by ``Result`` and ``estimators.certify.CertifiedLogZ``: a dataclass with
+    """The certificate protocol shared by ``Result`` and ``nvil.estimators.certify.CertifiedLogZ``: a dataclass with
     ``checks`` (names of the checks that ran), ``failed`` (names of those that failed) and ``warnings`` (one
     sentence per failure) lists."""
 
@@ -63,6 +63,11 @@ class Result(Certificate):
     @property
     def mean(self) -> float:
         return mean_and_stderr(self.log_p)[0]
+
+    @property
+    def mean_log_p(self) -> float:
+        """The estimate: the mean of ``log_p`` over the examples (``mean``, the JSON line's ``mean_log_p``)."""
+        return self.mean
 
     @property
     def stderr_examples(self) -> float:
@@ -133,8 +138,36 @@ def combine_runs(log_p_runs: torch.Tensor) -> torch.Tensor:
     return log_mean_exp(log_p_runs.double(), 1)
 
 
+def check_rows(model, rows, what: str = "data") -> None:
+    """Refuse, in one line, rows that are not a 2-D tensor [examples, model.n_visible]."""
+    if not torch.is_tensor(rows) or rows.dim() != 2:
+        shape = tuple(rows.shape) if torch.is_tensor(rows) else type(rows).__name__
+        raise ValueError(f"{what} must be a 2-D tensor [examples, visible units], got {shape}")
+    n = getattr(model, "n_visible", None)
+    if n is not None and rows.shape[1] != n:
+        raise ValueError(f"{what} has {rows.shape[1]} columns but the model has {n} visible units (model.n_visible)")
+
+
+def check_seed(seed) -> int:
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ValueError(f"seed must be an integer, got {seed!r}")
+    return seed
+
+
+def default_generator(generator, seed, model, data=None) -> torch.Generator:
+    """``generator``, or when it is None one seeded by ``seed`` on the model's device (else the data's): a call
+    from Python needs neither, and the same seed gives the same estimate."""
+    check_seed(seed)
+    if generator is not None:
+        return generator
+    params = getattr(model, "parameters", None)
+    first = next(iter(params()), None) if callable(params) else None
+    device = first.device if first is not None else (data.device if torch.is_tensor(data) else "cpu")
+    return torch.Generator(device=device).manual_seed(seed)
+
+
 class Estimator:
-    """What ``nvil.evaluation.evaluate_checkpoint`` asks of every estimator: ``name``, ``check(model, inference)``
+    """What ``nvil.app.evaluation.evaluate_checkpoint`` asks of every estimator: ``name``, ``check(model, inference)``
     (refuse a model before any work starts), ``estimate(model, x, ...) -> Result``, and these, whose defaults say
     "nothing special":
 
@@ -142,12 +175,18 @@ class Estimator:
     - ``row_offset_aware``: ``estimate`` takes ``row_offset=``, the index of the first row in the whole split, so
       each example draws the same random numbers however the split is sharded;
     - ``dataset_inputs(model, data, split, rows, checkpoint=, payload=)``: the keywords ``estimate`` needs beyond
-      the rows (classify: labels; AIS: training marginals; DBNs: the log Z cache).
+      the rows (classify: labels; AIS: training marginals; DBNs: the log Z cache);
+    - ``config_only``: keys its config file carries (inherited from another file) that the constructor does not
+      take; ``nvil.estimators.build_estimator`` drops them.
+
+    Each subclass's constructor takes its settings as typed keywords whose defaults are
+    configs/estimator/<name>.yaml's; ``build_estimator(cfg)`` calls it with the config's keys.
     """
 
     name: str
     simulates_own_data: bool = False
     row_offset_aware: bool = False
+    config_only: tuple[str, ...] = ()
 
     def dataset_inputs(self, model, data, split: str, rows: tuple[int, int], **_) -> dict:
         return {}

@@ -12,19 +12,32 @@ accumulating on the fly.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 
 import torch
 
-from estimators.base import BatchProgress, Estimator, Result, batch_generator, chunks, phase_namer, shows_progress
-from estimators.certify import stored_particles
-from estimators.log_z import apply_log_z, top_log_z
-from nvil import native
-from nvil.accel import check_mode
+from nvil.backend import native
+from nvil.backend.accel import check_mode
+from nvil.core.config import positive_int
+from nvil.core.errors import ConfigError
+from nvil.core.ops import StreamingLogMeanExp, StreamingMean
 from nvil.data import take_rows
-from nvil.errors import ConfigError
-from nvil.ops import StreamingLogMeanExp, StreamingMean
+from nvil.estimators.base import (
+    BatchProgress,
+    Estimator,
+    Result,
+    batch_generator,
+    check_rows,
+    chunks,
+    default_generator,
+    phase_namer,
+    shows_progress,
+)
+from nvil.estimators.certify import stored_particles
+from nvil.estimators.log_z import apply_log_z, top_log_z
+from nvil.estimators.settings import LOG_Z, LogZSettings
 
-SEEDED_DTYPES = (torch.float32, torch.float64)  # the dtypes of nvil.native.bernoulli_
+SEEDED_DTYPES = (torch.float32, torch.float64)  # the dtypes of nvil.backend.native.bernoulli_
 MAX_ELEMENTS = 2**22  # floats per chunk of samples (estimator.max_elements): the logits stay in the caches and heap
 
 
@@ -32,7 +45,7 @@ def log_weights(model, inference, x: torch.Tensor, k: int, generator: torch.Gene
                 accel: str = "none") -> torch.Tensor:
     """[k, batch] log importance weights log p(x, h) - log q(h | x), h ~ q(. | x). With ``accel`` native or auto on a
     CPU, an inference network that takes a ``seed`` (``LayeredInference``) draws its factorial layers from the C
-    kernels' counter-based stream under one seed drawn from ``generator`` (``nvil.native``): on the default job's
+    kernels' counter-based stream under one seed drawn from ``generator`` (``nvil.backend.native``): on the default job's
     K = 1000 bound, torch.rand and the sigmoid and comparison after it were a fifth of the time."""
     xk = x.unsqueeze(0).expand(k, *x.shape)
     if getattr(inference, "seeded_draws", False) and native.wanted(accel, x.device) and x.dtype in SEEDED_DTYPES:
@@ -81,19 +94,34 @@ def elbo(model, inference, data, num_samples, *, generator, batch_size=100, max_
 
 
 class SampledBound(Estimator):
-    """``estimator=iwae`` (K = num_samples) or ``estimator=elbo`` (mean over num_samples) from q."""
+    """``estimator=iwae`` (K = num_samples, Burda et al. 2016's L_K) or ``estimator=elbo`` (the mean of log w over
+    num_samples, Mnih & Gregor 2014's Eq. 1) from q; ``IWAE`` and ``ELBO`` are the two with their configs' defaults.
+
+    - ``bound``: iwae | elbo;
+    - ``num_samples``: samples from q per example;
+    - ``batch_size``: examples per batch;
+    - ``max_elements``: samples are chunked so that a chunk holds about this many floats (2^22: its logits stay in
+      the CPU's caches and in malloc's heap);
+    - ``accel``: auto | native (on a CPU, q's factorial layers draw from the C kernels' counter-based stream,
+      ``nvil.backend.native``, one seed from the estimator's generator per chunk) | none (torch.rand);
+    - ``log_z``: a DBN's top-RBM log Z (``LogZSettings`` or a mapping of its fields; configs/log_z/ais.yaml)."""
 
     BOUNDS = {"iwae": importance_sampled_bound, "elbo": elbo}
     row_offset_aware = True  # evaluate_checkpoint passes the first row's index in the whole split
 
-    def __init__(self, cfg) -> None:
-        self.name = cfg.name
-        self.cfg = cfg
-        k = cfg.get("num_samples")
-        if not isinstance(k, int) or k < 1:
-            raise ConfigError(f"estimator.num_samples must be a positive integer, got {k}")
-        self.num_samples = k
-        self.accel = check_mode(str(cfg.get("accel", "auto")), what="estimator.accel")
+    def __init__(self, bound: str = "iwae", *, num_samples: int = 1000, batch_size: int = 100,
+                 max_elements: int = MAX_ELEMENTS, accel: str = "auto",
+                 log_z: LogZSettings | Mapping = LOG_Z) -> None:
+        if bound not in self.BOUNDS:
+            raise ConfigError(f"unknown bound {bound!r}; known bounds: {', '.join(self.BOUNDS)}")
+        self.name = bound
+        if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
+            raise ConfigError(f"estimator.num_samples must be a positive integer, got {num_samples}")
+        self.num_samples = num_samples
+        self.batch_size = positive_int(batch_size, "estimator.batch_size")
+        self.max_elements = positive_int(max_elements, "estimator.max_elements")
+        self.accel = check_mode(accel, what="estimator.accel")
+        self.log_z_settings = LogZSettings.of(log_z)
 
     def check(self, model, inference) -> None:
         if inference is None and model.family != "dbn" and not model.family == "continuous":
@@ -106,25 +134,34 @@ class SampledBound(Estimator):
         return {"train": data.split("train"), "checkpoint": checkpoint,
                 "log_z_particles": stored_particles(payload, model.top.n_visible)}
 
-    def estimate(self, model, data, *, inference=None, generator, seed: int, progress=None, train=None,
+    def estimate(self, model, data, *, inference=None, seed: int = 0, generator=None, progress=None, train=None,
                  checkpoint=None, row_offset: int = 0, log_z_particles=None) -> Result:
-        """For a DBN, q is the greedy up-pass and log P = log P* - log Z with the shared, cached top-RBM log Z."""
+        """The bound for each row of ``data`` [examples, model.n_visible]. ``inference``: q (an SBN's or fDARN's
+        inference network; a DBN uses its greedy up-pass, a Gaussian net its prior). Each batch draws from a
+        generator seeded by (``seed``, first row + ``row_offset``), so ``generator`` is optional. For a DBN
+        q is the greedy up-pass and log P = log P* - log Z with the shared top-RBM log Z, whose base-rate model
+        needs ``train`` (the training rows), cached beside ``checkpoint`` and started from ``log_z_particles``."""
         self.check(model, inference)
+        check_rows(model, data)
+        generator = default_generator(generator, seed, model, data)
+        if model.family == "dbn" and train is None:
+            raise ConfigError(f"estimator={self.name} on a DBN needs train= (the training rows): the top RBM's log Z "
+                              "starts from base rates of the training data passed up the net")
         t0 = time.perf_counter()
         log_z, log_z_se, extras, certificate = 0.0, 0.0, {}, None
         if model.family == "continuous":  # the weak baseline: the prior as the proposal
             inference, extras = model.prior_proposal(), {"proposal": "prior"}
         if model.family == "dbn":
             inference = model.recognition()
-            certificate = top_log_z(model, train, self.cfg.log_z, checkpoint, shows_progress(progress),
+            certificate = top_log_z(model, train, self.log_z_settings, checkpoint, shows_progress(progress),
                                     log_z_particles, phase=phase_namer(progress, self.name))
             log_z, log_z_se = certificate[0].log_z, certificate[0].stderr
             if shows_progress(progress) and hasattr(progress, "reset"):
                 progress.reset()  # the rate and ETA from here on are the examples' own
         with torch.no_grad():
             log_p = self.BOUNDS[self.name](model, inference, data, self.num_samples, generator=generator,
-                                           batch_size=int(self.cfg.batch_size),
-                                           max_elements=int(self.cfg.max_elements), progress=progress,
+                                           batch_size=self.batch_size, max_elements=self.max_elements,
+                                           progress=progress,
                                            seed=seed, row_offset=row_offset,
                                            accel=self.accel)
         result = Result(self.name, log_p.cpu() - log_z, time.perf_counter() - t0, seed,
@@ -133,3 +170,27 @@ class SampledBound(Estimator):
         if certificate is not None:
             apply_log_z(result, *certificate)
         return result
+
+
+class IWAE(SampledBound):
+    """``estimator=iwae``: the importance-sampled bound L_K, K = ``num_samples`` (configs/estimator/iwae.yaml);
+    the keywords are ``SampledBound``'s."""
+
+    name = "iwae"
+
+    def __init__(self, *, num_samples: int = 1000, batch_size: int = 100, max_elements: int = MAX_ELEMENTS,
+                 accel: str = "auto", log_z: LogZSettings | Mapping = LOG_Z) -> None:
+        super().__init__("iwae", num_samples=num_samples, batch_size=batch_size, max_elements=max_elements,
+                         accel=accel, log_z=log_z)
+
+
+class ELBO(SampledBound):
+    """``estimator=elbo``: the ELBO averaged over ``num_samples`` samples from q (10: the NVIL paper's Table 1
+    measure; configs/estimator/elbo.yaml); the keywords are ``SampledBound``'s."""
+
+    name = "elbo"
+
+    def __init__(self, *, num_samples: int = 10, batch_size: int = 100, max_elements: int = MAX_ELEMENTS,
+                 accel: str = "auto", log_z: LogZSettings | Mapping = LOG_Z) -> None:
+        super().__init__("elbo", num_samples=num_samples, batch_size=batch_size, max_elements=max_elements,
+                         accel=accel, log_z=log_z)

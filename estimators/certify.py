@@ -9,7 +9,7 @@ Three independent pieces of evidence, each cheap next to the forward run:
   visible side -F(x): all-off, all-on and one-hot states, training rows, the persistent particles a checkpoint
   stores, every AIS end state, and joint modes found by iterated conditional modes (alternating
   x = argmax p(x | h), h = argmax p(h | x), which never lowers p*(x, h) <= min(p*(x), p*(h))) from many starts.
-  An estimate below this bound is wrong, whatever its ESS says (``estimators.hard_bound``).
+  An estimate below this bound is wrong, whatever its ESS says (``nvil.estimators.hard_bound``).
 - **Reverse AIS** (Grosse, Ghahramani & Adams 2015; Burda, Grosse & Salakhutdinov 2015): the same path run from
   beta = 1 back to the base rate, from states drawn near the model (the persistent particles, or a block-Gibbs run
   from training rows). From exact model samples it over-estimates log Z in expectation, so [forward, reverse] is
@@ -28,42 +28,24 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from estimators.ais_rbm import RBMPath, forward_log_z, reverse_log_z
-from estimators.annealing import LogZ, make_ladder
-from estimators.base import Certificate
-from estimators.hard_bound import HardBound, binary_states, climb, hard_lower_bound
-from models.rbm import BoltzmannMachine, State
-from nvil.config import positive_float, positive_int
-from nvil.errors import ConfigError
+from nvil.core.errors import ConfigError
+from nvil.estimators.ais_rbm import RBMPath, forward_log_z, reverse_log_z
+from nvil.estimators.annealing import LogZ, make_ladder
+from nvil.estimators.base import Certificate
+from nvil.estimators.hard_bound import HardBound, binary_states, climb, hard_lower_bound
+from nvil.estimators.settings import AISSettings, CertifySettings
 from nvil.mcmc.gibbs import BlockGibbs
+from nvil.models.rbm import BoltzmannMachine, State
 
-__all__ = ["DEFAULTS", "CertifiedLogZ", "HardBound", "certified_log_z", "certify_settings", "climb", "digest",
+__all__ = ["DEFAULTS", "AISSettings", "CertifiedLogZ", "CertifySettings", "HardBound", "certified_log_z", "certify_settings", "climb", "digest",
            "gibbs_run", "hard_lower_bound", "reverse_start", "run_checks", "stored_particles"]
 
-DEFAULTS = {"certify": True, "pilot_fraction": 0.05, "reverse_fraction": 0.5, "reverse_burn_in": None,
-            "max_gap": 1.0, "min_ess_fraction": 0.1, "num_climb": 256, "num_data_probes": 1000}
+DEFAULTS = asdict(CertifySettings())  # the certificate's default settings, as a plain dict (for reports)
 
 
-def certify_settings(cfg) -> dict:
-    """The validated certificate settings of an AIS config (``estimator.*`` or ``estimator.log_z.*``)."""
-    get = lambda k: cfg.get(k, DEFAULTS[k]) if cfg.get(k) is not None else DEFAULTS[k]  # noqa: E731
-    out = {"certify": bool(get("certify")), "max_gap": positive_float(get("max_gap"), "estimator.max_gap"),
-           "pilot_fraction": positive_float(get("pilot_fraction"), "estimator.pilot_fraction"),
-           "reverse_fraction": positive_float(get("reverse_fraction"), "estimator.reverse_fraction"),
-           "min_ess_fraction": float(get("min_ess_fraction")),
-           "num_climb": positive_int(get("num_climb"), "estimator.num_climb"),
-           "num_data_probes": positive_int(get("num_data_probes"), "estimator.num_data_probes"),
-           "reverse_burn_in": cfg.get("reverse_burn_in")}
-    if out["pilot_fraction"] > 0.1:
-        raise ConfigError(f"estimator.pilot_fraction must be at most 0.1 (the pilot costs that share of the main "
-                          f"run), got {out['pilot_fraction']}")
-    if out["reverse_fraction"] > 1:
-        raise ConfigError(f"estimator.reverse_fraction must be in (0, 1], got {out['reverse_fraction']}")
-    if not 0 <= out["min_ess_fraction"] <= 1:
-        raise ConfigError(f"estimator.min_ess_fraction must be in [0, 1], got {out['min_ess_fraction']}")
-    if out["reverse_burn_in"] is not None:
-        out["reverse_burn_in"] = positive_int(out["reverse_burn_in"], "estimator.reverse_burn_in")
-    return out
+def certify_settings(values=None, /, **overrides) -> CertifySettings:
+    """``CertifySettings`` from a mapping (a config block) and keywords; kept for callers that hold a dict."""
+    return CertifySettings.of({**dict((values or {}).items()), **overrides})
 
 
 # ---- reverse AIS from states near the model --------------------------------------------------------------------
@@ -187,13 +169,13 @@ def _tolerance(log_z: float) -> float:
     return 1e-3 + 1e-5 * abs(log_z)
 
 
-def run_checks(c: CertifiedLogZ, settings: dict) -> None:
+def run_checks(c: CertifiedLogZ, settings: CertifySettings) -> None:
     """The checks, each with the sentence a user sees when it fails."""
     fwd = c.forward
     fix = ("more betas or more chains" if c.ladder.get("schedule") == "adaptive"
            else "estimator.schedule=adaptive, more betas or more chains")
 
-    min_ess = settings["min_ess_fraction"] * fwd.num_chains
+    min_ess = settings.min_ess_fraction * fwd.num_chains
     c.check("ess", fwd.ess >= min_ess,
           f"forward AIS ESS is {fwd.ess:.1f} of {fwd.num_chains} chains (below {min_ess:.0f}): log Z rests on a few "
           f"chains; use {fix}")
@@ -210,9 +192,9 @@ def run_checks(c: CertifiedLogZ, settings: dict) -> None:
               f"sandwich is inverted, so one side is wrong (reverse chains from {c.reverse_init} may not represent "
               "the model; try estimator.reverse_burn_in=N sweeps before the reverse run, more betas or more chains)")
         gap = rev.log_z - fwd.log_z
-        c.check("sandwich_gap", gap <= settings["max_gap"],
+        c.check("sandwich_gap", gap <= settings.max_gap,
               f"forward and reverse AIS disagree by {gap:.2f} nats (more than estimator.max_gap="
-              f"{settings['max_gap']}): log Z lies somewhere in [{fwd.log_z:.2f}, {rev.log_z:.2f}]; use more betas "
+              f"{settings.max_gap}): log Z lies somewhere in [{fwd.log_z:.2f}, {rev.log_z:.2f}]; use more betas "
               "or chains")
         if c.bound is not None:
             c.check("reverse_hard_lower_bound", rev.log_z + 3 * rev.stderr >= c.bound.value - _tolerance(c.bound.value),
@@ -221,17 +203,18 @@ def run_checks(c: CertifiedLogZ, settings: dict) -> None:
 
 
 @torch.no_grad()
-def certified_log_z(model: BoltzmannMachine, base, settings: dict, cert: dict, generator=None, *,
+def certified_log_z(model: BoltzmannMachine, base, settings: AISSettings, cert: CertifySettings, generator=None, *,
                     data_rows: torch.Tensor | None = None, particles: torch.Tensor | None = None,
                     progress: bool = False, accel: str = "none", phase=None) -> CertifiedLogZ:
-    """Forward AIS for log Z on the ladder ``settings['schedule']`` (adaptive: from a pilot run), and, with
-    ``cert['certify']``, its certificate: the hard lower bound from probes, reverse AIS on ``reverse_fraction`` of
+    """Forward AIS for log Z on the ladder ``settings.schedule`` (adaptive: from a pilot run), and, with
+    ``cert.certify``, its certificate: the hard lower bound from probes, reverse AIS on ``reverse_fraction`` of
     the betas from ``particles`` or a Gibbs run from ``data_rows``, and the checks (``run_checks``). One path (and
     its compiled kernels) and one ladder serve every run: the pilot, forward and reverse.
     ``progress``: inner bars for the forward and reverse runs; ``phase(text)`` is told each phase as it starts
     (``log Z (forward AIS, 2/4)``), for the evaluation bar's description."""
-    steps = ((["pilot AIS"] if settings["schedule"] == "adaptive" else []) + ["forward AIS"]
-             + (["hard-bound probes", "reverse AIS"] if cert["certify"] else []))
+    settings, cert = AISSettings.of(settings), CertifySettings.of(cert)  # a dict of either is accepted too
+    steps = ((["pilot AIS"] if settings.schedule == "adaptive" else []) + ["forward AIS"]
+             + (["hard-bound probes", "reverse AIS"] if cert.certify else []))
 
     def announce(step: str) -> None:
         if phase is not None:
@@ -240,11 +223,11 @@ def certified_log_z(model: BoltzmannMachine, base, settings: dict, cert: dict, g
     seconds = {}
     t0 = time.perf_counter()
     path = RBMPath(model, base, accel)
-    n, K = settings["num_chains"], settings["num_betas"]
-    if settings["schedule"] == "adaptive":
+    n, K = settings.num_chains, settings.num_betas
+    if settings.schedule == "adaptive":
         announce("pilot AIS")
-    ladder = make_ladder(settings["schedule"], K, pilot=lambda: (path, path.sample_base(n, generator)), generator=generator,
-                         pilot_fraction=cert["pilot_fraction"])
+    ladder = make_ladder(settings.schedule, K, pilot=lambda: (path, path.sample_base(n, generator)), generator=generator,
+                         pilot_fraction=cert.pilot_fraction)
     seconds["pilot"] = time.perf_counter() - t0
     t1 = time.perf_counter()
     announce("forward AIS")
@@ -252,22 +235,22 @@ def certified_log_z(model: BoltzmannMachine, base, settings: dict, cert: dict, g
     forward, end = forward_log_z(path, n, betas, generator, progress)
     seconds["forward"] = time.perf_counter() - t1
     c = CertifiedLogZ(forward, ladder.extras(), seconds=seconds)
-    if not cert["certify"]:
+    if not cert.certify:
         return c
     t2 = time.perf_counter()
     announce("hard-bound probes")
     rows = None
     if data_rows is not None and len(data_rows):
-        idx = torch.randperm(len(data_rows), generator=torch.Generator().manual_seed(1))[: cert["num_data_probes"]]
+        idx = torch.randperm(len(data_rows), generator=torch.Generator().manual_seed(1))[: cert.num_data_probes]
         rows = data_rows[idx.to(data_rows.device)]
         rows = rows.to_dense() if rows.is_sparse else rows
     c.bound = hard_lower_bound(model, {"training rows": rows, "persistent particles": particles,
-                                       "AIS end states": end.x}, generator, cert["num_climb"])
+                                       "AIS end states": end.x}, generator, cert.num_climb)
     seconds["probes"] = time.perf_counter() - t2
     t3 = time.perf_counter()
     announce("reverse AIS")
-    k_rev = max(1, round(cert["reverse_fraction"] * K))
-    explicit = cert["reverse_burn_in"]  # None: from rows K / 4 sweeps, from stored particles none
+    k_rev = max(1, round(cert.reverse_fraction * K))
+    explicit = cert.reverse_burn_in  # None: from rows K / 4 sweeps, from stored particles none
     burn_in = explicit if explicit is not None else max(1, K // 4)
     x0, c.reverse_init = reverse_start(model, n, particles, rows, burn_in, generator, particle_burn_in=explicit or 0)
     c.reverse = reverse_log_z(path, x0, betas if k_rev == K else ladder.betas(k_rev), generator, progress)

@@ -18,17 +18,20 @@ Eq. 15), so log P(v) is under-estimated in expectation.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 
-from estimators.ais_hmc import ContinuousLatent
-from estimators.base import NO_PROGRESS, BatchProgress
-from estimators.per_example import LatentModel, PerExample
-from nvil.config import positive_float, positive_int
-from nvil.errors import ConfigError
+from nvil.core.config import positive_float, positive_int
+from nvil.core.errors import ConfigError
+from nvil.core.ops import log_mean_exp
+from nvil.estimators.ais_hmc import ContinuousLatent
+from nvil.estimators.base import NO_PROGRESS, BatchProgress
+from nvil.estimators.per_example import LatentModel, PerExample
+from nvil.estimators.settings import LOG_Z, LogZSettings
 from nvil.mcmc.base import ChibKernel
 from nvil.mcmc.mh import PROPOSALS, MetropolisHastings, adapt_step_size
 from nvil.mcmc.sequential_gibbs import SequentialGibbs
-from nvil.ops import log_mean_exp
 
 
 @torch.no_grad()
@@ -63,11 +66,18 @@ class Chib(PerExample):
 
     name = "chib"
 
-    def __init__(self, cfg) -> None:
-        super().__init__(cfg)
-        self.num_steps = positive_int(cfg.get("num_steps"), "estimator.num_steps")
-        self.max_climb = positive_int(cfg.get("max_hill_climb_sweeps", 100), "estimator.max_hill_climb_sweeps")
-        self.hill_climb = bool(cfg.get("hill_climb", True))
+    def __init__(self, *, num_steps: int = 40, num_runs: int = 10, hill_climb: bool = True,
+                 max_hill_climb_sweeps: int = 100, batch_size: int = 50, accel: str = "auto",
+                 log_z: LogZSettings | Mapping = LOG_Z) -> None:
+        """Defaults: configs/estimator/chib.yaml. ``num_steps``: S, the sequential-Gibbs steps around h*;
+        ``num_runs``: independent runs per test case; ``hill_climb``: h* is a Q sample hill-climbed to a local
+        mode (at most ``max_hill_climb_sweeps`` sweeps), else the Q sample itself; ``batch_size``: test cases per
+        batch (chains = batch_size x num_runs); ``accel``: auto (the sweep in C on a CPU, one Triton kernel on
+        CUDA) | none | native | compile; ``log_z``: a DBN's top-RBM log Z (``LogZSettings`` or a mapping)."""
+        super().__init__(num_runs=num_runs, batch_size=batch_size, accel=accel, log_z=log_z)
+        self.num_steps = positive_int(num_steps, "estimator.num_steps")
+        self.max_climb = positive_int(max_hill_climb_sweeps, "estimator.max_hill_climb_sweeps")
+        self.hill_climb = bool(hill_climb)
         self.climb_sweeps = 10  # the last batch's hill-climb sweeps (progress only); about 6 on an MNIST SBN-200
 
     def settings(self) -> dict:
@@ -148,23 +158,31 @@ class ChibMH(PerExample):
 
     name = "chib_mh"
 
-    def __init__(self, cfg) -> None:
-        super().__init__(cfg)
-        self.num_steps = positive_int(cfg.get("num_steps"), "estimator.num_steps")
-        self.step_size = positive_float(cfg.get("step_size", 0.1), "estimator.step_size")
-        self.proposal = cfg.get("proposal", "langevin")
+    def __init__(self, *, num_steps: int = 40, num_runs: int = 10, proposal: str = "langevin", step_size: float = 0.1,
+                 adapt: bool = True, adapt_steps: int = 100, target_accept: float | None = None,
+                 hill_climb_steps: int = 200, hill_climb_lr: float = 0.05, form: str = "auxiliary",
+                 batch_size: int = 100) -> None:
+        """Defaults: configs/estimator/chib_mh.yaml. ``num_steps``: S; ``num_runs``: runs per example;
+        ``proposal``: langevin (HMC with one leapfrog step) | random_walk; ``step_size``: the warm-up's initial
+        per-chain step size (``adapt``), or the step size; ``adapt_steps``: MH transitions of the warm-up;
+        ``target_accept``: None gives 0.8 for langevin, 0.5 for random_walk; ``hill_climb_steps`` Adam steps at
+        ``hill_climb_lr`` take a prior sample to h*; ``form``: auxiliary (eps) | centred (z); ``batch_size``:
+        examples per batch."""
+        super().__init__(num_runs=num_runs, batch_size=batch_size)
+        self.num_steps = positive_int(num_steps, "estimator.num_steps")
+        self.step_size = positive_float(step_size, "estimator.step_size")
+        self.proposal = proposal
         if self.proposal not in PROPOSALS:
             raise ConfigError(f"estimator.proposal must be one of {list(PROPOSALS)}, got {self.proposal!r}")
-        self.adapt = bool(cfg.get("adapt", True))
-        self.adapt_steps = positive_int(cfg.get("adapt_steps", 100), "estimator.adapt_steps")
-        target = cfg.get("target_accept")
-        self.target_accept = (CHIB_TARGET_ACCEPT[self.proposal] if target is None
-                              else positive_float(target, "estimator.target_accept"))
+        self.adapt = bool(adapt)
+        self.adapt_steps = positive_int(adapt_steps, "estimator.adapt_steps")
+        self.target_accept = (CHIB_TARGET_ACCEPT[self.proposal] if target_accept is None
+                              else positive_float(target_accept, "estimator.target_accept"))
         if not self.target_accept < 1:
             raise ConfigError(f"estimator.target_accept must be in (0, 1), got {self.target_accept}")
-        self.climb_steps = positive_int(cfg.get("hill_climb_steps", 200), "estimator.hill_climb_steps")
-        self.climb_lr = positive_float(cfg.get("hill_climb_lr", 0.05), "estimator.hill_climb_lr")
-        self.form = cfg.get("form", "auxiliary")
+        self.climb_steps = positive_int(hill_climb_steps, "estimator.hill_climb_steps")
+        self.climb_lr = positive_float(hill_climb_lr, "estimator.hill_climb_lr")
+        self.form = form
         self.zero_runs = 0
         self.zero_example_mask: list[torch.Tensor] = []  # per batch: [examples] bool, every run estimated 0
         self.step_sizes: list[torch.Tensor] = []  # per batch: [chains], the fixed step of the Fig. 1 run

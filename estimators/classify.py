@@ -30,9 +30,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from estimators.base import Estimator, Result, chunks
+from nvil.core.config import positive_int
+from nvil.core.errors import ConfigError, DataError
 from nvil.data import take_rows
-from nvil.errors import ConfigError, DataError
+from nvil.estimators.base import Estimator, Result, check_rows, check_seed, chunks
 
 LABEL_UNITS = "label units"
 REGRESSION = "logistic regression on p(h|v)"
@@ -160,23 +161,18 @@ def fit_logistic_regression(features: torch.Tensor, labels: torch.Tensor, num_cl
 # ---- the estimator ------------------------------------------------------------------------------------------
 
 
-def _positive_int(cfg, key: str, default: int) -> int:
-    value = cfg.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"estimator.{key} must be a positive integer, got {value!r}")
-    return value
-
-
 class Classify(Estimator):
-    """``estimator=classify``: test error from the label units, or from a logistic regression on p(h | v)."""
+    """``estimator=classify``: test error from the label units, or from a logistic regression on p(h | v).
+
+    ``batch_size``: examples per batch for the free energies and p(h | v); ``l2``: regression only, the penalty
+    1/2 l2 |W|^2 added to the mean cross-entropy (biases unpenalised); ``max_iter``: regression only, L-BFGS
+    iterations at most (full batch, from zero weights). Defaults: configs/estimator/classify.yaml."""
 
     name = "classify"
 
-    def __init__(self, cfg) -> None:
-        self.cfg = cfg
-        self.batch_size = _positive_int(cfg, "batch_size", 1000)
-        self.max_iter = _positive_int(cfg, "max_iter", 500)
-        l2 = cfg.get("l2", 1e-4)
+    def __init__(self, *, batch_size: int = 1000, l2: float = 1.0e-4, max_iter: int = 500) -> None:
+        self.batch_size = positive_int(batch_size, "estimator.batch_size")
+        self.max_iter = positive_int(max_iter, "estimator.max_iter")
         if isinstance(l2, bool) or not isinstance(l2, (int, float)) or not 0 <= l2 < math.inf:
             raise ConfigError(f"estimator.l2 must be a non-negative number, got {l2!r}")
         self.l2 = float(l2)
@@ -198,9 +194,14 @@ class Classify(Estimator):
         return {"labels": dataset.labels[split][rows[0]:rows[1]],
                 "train": (dataset.split("train"), dataset.labels["train"])}
 
-    def estimate(self, model, data, *, inference=None, generator=None, seed: int, progress=None,
-                 labels: torch.Tensor | None = None, train: tuple | None = None) -> ClassificationResult:
+    def estimate(self, model, data, *, labels: torch.Tensor | None = None, train: tuple | None = None,
+                 inference=None, seed: int = 0, generator=None, progress=None) -> ClassificationResult:
+        """0/1 errors for each row of ``data`` [examples, model.n_visible]. With label units the rows carry the
+        truth; otherwise ``labels`` (int64 [examples]) and ``train`` = (x_train, y_train) are needed for the
+        regression. Nothing is random (``seed`` is recorded, ``generator`` not used)."""
         self.check(model, inference)
+        check_rows(model, data)
+        check_seed(seed)
         t0 = time.perf_counter()
         if model.n_labels:
             truth = model.split(take_rows(data, 0))[1].argmax(-1)  # the one-hot in each row: the truth

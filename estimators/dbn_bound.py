@@ -9,21 +9,30 @@ log Z is the top RBM's, the AIS estimate shared with the other DBN estimators.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 import torch.nn.functional as F
 
-from estimators.base import NO_PROGRESS, BatchProgress
-from estimators.per_example import LatentModel, PerExample
-from nvil.config import positive_int
-from nvil.errors import ConfigError
+from nvil.core.config import positive_int
+from nvil.core.errors import ConfigError
+from nvil.estimators.base import NO_PROGRESS, BatchProgress
+from nvil.estimators.per_example import LatentModel, PerExample
+from nvil.estimators.settings import LOG_Z, LogZSettings
 
 
 class DBNBound(PerExample):
+    """``estimator=dbn_bound``: the DBN's variational bound (Eq. 17), the expectation by ``num_samples`` samples
+    of the greedy up-pass Q."""
+
     name = "dbn_bound"
 
-    def __init__(self, cfg) -> None:
-        super().__init__(cfg)
-        self.num_samples = positive_int(cfg.get("num_samples"), "estimator.num_samples")
+    def __init__(self, *, num_samples: int = 100, batch_size: int = 100,
+                 log_z: LogZSettings | Mapping = LOG_Z) -> None:
+        """Defaults: configs/estimator/dbn_bound.yaml. ``num_samples``: samples of Q per example; ``batch_size``:
+        examples per batch; ``log_z``: the top RBM's log Z (``LogZSettings`` or a mapping of its fields)."""
+        super().__init__(batch_size=batch_size, log_z=log_z)
+        self.num_samples = positive_int(num_samples, "estimator.num_samples")
 
     def check(self, model, inference) -> None:
         if model.family != "dbn":

@@ -15,10 +15,11 @@ import time
 
 import torch
 
-from estimators.base import Estimator, Result, chunks
+from nvil.core.config import positive_int
+from nvil.core.errors import ConfigError
+from nvil.core.ops import StreamingLogMeanExp, enumerate_states
 from nvil.data import take_rows
-from nvil.errors import ConfigError
-from nvil.ops import StreamingLogMeanExp, enumerate_states
+from nvil.estimators.base import Estimator, Result, check_rows, check_seed, chunks
 
 MAX_LATENT = 20
 
@@ -89,29 +90,36 @@ class Exact(Estimator):
 
     name = "exact"
 
-    def __init__(self, cfg) -> None:
-        self.cfg = cfg
+    def __init__(self, *, batch_size: int = 1000, max_latent: int = MAX_LATENT) -> None:
+        """``batch_size``: examples per batch; ``max_latent``: the most latent units (2^L states) enumerated, a
+        DBN's top RBM included (configs/estimator/exact.yaml)."""
+        self.batch_size = positive_int(batch_size, "estimator.batch_size")
+        self.max_latent = positive_int(max_latent, "estimator.max_latent")
 
     def check(self, model, inference) -> None:
         if model.family == "boltzmann":  # Boltzmann machines: log Z by enumeration
-            model.check_exact(int(self.cfg.max_latent))
+            model.check_exact(self.max_latent)
         else:
-            check_enumerable(model, int(self.cfg.max_latent))
+            check_enumerable(model, self.max_latent)
             if model.family == "dbn":
-                check_top_enumerable(model.top, int(self.cfg.max_latent))
+                check_top_enumerable(model.top, self.max_latent)
 
-    def estimate(self, model, data, *, inference=None, generator=None, seed: int, progress=None) -> Result:
+    def estimate(self, model, data, *, inference=None, seed: int = 0, generator=None, progress=None) -> Result:
+        """Exact log p(v) for each row of ``data`` [examples, model.n_visible]; nothing is random (``seed`` is
+        recorded, ``generator`` not used)."""
         self.check(model, inference)
+        check_rows(model, data)
+        check_seed(seed)
         t0 = time.perf_counter()
         if model.family == "boltzmann":
-            log_p = exact_boltzmann_log_prob(model, data, batch_size=int(self.cfg.batch_size), progress=progress)
+            log_p = exact_boltzmann_log_prob(model, data, batch_size=self.batch_size, progress=progress)
             extras = {"log_z": round(model.log_z_exact().item(), 4)}
         else:
-            log_p = exact_log_marginal(model, data, batch_size=int(self.cfg.batch_size),
-                                       max_latent=int(self.cfg.max_latent), progress=progress)
+            log_p = exact_log_marginal(model, data, batch_size=self.batch_size, max_latent=self.max_latent,
+                                       progress=progress)
             extras = {}
             if model.family == "dbn":  # log P(v) = log sum_h P*(v, h) - log Z_top (Eq. 16)
-                log_z = top_log_z_exact(model.top, int(self.cfg.max_latent))
+                log_z = top_log_z_exact(model.top, self.max_latent)
                 log_p = log_p - log_z.to(log_p)
                 extras = {"log_z": round(log_z.item(), 4), "log_z_is": "exact"}
         result = Result(self.name, log_p.cpu(), time.perf_counter() - t0, seed, {"num_latent": model.n_latent, **extras})

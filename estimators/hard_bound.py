@@ -5,7 +5,7 @@ Probes on the hidden side use log p*(h) = c'h + sum_i softplus(b_i + W_i h)
 (``BoltzmannMachine.log_unnormalised_hidden``), on the binary visible side -F(x): all-off, all-on and one-hot
 states, training rows, the persistent particles a checkpoint stores, every AIS end state, and joint modes found
 by iterated conditional modes (``climb``) from many starts. An AIS estimate below this bound is wrong, whatever its
-ESS says (``estimators.certify``).
+ESS says (``nvil.estimators.certify``).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
-from models.rbm import BoltzmannMachine
-from nvil.ops import chunks
+from nvil.core.ops import chunks
+from nvil.models.rbm import BoltzmannMachine
 
 
 @dataclass

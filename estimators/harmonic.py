@@ -10,22 +10,28 @@ from __future__ import annotations
 
 import torch
 
-from estimators.base import NO_PROGRESS, BatchProgress
-from estimators.per_example import LatentModel, PerExample
-from nvil.config import positive_int
-from nvil.errors import ConfigError
+from nvil.core.config import positive_int
+from nvil.core.errors import ConfigError
+from nvil.core.ops import log_mean_exp
+from nvil.estimators.base import NO_PROGRESS, BatchProgress
+from nvil.estimators.per_example import LatentModel, PerExample
 from nvil.mcmc.sequential_gibbs import SequentialGibbs
-from nvil.ops import log_mean_exp
 
 
 class Harmonic(PerExample):
+    """``estimator=harmonic``: the harmonic mean of P(v | h) over sequential-Gibbs samples of P(h | v), kept for
+    comparison (Murray & Salakhutdinov 2009, Sec. 2.2); needs no log Z, even for a DBN."""
+
     name = "harmonic"
     uses_log_z = False  # P(v | h) is normalised even in a DBN, and sampling P(h | v) needs no Z
 
-    def __init__(self, cfg) -> None:
-        super().__init__(cfg)
-        self.num_samples = positive_int(cfg.get("num_samples"), "estimator.num_samples")
-        burn_in = cfg.get("burn_in", 0)
+    def __init__(self, *, num_samples: int = 100, burn_in: int = 10, num_runs: int = 10, batch_size: int = 50,
+                 accel: str = "auto") -> None:
+        """Defaults: configs/estimator/harmonic.yaml. ``num_samples``: Gibbs samples per run after ``burn_in``
+        discarded sweeps; ``num_runs``: runs per example (their samples pooled); ``batch_size``: examples per
+        batch; ``accel``: auto (the sweep in C on a CPU, one Triton kernel on CUDA) | none | native | compile."""
+        super().__init__(num_runs=num_runs, batch_size=batch_size, accel=accel)
+        self.num_samples = positive_int(num_samples, "estimator.num_samples")
         if isinstance(burn_in, bool) or not isinstance(burn_in, int) or burn_in < 0:
             raise ConfigError(f"estimator.burn_in must be a non-negative integer, got {burn_in!r}")
         self.burn_in = burn_in

@@ -4,7 +4,7 @@ Murray & Salakhutdinov 2009 (Fig. 2): the bound, AIS over h_1, and the Chib-styl
 AIS estimate of a single global normalization constant Z". It is computed once per checkpoint and AIS
 settings, and kept in ``<checkpoint>.log_z.json`` under a key that holds the settings, the seed and a
 fingerprint of the top RBM's parameters, so an overwritten checkpoint never reuses a stale value, together with
-its certificate (``estimators.certify``) and a digest of both, so a hand-edited or stale entry is recomputed.
+its certificate (``nvil.estimators.certify``) and a digest of both, so a hand-edited or stale entry is recomputed.
 The base-rate model takes its marginals from the training data passed up through the RBMs below the top.
 """
 
@@ -14,16 +14,18 @@ import hashlib
 import json
 import os
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
-from estimators.ais_rbm import ais_settings, base_rate
-from estimators.certify import CertifiedLogZ, certified_log_z, certify_settings
-from estimators.hard_bound import hard_lower_bound
-from estimators.partition import log_p_extras
-from nvil.accel import check_mode
-from nvil.ops import chunks
+from nvil.backend.accel import check_mode
+from nvil.core.ops import chunks
+from nvil.estimators.ais_rbm import base_rate
+from nvil.estimators.certify import CertifiedLogZ, certified_log_z
+from nvil.estimators.hard_bound import hard_lower_bound
+from nvil.estimators.partition import log_p_extras
+from nvil.estimators.settings import LogZSettings
 
 
 def fingerprint(module: torch.nn.Module) -> str:
@@ -51,27 +53,28 @@ def cache_path(checkpoint) -> Path | None:
     return None if checkpoint is None else Path(str(checkpoint) + ".log_z.json")
 
 
-def top_log_z(dbn, train: torch.Tensor, cfg, checkpoint=None, progress: bool = False,
+def top_log_z(dbn, train: torch.Tensor, settings: LogZSettings, checkpoint=None, progress: bool = False,
               particles: torch.Tensor | None = None, phase=None) -> tuple[CertifiedLogZ, bool]:
-    """(certified log Z of the top RBM, whether it came from the cache). ``particles``: the top RBM's persistent
+    """(certified log Z of the top RBM, whether it came from the cache). ``settings``: the ``estimator.log_z``
+    block (a ``LogZSettings``; a mapping of its fields, such as a config block, is converted). ``particles``: the top RBM's persistent
     particles from the checkpoint, where the greedy run stored them (the reverse chains start there).
     ``progress``: inner bars for the AIS runs; ``phase(text)`` names each phase on the evaluation bar (the caller's
-    ``estimators.base.phase_namer``), and ``phase(None)`` once log Z is known.
+    ``nvil.estimators.base.phase_namer``), and ``phase(None)`` once log Z is known.
 
     A cache entry is reused only when its digest matches its contents and its hard lower bound survives a fresh
     probe of the top RBM (``verify``); otherwise a warning names the problem and log Z is computed again."""
     phase = phase or (lambda text: None)
     try:
-        return _top_log_z(dbn, train, cfg, checkpoint, progress, particles, phase)
+        return _top_log_z(dbn, train, LogZSettings.of(settings), checkpoint, progress, particles, phase)
     finally:
         phase(None)
 
 
-def _top_log_z(dbn, train, cfg, checkpoint, progress, particles, phase) -> tuple[CertifiedLogZ, bool]:
-    settings, cert = ais_settings(cfg), certify_settings(cfg)
-    seed = int(cfg.get("seed", 0))
-    key = {**settings, **cert, "seed": seed, "params": fingerprint(dbn.top)}
-    path = cache_path(checkpoint) if cfg.get("cache", True) else None
+def _top_log_z(dbn, train, log_z: LogZSettings, checkpoint, progress, particles,
+               phase) -> tuple[CertifiedLogZ, bool]:
+    settings, cert, seed = log_z.ais, log_z.cert, log_z.seed
+    key = {**asdict(settings), **asdict(cert), "seed": seed, "params": fingerprint(dbn.top)}
+    path = cache_path(checkpoint) if log_z.cache else None
     entries = _read(path)
     phase("log Z (training data up to the top RBM)")
     top_data = propagate_up(dbn, train)
@@ -86,11 +89,11 @@ def _top_log_z(dbn, train, cfg, checkpoint, progress, particles, phase) -> tuple
                 print(f"warning: the log Z cache {path} holds an entry for these settings that fails its certificate "
                       f"({e}); computing log Z again", file=sys.stderr)
     device = dbn.top.W.device
-    base = base_rate(dbn.top, top_data, settings["base_smoothing"])
+    base = base_rate(dbn.top, top_data, settings.base_smoothing)
     generator = torch.Generator(device=device).manual_seed(seed)
     # accel changes only the float rounding, so it is not part of the cache key
     c = certified_log_z(dbn.top, base, settings, cert, generator, data_rows=top_data, particles=particles,
-                        progress=progress, accel=check_mode(cfg.get("accel", "none"), device, "estimator.log_z.accel"),
+                        progress=progress, accel=check_mode(log_z.accel, device, "estimator.log_z.accel"),
                         phase=phase)
     if path is not None:
         kept = [e for e in entries if e.get("key") != key]

@@ -3,7 +3,7 @@ log p(v) = -F(v) - log Z (Salakhutdinov & Murray 2008, Sec. 4.2).
 
 Both run forward AIS from the base-rate model on the ladder ``schedule`` (``adaptive`` by default: spaced from a
 pilot run so each step adds about the same log-weight variance; ``paper`` is the paper's fixed ladder) and,
-unless ``certify=false``, the certificate of ``estimators.certify``: a hard lower bound from probe states,
+unless ``certify=false``, the certificate of ``nvil.estimators.certify``: a hard lower bound from probe states,
 reverse AIS from the checkpoint's persistent particles (or a Gibbs run), the ESS, and ``certified`` with the
 reasons when it fails. ``raise`` runs its reverse side on the whole ladder and reports the conservative side
 (the reverse log Z, hence the lower log p) as ``mean_log_p``.
@@ -15,16 +15,18 @@ Beside ``mean_log_p`` the line carries ``mean_log_p_band``, the per-example mean
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import torch
 
-from estimators.ais_rbm import ais_settings, base_rate, check_boltzmann, free_energy_log_p
-from estimators.annealing import LogZ
-from estimators.base import Estimator, Result, phase_namer, shows_progress
-from estimators.certify import CertifiedLogZ, certified_log_z, certify_settings, stored_particles
-from nvil.accel import check_mode
-from nvil.config import positive_int
-from nvil.errors import ConfigError
+from nvil.backend.accel import check_mode
+from nvil.core.config import positive_int
+from nvil.core.errors import ConfigError
+from nvil.estimators.ais_rbm import base_rate, check_boltzmann, free_energy_log_p
+from nvil.estimators.annealing import LogZ
+from nvil.estimators.base import Estimator, Result, check_rows, default_generator, phase_namer, shows_progress
+from nvil.estimators.certify import CertifiedLogZ, certified_log_z, stored_particles
+from nvil.estimators.settings import AISSettings, CertifySettings
 
 
 def log_p_extras(mean_log_p: float, c: CertifiedLogZ, used_log_z: float) -> dict:
@@ -40,19 +42,46 @@ def log_p_extras(mean_log_p: float, c: CertifiedLogZ, used_log_z: float) -> dict
 
 
 class AIS(Estimator):
-    """``estimator=ais``: log Z of an RBM or semi-RBM by certified AIS, and log p(v) = -F(v) - log Z."""
+    """``estimator=ais``: log Z of an RBM or semi-RBM by certified AIS, and log p(v) = -F(v) - log Z.
+
+    From Python: ``AIS(num_chains=1000, num_betas=10_000).estimate(rbm, x_test, train=x_train)``. The keywords
+    (defaults: configs/estimator/ais.yaml):
+
+    - ``num_chains``: forward (and reverse) AIS chains;
+    - ``schedule``: ``adaptive`` (a pilot run spaces the betas so each step adds the same log-weight variance) |
+      ``paper`` (500 / 4,000 / 10,000 betas in [0, 0.5] / [0.5, 0.9] / [0.9, 1], scaled to num_betas) | ``linear``
+      | ``sigmoid``; ``num_betas``: the ladder's steps;
+    - ``pilot_fraction``: adaptive only, the pilot's steps as a share of num_betas (at most 0.1);
+    - ``base_smoothing``: the base-rate marginals p = (mean + s) / (1 + 2 s) (Salakhutdinov & Murray 2008, Sec. 4.2);
+    - ``certify``: false gives the forward estimate alone (no probes, no reverse run, ``certified`` None);
+    - ``reverse_fraction``: reverse AIS runs on this share of num_betas (same spacing);
+    - ``reverse_burn_in``: block-Gibbs sweeps at beta = 1 before the reverse run, from data rows without stored
+      particles (None: num_betas / 4), else from the particles (None: none);
+    - ``max_gap``: nats; a forward-reverse gap above it fails the certificate;
+    - ``min_ess_fraction``: a forward ESS below this share of num_chains fails the certificate;
+    - ``num_climb``: random starts of the hill-climbed probe states; ``num_data_probes``: data rows used as probes
+      (and as reverse-chain starts without particles);
+    - ``batch_size``: examples per batch of free energies;
+    - ``accel``: none | compile (the fused AIS step compiled) | cudagraphs (CUDA only) | auto (on a CPU a binary
+      RBM's draws in C, a semi-RBM's pixel sweep in C; on CUDA the pixel sweep in Triton).
+
+    ``estimator.strict`` belongs to the evaluation driver (``nvil.app``), not to this class."""
 
     name = "ais"
-    reverse_fraction = None  # None: the config's ``reverse_fraction``
+    reverse_fraction = None  # None: the constructor's ``reverse_fraction``
 
-    def __init__(self, cfg) -> None:
-        self.cfg = cfg
-        self.settings = ais_settings(cfg)
-        self.cert = certify_settings(cfg)
+    def __init__(self, *, num_chains: int = 100, schedule: str = "adaptive", num_betas: int = 14500,
+                 pilot_fraction: float = 0.05, base_smoothing: float = 0.05, certify: bool = True,
+                 reverse_fraction: float = 0.5, reverse_burn_in: int | None = None, max_gap: float = 1.0,
+                 min_ess_fraction: float = 0.1, num_climb: int = 256, num_data_probes: int = 1000,
+                 batch_size: int = 1000, accel: str = "auto") -> None:
+        self.settings = AISSettings(num_chains, schedule, num_betas, base_smoothing)
+        self.cert = CertifySettings(certify, pilot_fraction, reverse_fraction, reverse_burn_in, max_gap,
+                                    min_ess_fraction, num_climb, num_data_probes)
         if self.reverse_fraction is not None:
-            self.cert["reverse_fraction"] = self.reverse_fraction
-        self.batch_size = positive_int(cfg.get("batch_size", 1000), "estimator.batch_size")
-        self.accel = check_mode(cfg.get("accel", "none"), what="estimator.accel")
+            self.cert = replace(self.cert, reverse_fraction=self.reverse_fraction)
+        self.batch_size = positive_int(batch_size, "estimator.batch_size")
+        self.accel = check_mode(accel, what="estimator.accel")
 
     def check(self, model, inference) -> None:
         check_boltzmann(model, self.name)
@@ -62,8 +91,8 @@ class AIS(Estimator):
 
     def certified_log_z(self, model, train, rows, generator, progress, particles=None, phase=None) -> CertifiedLogZ:
         """Base rate from ``train``; probes and (without particles) reverse-chain starts from ``rows``. ``progress``:
-        inner bars for the AIS runs; ``phase(text)`` names each phase (``estimators.certify.certified_log_z``)."""
-        base = base_rate(model, train, self.settings["base_smoothing"])
+        inner bars for the AIS runs; ``phase(text)`` names each phase (``nvil.estimators.certify.certified_log_z``)."""
+        base = base_rate(model, train, self.settings.base_smoothing)
         return certified_log_z(model, base, self.settings, self.cert, generator, data_rows=rows, particles=particles,
                                progress=progress, accel=self.accel, phase=phase)
 
@@ -72,9 +101,26 @@ class AIS(Estimator):
         return c.forward
 
     @torch.no_grad()
-    def estimate(self, model, data, *, inference=None, generator, seed: int, progress=None, train=None,
-                 particles=None, init=None) -> Result:
+    def estimate(self, model, data, *, train=None, seed: int = 0, generator=None, progress=None, particles=None,
+                 init=None, inference=None) -> Result:
+        """log p(v) = -F(v) - log Z for each row of ``data`` [examples, model.n_visible].
+
+        ``train``: rows whose marginals make the base-rate model and which serve as probes and (without
+        ``particles``) as the reverse chains' Gibbs starts; Salakhutdinov & Murray 2008 use the training set, as
+        ``evaluate.py`` does. None: ``data`` itself; log Z does not depend on the base rate, only the variance of
+        its estimate does (the result says ``base_rate_rows: data``). ``particles``: the model's persistent chains
+        (a PCD learner's), where the reverse run starts; ``init``: other rows for the reverse chains' Gibbs starts
+        (raise's ``init_split``). ``seed``: the result's seed and, without ``generator``, the seed of a generator
+        on the model's device. ``progress``: a tqdm bar counting examples. ``inference``: not used (every
+        estimator is handed it)."""
         self.check(model, inference)
+        check_rows(model, data)
+        generator = default_generator(generator, seed, model, data)
+        base_rows = "train" if train is not None else "data"
+        train = data if train is None else train
+        check_rows(model, train, "train")
+        if init is not None:
+            check_rows(model, init, "init")
         t0 = time.perf_counter()
         phase = phase_namer(progress, self.name)
         c = self.certified_log_z(model, train, train if init is None else init, generator, shows_progress(progress),
@@ -85,8 +131,10 @@ class AIS(Estimator):
         side = self.side(c)
         log_p = free_energy_log_p(model, data, side.log_z, self.batch_size, progress)
         result = Result(self.name, log_p, time.perf_counter() - t0, seed,
-                        {**c.extras(), "num_betas": c.forward.num_betas, "schedule": self.settings["schedule"]},
+                        {**c.extras(), "num_betas": c.forward.num_betas, "schedule": self.settings.schedule},
                         shared_stderr=side.stderr)
+        if base_rows == "data":
+            result.extras["base_rate_rows"] = base_rows
         result.extras.update(log_p_extras(result.mean, c, side.log_z))
         result.carry(c)
         return result
@@ -102,11 +150,23 @@ class RAISE(AIS):
     name = "raise"
     reverse_fraction = 1.0
 
-    def __init__(self, cfg) -> None:
-        super().__init__(cfg)
-        if not self.cert["certify"]:
+    config_only = ("reverse_fraction",)  # raise.yaml inherits it from ais.yaml; the reverse run takes every beta
+
+    def __init__(self, *, init_split: str = "train", num_chains: int = 100, schedule: str = "adaptive",
+                 num_betas: int = 14500, pilot_fraction: float = 0.05, base_smoothing: float = 0.05,
+                 certify: bool = True, reverse_burn_in: int | None = None, max_gap: float = 1.0,
+                 min_ess_fraction: float = 0.1, num_climb: int = 256, num_data_probes: int = 1000,
+                 batch_size: int = 1000, accel: str = "auto") -> None:
+        """The keywords of ``AIS`` (configs/estimator/raise.yaml includes ais.yaml) but ``reverse_fraction``, and
+        ``init_split``: train | valid | test, the rows a Gibbs run starts the reverse chains from in ``evaluate.py``
+        when the checkpoint stores no persistent particles (from Python: ``estimate(..., init=rows)``)."""
+        super().__init__(num_chains=num_chains, schedule=schedule, num_betas=num_betas, pilot_fraction=pilot_fraction,
+                         base_smoothing=base_smoothing, certify=certify, reverse_burn_in=reverse_burn_in,
+                         max_gap=max_gap, min_ess_fraction=min_ess_fraction, num_climb=num_climb,
+                         num_data_probes=num_data_probes, batch_size=batch_size, accel=accel)
+        if not self.cert.certify:
             raise ConfigError("estimator=raise is forward and reverse AIS; it needs estimator.certify=true")
-        self.init_split = cfg.get("init_split", "train")
+        self.init_split = init_split
         if self.init_split not in ("train", "valid", "test"):
             raise ConfigError(f"estimator.init_split must be train, valid or test, got {self.init_split!r}")
 

@@ -4,7 +4,7 @@ For a model with binary latent units h and an approximate posterior Q(h | v) (SB
 inference network; a DBN with its greedy up-pass), ``LatentModel`` gives, for a batch of v:
 log P*(v, h) and log Q(h | v) as ``BinaryDensity`` objects, exact samples from Q, and log P(v | h).
 For a DBN, P* is unnormalised (Eq. 16) and every estimate subtracts the top RBM's log Z, one AIS estimate
-shared by all DBN estimators and cached beside the checkpoint (``estimators.log_z``).
+shared by all DBN estimators and cached beside the checkpoint (``nvil.estimators.log_z``).
 
 ``PerExample`` runs an estimator batched over examples x runs (chains = examples x runs, example-major),
 with a generator per batch seeded by (seed, first row) so sharding the test set does not change any
@@ -17,21 +17,34 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Mapping
 
 import torch
 
-from estimators.ais import PosteriorPath
-from estimators.annealing import ais, check_schedule, make_ladder, pilot_betas
-from estimators.base import (NO_PROGRESS, BatchProgress, Estimator, Result, batch_generator, chunks, combine_runs, phase_namer,
-                             shows_progress)
-from estimators.certify import stored_particles
-from estimators.exact import split_layers
-from estimators.log_z import apply_log_z, top_log_z
-from models.binary_density import require_bernoulli_visibles
-from nvil.accel import check_mode
-from nvil.config import positive_int
+from nvil.backend.accel import check_mode
+from nvil.core.config import positive_float, positive_int
+from nvil.core.errors import ConfigError
 from nvil.data import take_rows
-from nvil.errors import ConfigError
+from nvil.estimators.ais import PosteriorPath
+from nvil.estimators.annealing import ais, check_schedule, make_ladder, pilot_betas
+from nvil.estimators.base import (
+    NO_PROGRESS,
+    BatchProgress,
+    Estimator,
+    Result,
+    batch_generator,
+    check_rows,
+    check_seed,
+    chunks,
+    combine_runs,
+    phase_namer,
+    shows_progress,
+)
+from nvil.estimators.certify import stored_particles
+from nvil.estimators.exact import split_layers
+from nvil.estimators.log_z import apply_log_z, top_log_z
+from nvil.estimators.settings import LOG_Z, LogZSettings
+from nvil.models.binary_density import require_bernoulli_visibles
 
 BOLTZMANN_ESTIMATORS = "ais, raise, exact or classify"
 CONTINUOUS_ESTIMATORS = "ais_hmc, chib_mh or iwae"
@@ -78,12 +91,19 @@ class PerExample(Estimator):
     uses_log_z = True  # False where the estimate needs no normalised prior (the harmonic mean)
     importance_runs = False  # True where each run's exp(estimate) is an importance weight (AIS): per-example ESS
 
-    def __init__(self, cfg) -> None:
-        self.cfg = cfg
-        self.num_runs = positive_int(cfg.get("num_runs", 1), "estimator.num_runs")
-        self.batch_size = positive_int(cfg.get("batch_size", 100), "estimator.batch_size")
-        # the sequential-Gibbs sweeps' per-unit update compiled (nvil.mcmc.sequential_gibbs; ~10 s to compile)
-        self.accel = check_mode(cfg.get("accel", "none"), None, "estimator.accel")
+    def __init__(self, *, num_runs: int = 1, batch_size: int = 100, accel: str = "none",
+                 log_z: LogZSettings | Mapping | None = None, min_example_ess: float | None = None) -> None:
+        """``num_runs``: independent runs per example (chains = batch_size x num_runs); ``batch_size``: examples
+        per batch; ``accel``: the sequential-Gibbs sweeps (none | native | auto | compile,
+        ``nvil.mcmc.sequential_gibbs``); ``log_z``: a DBN's top-RBM log Z (``LogZSettings`` or a mapping of its
+        fields; None: the estimator takes none); ``min_example_ess``: importance-weight runs only, the per-example
+        ESS below which the certificate fails (None: max(1.5, 0.2 num_runs))."""
+        self.num_runs = positive_int(num_runs, "estimator.num_runs")
+        self.batch_size = positive_int(batch_size, "estimator.batch_size")
+        self.accel = check_mode(accel, None, "estimator.accel")
+        self.log_z_settings = None if log_z is None else LogZSettings.of(log_z)
+        self.min_example_ess = (None if min_example_ess is None
+                                else positive_float(min_example_ess, "estimator.min_example_ess"))
 
     def latent_model(self, model, inference):
         """What ``run_batch`` works with (``LatentModel``; continuous-latent estimators override this)."""
@@ -103,16 +123,23 @@ class PerExample(Estimator):
         inner bars for its AIS runs; ``phase(text)`` names each phase of it on the evaluation bar."""
         if not (lm.needs_log_z and self.uses_log_z):
             return None
-        if self.cfg.get("log_z") is None:
+        if self.log_z_settings is None:
             raise ConfigError(f"estimator={self.name} on a DBN needs an estimator.log_z block (configs/log_z/ais.yaml)")
         if train is None:
-            raise ConfigError(f"estimator={self.name} on a DBN needs the training data for the base-rate model")
-        return top_log_z(lm.model, train, self.cfg.log_z, checkpoint, progress, particles, phase=phase)
+            raise ConfigError(f"estimator={self.name} on a DBN needs train= (the training rows): the top RBM's log Z "
+                              "starts from base rates of the training data passed up the net")
+        return top_log_z(lm.model, train, self.log_z_settings, checkpoint, progress, particles, phase=phase)
 
     @torch.no_grad()
-    def estimate(self, model, data, *, inference=None, generator=None, seed: int, progress=None, train=None,
+    def estimate(self, model, data, *, inference=None, seed: int = 0, generator=None, progress=None, train=None,
                  checkpoint=None, row_offset: int = 0, log_z_particles=None) -> Result:
+        """log P(v) for each row of ``data`` [examples, model.n_visible]. ``inference``: Q(h | v) of an SBN or
+        fDARN (a DBN uses its greedy up-pass). Each batch draws from a generator seeded by (``seed``, first row +
+        ``row_offset``), so ``generator`` is not used. A DBN's top-RBM log Z needs ``train`` (training rows for its
+        base rate), is cached beside ``checkpoint`` and starts its reverse run from ``log_z_particles``."""
         lm = self.latent_model(model, inference)
+        check_rows(model, data)
+        check_seed(seed)
         t0 = time.perf_counter()
         certificate = self.log_z(lm, train, checkpoint, shows_progress(progress), log_z_particles,
                                  phase_namer(progress, self.name))
@@ -151,7 +178,7 @@ class PerExample(Estimator):
         if self.importance_runs:
             w = torch.exp(per_run - per_run.max(1, keepdim=True).values).nan_to_num(0.0)
             ess = w.sum(1) ** 2 / (w**2).sum(1).clamp(min=1e-300)
-            threshold = float(self.cfg.get("min_example_ess", max(1.5, 0.2 * runs)))
+            threshold = self.min_example_ess if self.min_example_ess is not None else max(1.5, 0.2 * runs)
             low = ess < threshold
             q = torch.quantile(ess, torch.tensor([0.1, 0.5], dtype=ess.dtype)).tolist()
             result.extras.update({"example_ess_min_q10_q50": [round(ess.min().item(), 2)] + [round(v, 2) for v in q],
@@ -202,11 +229,20 @@ class AISPosterior(PerExample):
     name = "ais_posterior"
     importance_runs = True
 
-    def __init__(self, cfg) -> None:
-        super().__init__(cfg)
-        self.num_betas = positive_int(cfg.get("num_betas"), "estimator.num_betas")
-        self.schedule = cfg.get("schedule", "adaptive")
-        self.pilot_fraction = float(cfg.get("pilot_fraction", 0.05))
+    def __init__(self, *, num_betas: int = 300, schedule: str = "adaptive", pilot_fraction: float = 0.05,
+                 num_runs: int = 10, batch_size: int = 50, accel: str = "auto",
+                 log_z: LogZSettings | Mapping = LOG_Z, min_example_ess: float | None = None) -> None:
+        """Defaults: configs/estimator/ais_posterior.yaml. ``num_betas``: AIS steps (adaptive at 100 matched
+        linear at 300 on a 12-latent SBN); ``schedule``: adaptive (one ladder per batch from a pilot run) | linear |
+        sigmoid | paper; ``pilot_fraction``: adaptive only, the pilot's steps as a share of num_betas;
+        ``num_runs``: chains per test case, their weights averaged; ``batch_size``: test cases per batch;
+        ``accel``: auto (each beta's sweep in C on a CPU, one Triton kernel on CUDA) | none | native; ``log_z``
+        and ``min_example_ess``: as ``PerExample``."""
+        super().__init__(num_runs=num_runs, batch_size=batch_size, accel=accel, log_z=log_z,
+                         min_example_ess=min_example_ess)
+        self.num_betas = positive_int(num_betas, "estimator.num_betas")
+        self.schedule = schedule
+        self.pilot_fraction = positive_float(pilot_fraction, "estimator.pilot_fraction")
         check_schedule(self.schedule, self.num_betas)
         self.pilot_steps = 0
 

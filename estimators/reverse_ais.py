@@ -1,7 +1,7 @@
 """Bidirectional Monte Carlo: AIS run both ways along one path (Grosse, Ghahramani & Adams 2015, BDMC; Burda,
 Grosse & Salakhutdinov 2015, RAISE).
 
-- for an RBM's log Z, ``estimators.ais_rbm.reverse_log_z``, which ``estimators.certify`` runs from the
+- for an RBM's log Z, ``nvil.estimators.ais_rbm.reverse_log_z``, which ``nvil.estimators.certify`` runs from the
   checkpoint's persistent particles or a Gibbs run, as a stochastic upper estimate (``estimator=ais`` and ``raise``);
 - ``BDMC`` (``estimator=bdmc``): for directed models, where simulation gives exact posterior samples, both
   sides are stochastic bounds on each simulated example's log p(v); their gap certifies the AIS schedule.
@@ -15,16 +15,25 @@ from dataclasses import dataclass
 
 import torch
 
-from estimators.ais import PosteriorPath
-from estimators.annealing import ais, check_schedule, schedule
-from estimators.ais_hmc import ContinuousLatent, PriorPosteriorPath
-from estimators.base import NO_PROGRESS, BatchProgress, Estimator, Result, batch_generator, combine_runs
-from estimators.per_example import LatentModel, pilot_steps, posterior_ladder
-from models.gaussian import FORMS
-from nvil.accel import check_mode
-from nvil.config import positive_float, positive_int
-from nvil.errors import ConfigError
-from nvil.ops import chunks, log_mean_exp, mean_and_stderr
+from nvil.backend.accel import check_mode
+from nvil.core.config import positive_float, positive_int
+from nvil.core.errors import ConfigError
+from nvil.core.ops import chunks, log_mean_exp, mean_and_stderr
+from nvil.estimators.ais import PosteriorPath
+from nvil.estimators.ais_hmc import ContinuousLatent, PriorPosteriorPath
+from nvil.estimators.annealing import ais, check_schedule
+from nvil.estimators.annealing import schedule as schedule_betas
+from nvil.estimators.base import (
+    NO_PROGRESS,
+    BatchProgress,
+    Estimator,
+    Result,
+    batch_generator,
+    combine_runs,
+    default_generator,
+)
+from nvil.estimators.per_example import LatentModel, pilot_steps, posterior_ladder
+from nvil.models.gaussian import FORMS
 
 
 class StepSizeTape:
@@ -92,7 +101,7 @@ class BDMC(Estimator):
     ``estimator=ais_hmc`` for continuous ones. The certificate is only as good as the simulated data's resemblance
     to the real data (Wu et al. 2017 discuss this caveat).
 
-    Paths (both directions use the one loop ``estimators.annealing.ais``, each weight increment taken before the move):
+    Paths (both directions use the one loop ``nvil.estimators.annealing.ais``, each weight increment taken before the move):
 
     - binary latents (SBN, fDARN, with their inference network): ``PosteriorPath``,
       f_beta(h) = Q(h | v)^(1 - beta) P(v, h)^beta, sequential Gibbs at each beta, exactly
@@ -115,26 +124,35 @@ class BDMC(Estimator):
     # around each ``run_batch`` rather than passed, so that run_batch keeps the signature subclasses override.
     batch_progress: BatchProgress = NO_PROGRESS
 
-    def __init__(self, cfg) -> None:
-        self.cfg = cfg
-        self.num_simulated = positive_int(cfg.get("num_simulated", 100), "estimator.num_simulated")
-        self.num_runs = positive_int(cfg.get("num_runs", 4), "estimator.num_runs")
-        self.batch_size = positive_int(cfg.get("batch_size", 50), "estimator.batch_size")
-        self.num_betas = positive_int(cfg.get("num_betas"), "estimator.num_betas")
-        self.schedule = cfg.get("schedule", "linear")
+    def __init__(self, *, num_simulated: int = 100, num_betas: int = 1000, schedule: str = "linear", num_runs: int = 4,
+                 batch_size: int = 50, max_gap: float = 1.0, num_leapfrog: int = 10, step_size: float = 0.05,
+                 target_accept: float = 0.65, adapt: bool = True, form: str = "auxiliary",
+                 accel: str = "none") -> None:
+        """Defaults: configs/estimator/bdmc.yaml. ``num_simulated``: (h, v) pairs drawn from the model;
+        ``num_betas`` steps on the ladder ``schedule`` to certify (linear | sigmoid | paper; adaptive for binary
+        latents); ``num_runs``: chains per simulated example in each direction; ``batch_size``: simulated examples
+        per batch; ``max_gap``: nats, certified when the mean gap is at most this. Continuous latents only (as
+        ``AISHMC``): ``num_leapfrog``, ``step_size`` (the forward chains' initial step size, adapted per chain with
+        ``adapt`` towards ``target_accept``; each reverse chain replays its forward chain's), ``form`` (auxiliary
+        | centred) and ``accel`` (none | compile | cudagraphs)."""
+        self.num_simulated = positive_int(num_simulated, "estimator.num_simulated")
+        self.num_runs = positive_int(num_runs, "estimator.num_runs")
+        self.batch_size = positive_int(batch_size, "estimator.batch_size")
+        self.num_betas = positive_int(num_betas, "estimator.num_betas")
+        self.schedule = schedule
         check_schedule(self.schedule, self.num_betas)
         # adaptive (binary latents): one ladder per batch from a pilot run, fixed before both directions run on it
-        self.betas = None if self.schedule == "adaptive" else schedule(self.schedule, self.num_betas)
-        self.max_gap = positive_float(cfg.get("max_gap", 1.0), "estimator.max_gap")
+        self.betas = None if self.schedule == "adaptive" else schedule_betas(self.schedule, self.num_betas)
+        self.max_gap = positive_float(max_gap, "estimator.max_gap")
         # HMC moves: continuous latents only.
-        self.num_leapfrog = positive_int(cfg.get("num_leapfrog", 10), "estimator.num_leapfrog")
-        self.step_size = positive_float(cfg.get("step_size", 0.05), "estimator.step_size")
-        self.target_accept = positive_float(cfg.get("target_accept", 0.65), "estimator.target_accept")
-        self.adapt = bool(cfg.get("adapt", True))
-        self.form = cfg.get("form", "auxiliary")
+        self.num_leapfrog = positive_int(num_leapfrog, "estimator.num_leapfrog")
+        self.step_size = positive_float(step_size, "estimator.step_size")
+        self.target_accept = positive_float(target_accept, "estimator.target_accept")
+        self.adapt = bool(adapt)
+        self.form = form
         if self.form not in FORMS:
             raise ConfigError(f"estimator.form must be one of {list(FORMS)}, got {self.form!r}")
-        self.accel = check_mode(cfg.get("accel", "none"), what="estimator.accel")
+        self.accel = check_mode(accel, what="estimator.accel")
 
     # ---- what it works with -------------------------------------------------------------------------------
 
@@ -211,9 +229,13 @@ class BDMC(Estimator):
     # ---- the estimator ------------------------------------------------------------------------------------
 
     @torch.no_grad()
-    def estimate(self, model, data, *, inference=None, generator=None, seed: int, progress=None,
+    def estimate(self, model, data=None, *, inference=None, seed: int = 0, generator=None, progress=None,
                  **inputs) -> BDMCResult:
+        """Simulate ``num_simulated`` examples and sandwich each one's log p(v). ``data`` is not used (its width
+        is checked when given); ``generator`` draws the simulated pairs (default: seeded by ``seed``), each batch
+        of chains its own generator seeded by (``seed``, first row)."""
         lm = self.latent_model(model, inference)
+        generator = default_generator(generator, seed, model, data)
         t0 = time.perf_counter()
         if data is not None and data.shape[1] != model.n_visible:
             raise ConfigError(f"data has {data.shape[1]} visible units but the model has {model.n_visible}")

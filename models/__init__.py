@@ -7,13 +7,15 @@ from typing import Callable
 
 from torch import nn
 
-from models.dbn import DBN
-from models.gaussian import NONLINEARITIES, DynamicBayesNet, GaussianBeliefNet
-from models.inference import LayeredInference
-from models.rbm import BoltzmannMachine
-from models.sbn import PRIORS, SBN, VISIBLES
-from nvil.config import positive_float, positive_int
-from nvil.errors import ConfigError
+from nvil.core.config import positive_float, positive_int
+from nvil.core.errors import ConfigError
+from nvil.models.dbn import DBN
+from nvil.models.gaussian import NONLINEARITIES, DynamicBayesNet, GaussianBeliefNet
+from nvil.models.inference import LayeredInference
+from nvil.models.rbm import BoltzmannMachine
+from nvil.models.sbn import PRIORS, SBN, VISIBLES
+
+RBM = BoltzmannMachine  # RBM(n_visible, n_hidden); a semi-RBM (lateral visible couplings) with lateral=True
 
 
 def _layers(cfg) -> list[int]:

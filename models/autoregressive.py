@@ -7,7 +7,7 @@ inference-network layers (Mnih & Gregor 2014, Table 2). W is kept strictly lower
 - ``sample``: a loop over the units of the layer only (never over examples or samples). The logits are
   updated incrementally, logits += h_j * W[:, j], so the whole draw costs one matmul's worth of work. With
   ``sample_mode`` ``native`` or ``auto`` (``trainer.accel``, set by the learner) on a CPU the loop runs as one C call
-  (``nvil.native.autoregressive``): the same uniforms and operations, no per-unit kernel launches.
+  (``nvil.backend.native.autoregressive``): the same uniforms and operations, no per-unit kernel launches.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from nvil import native
-from nvil.ops import bernoulli_log_prob
+from nvil.backend import native
+from nvil.backend.native.bernoulli_log_prob import bernoulli_log_prob
 
 
 class AutoregressiveLinear(nn.Module):
@@ -26,7 +26,7 @@ class AutoregressiveLinear(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.zeros(n, n))
         self.register_buffer("mask", torch.tril(torch.ones(n, n), diagonal=-1))
-        self.sample_mode = "none"  # trainer.accel: native / auto draw the units in C on a CPU (nvil.native)
+        self.sample_mode = "none"  # trainer.accel: native / auto draw the units in C on a CPU (nvil.backend.native)
 
     def accelerate_sampling(self, mode: str) -> None:
         """``trainer.accel`` for ``sample`` (the learners' protocol for modules with sequential draws)."""

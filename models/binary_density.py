@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from nvil.errors import ConfigError
+from nvil.core.errors import ConfigError
 
 
 @dataclass

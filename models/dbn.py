@@ -22,10 +22,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from models.binary_density import BinaryDensity, DensityBuilder, layer_slices
-from models.rbm import BoltzmannMachine
-from models.visible import Bernoulli, bernoulli_sample
-from nvil.ops import bernoulli_log_prob
+from nvil.backend.native.bernoulli_log_prob import bernoulli_log_prob
+from nvil.models.binary_density import BinaryDensity, DensityBuilder, layer_slices
+from nvil.models.rbm import BoltzmannMachine
+from nvil.models.visible import Bernoulli, bernoulli_sample
 
 
 class DBN(nn.Module):
@@ -115,7 +115,7 @@ class DBN(nn.Module):
 
 class DBNRecognition:
     """Q(h_1..h_{L-1} | v) = prod_l Q(h_l | h_{l-1}), the greedy stack's up-pass. Same interface as
-    ``models.inference.LayeredInference`` (``sample``, ``log_prob_layers``, ``log_prob``), no parameters
+    ``nvil.models.inference.LayeredInference`` (``sample``, ``log_prob_layers``, ``log_prob``), no parameters
     of its own."""
 
     def __init__(self, dbn: DBN) -> None:

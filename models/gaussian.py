@@ -28,9 +28,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.gaussian_grad import LogJoint
-from models.visible import LOG_2PI, VISIBLE, gaussian_log_prob
-from nvil.errors import ConfigError
+from nvil.core.errors import ConfigError
+from nvil.models.gaussian_grad import LogJoint
+from nvil.models.visible import LOG_2PI, VISIBLE, gaussian_log_prob
 
 FORMS = ("auxiliary", "centred")
 VISIBLES = ("bernoulli", "gaussian")
@@ -171,7 +171,7 @@ class GaussianNet(nn.Module):
 
     def posterior(self, x: torch.Tensor, form: str | None = None, beta=1.0) -> LogJoint:
         """s -> log p(s) + beta log p(x | s), one row of x per chain, as HMC's target: callable, with its gradient
-        wrt s in closed form (``models.gaussian_grad``), so that no leapfrog step needs autograd."""
+        wrt s in closed form (``nvil.models.gaussian_grad``), so that no leapfrog step needs autograd."""
         return LogJoint(self, x, form or self.form, beta)
 
     def log_param_prior(self, prior_std: float) -> torch.Tensor:

@@ -28,8 +28,8 @@ import copy
 import torch
 import torch.nn.functional as F
 
-from models.visible import gaussian_log_prob
-from nvil import gemm
+from nvil.backend import gemm
+from nvil.models.visible import gaussian_log_prob
 
 # f'(a) given a and mu = f(a); hard_tanh's and hard_sigmoid's are 0 at the kinks, as autograd's.
 DERIVATIVES = {"tanh": lambda a, mu: 1 - mu * mu, "sigmoid": lambda a, mu: mu * (1 - mu),

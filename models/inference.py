@@ -11,15 +11,15 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from models.autoregressive import AutoregressiveLinear
-from models.binary_density import BinaryDensity, DensityBuilder, layer_slices
-from nvil import gemm, native
-from nvil.ops import bernoulli_log_prob
+from nvil.backend import gemm, native
+from nvil.backend.native.bernoulli_log_prob import bernoulli_log_prob
+from nvil.models.autoregressive import AutoregressiveLinear
+from nvil.models.binary_density import BinaryDensity, DensityBuilder, layer_slices
 
 
 def seeded_bernoulli(logits: torch.Tensor, seed: int, offset: int) -> torch.Tensor:
     """Binary units on with probability sigmoid(logits), from the counter-based uniforms of draws offset, offset + 1,
-    ... under ``seed`` (``nvil.native.bernoulli_``). Logits repeated along a stride-0 leading dimension (the
+    ... under ``seed`` (``nvil.backend.native.bernoulli_``). Logits repeated along a stride-0 leading dimension (the
     K-sample bounds' first layer) pass through the sigmoid once per distinct row."""
     distinct = logits[0] if logits.dim() == 3 and logits.stride(0) == 0 else logits
     p = torch.sigmoid(distinct.detach()).expand(logits.shape).contiguous()
@@ -47,7 +47,7 @@ class LayeredInference(nn.Module):
 
     @property
     def seeded_draws(self) -> bool:
-        """Whether ``sample`` draws from a ``seed`` (the C kernels' counter-based stream; ``estimators.bounds``): every
+        """Whether ``sample`` draws from a ``seed`` (the C kernels' counter-based stream; ``nvil.estimators.bounds``): every
         layer factorial (autoregressive layers draw from the generator, whose stream a seed drawn from it would shift)."""
         return self.within is None
 
@@ -82,8 +82,8 @@ class LayeredInference(nn.Module):
         self, x: torch.Tensor, generator: torch.Generator | None = None, seed: int | None = None
     ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """(h_layers, log_q_layers): binary samples (no gradient) and log q(h_i | h_{i-1}) (with gradient). With
-        ``seed`` (the K-sample bounds on a CPU, ``estimators.bounds.log_weights``) the factorial layers draw with the C
-        kernels' counter-based uniforms under ``seed`` (``nvil.native.bernoulli_``; layer i's draws numbered after
+        ``seed`` (the K-sample bounds on a CPU, ``nvil.estimators.bounds.log_weights``) the factorial layers draw with the C
+        kernels' counter-based uniforms under ``seed`` (``nvil.backend.native.bernoulli_``; layer i's draws numbered after
         the layers' below) instead of torch.rand with ``generator``: the same distribution, another stream, one pass
         without stored uniforms. Autoregressive layers draw with ``generator`` either way."""
         h = x

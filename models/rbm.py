@@ -15,7 +15,7 @@ Salakhutdinov 2009, Sec. 4: 784 x 784 / 2 lateral weights, 10 label units joined
 - ``log_z_exact`` enumerates the smaller side (hidden units, or visible units when L couples them).
 
 What depends on the kind of pixel (binary, Gaussian, binary with lateral weights) is asked of
-``visible_layer`` (``models.visible``); ``visible`` keeps the config name.
+``visible_layer`` (``nvil.models.visible``); ``visible`` keeps the config name.
 """
 
 from __future__ import annotations
@@ -26,11 +26,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.rbm_grad import BIAS_GRAD, free_energy_grad
-from models.visible import VISIBLE, Bernoulli, LateralBernoulli, bernoulli_sample
-from nvil import gemm
-from nvil.errors import ConfigError
-from nvil.ops import chunks, enumerate_states
+from nvil.backend import gemm
+from nvil.core.errors import ConfigError
+from nvil.core.ops import chunks, enumerate_states
+from nvil.models.rbm_grad import BIAS_GRAD, free_energy_grad
+from nvil.models.visible import VISIBLE, Bernoulli, LateralBernoulli, bernoulli_sample
 
 VISIBLES = ("binary", "gaussian")
 
@@ -67,7 +67,7 @@ def temper(beta, t: torch.Tensor) -> torch.Tensor:
 
 class BoltzmannMachine(nn.Module):
     family = "boltzmann"
-    visible_offset = None  # an AIS intermediate distribution (estimators.ais_rbm.TemperedRBM) sets b_A here
+    visible_offset = None  # an AIS intermediate distribution (nvil.estimators.ais_rbm.TemperedRBM) sets b_A here
 
     def __init__(self, n_visible: int, n_hidden: int, visible: str = "binary", lateral: bool = False,
                  n_labels: int = 0, visible_update: str = "sequential") -> None:
@@ -153,7 +153,7 @@ class BoltzmannMachine(nn.Module):
                     visible_energy: torch.Tensor | None = None) -> torch.Tensor:
         """F_beta(x) = beta E_vis(x) - sum_j softplus(beta a_j(x)): exp(-F_beta) = sum_h exp(-beta E).
         ``hidden_input`` and ``visible_energy`` pass a(x) and E_vis(x) when the caller already has them (AIS weighs
-        each state at two betas; its path from a base-rate model is ``estimators.ais_rbm.TemperedRBM``)."""
+        each state at two betas; its path from a base-rate model is ``nvil.estimators.ais_rbm.TemperedRBM``)."""
         beta = as_beta(beta, x)
         beta_per_chain = beta.squeeze(-1) if beta.dim() else beta
         a = self.hidden_input(x) if hidden_input is None else hidden_input
@@ -168,7 +168,7 @@ class BoltzmannMachine(nn.Module):
     def free_energy_grad(self, x: torch.Tensor, w: torch.Tensor, hidden_probs: torch.Tensor,
                          lr: float | None = None) -> dict[str, torch.Tensor] | None:
         """{name: sum_n w_n dF(x_n)/dtheta} in closed form, given p(h = 1 | x), or with ``lr`` plain SGD's step along
-        it applied in place (``models.rbm_grad``)."""
+        it applied in place (``nvil.models.rbm_grad``)."""
         return free_energy_grad(self, x, w, hidden_probs, lr)
 
     @property

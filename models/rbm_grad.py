@@ -1,6 +1,6 @@
 """The gradient of a Boltzmann machine's free energy in closed form: its sufficient statistics.
 
-With a(x) = c + v'W + y'U and p = p(h = 1 | x) = sigmoid(a(x)), the free energy of ``models.rbm``,
+With a(x) = c + v'W + y'U and p = p(h = 1 | x) = sigmoid(a(x)), the free energy of ``nvil.models.rbm``,
 
     F(x) = E_vis(v) - d'y - 1/2 v'L v - sum_j softplus(a_j(x)),
 
@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import torch
 
-from models.visible import Bernoulli, Gaussian, LateralBernoulli
-from nvil import gemm
+from nvil.backend import gemm
+from nvil.models.visible import Bernoulli, Gaussian, LateralBernoulli
 
 
 def bernoulli_bias_grad(v: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -39,7 +39,7 @@ BIAS_GRAD = {Bernoulli: bernoulli_bias_grad, LateralBernoulli: bernoulli_bias_gr
 
 def free_energy_grad(model, x: torch.Tensor, w: torch.Tensor, hidden_probs: torch.Tensor,
                      lr: float | None = None) -> dict[str, torch.Tensor] | None:
-    """{parameter name: sum_n w_n dF(x_n)/dtheta} for a ``models.rbm.BoltzmannMachine`` whose visible layer is in
+    """{parameter name: sum_n w_n dF(x_n)/dtheta} for a ``nvil.models.rbm.BoltzmannMachine`` whose visible layer is in
     ``BIAS_GRAD``. ``hidden_probs`` is p(h = 1 | x) = sigmoid(a(x)) at the current parameters, [rows, n_hidden].
 
     With ``lr``, plain SGD's step theta <- theta - lr * gradient is applied to the parameters in place instead (each

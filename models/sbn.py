@@ -18,11 +18,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from models.autoregressive import AutoregressiveLinear
-from models.binary_density import BinaryDensity, DensityBuilder, layer_slices, require_bernoulli_visibles
-from models.visible import VISIBLE, bernoulli_sample
-from nvil import gemm
-from nvil.ops import bernoulli_log_prob
+from nvil.backend import gemm
+from nvil.backend.native.bernoulli_log_prob import bernoulli_log_prob
+from nvil.models.autoregressive import AutoregressiveLinear
+from nvil.models.binary_density import BinaryDensity, DensityBuilder, layer_slices, require_bernoulli_visibles
+from nvil.models.visible import VISIBLE, bernoulli_sample
 
 PRIORS = ("factorial", "autoregressive")
 VISIBLES = ("bernoulli", "multinomial")

@@ -25,11 +25,11 @@ import math
 import torch
 import torch.nn.functional as F
 
-from nvil import native
-from nvil.accel import accelerate
-from nvil.native import triton_sweep
-from nvil.errors import ConfigError
-from nvil.ops import bernoulli_log_prob
+from nvil.backend import native
+from nvil.backend.accel import accelerate
+from nvil.backend.native import triton_sweep
+from nvil.backend.native.bernoulli_log_prob import bernoulli_log_prob
+from nvil.core.errors import ConfigError
 
 LOG_2PI = math.log(2 * math.pi)
 
@@ -132,7 +132,7 @@ def lateral_block(fields: torch.Tensor, thresholds: torch.Tensor, old: torch.Ten
     where its field exceeds the logit of its uniform (u < sigmoid(field)), and its change moves the block's
     later fields by beta (v_k' - v_k) L_k (the in-block correction; L has a zero diagonal). ``fields``: the
     block's fields at its start; ``thresholds``, ``old``: [chains, B]; ``lateral``: L's [B, B] block;
-    ``beta``: a scalar or [chains, 1] tensor. A function of tensors, so ``nvil.accel`` may compile it."""
+    ``beta``: a scalar or [chains, 1] tensor. A function of tensors, so ``nvil.backend.accel`` may compile it."""
     new = []
     for k in range(fields.shape[1]):
         v_k = (fields[:, k] > thresholds[:, k]).to(fields.dtype)
@@ -154,10 +154,10 @@ def blocked_sweep(field, v, thresholds, lateral, beta, block=lateral_block, size
 
 
 def native_sweep(field, v, lateral, beta, reverse: bool = False, seed: int = 0) -> torch.Tensor:
-    """The same sweep as one C call (``nvil.native.lateral_sweep``, ``accel=native``): per block of units their fields
+    """The same sweep as one C call (``nvil.backend.native.lateral_sweep``, ``accel=native``): per block of units their fields
     field + beta v L from the current v (a register-tiled product over chains where the CPU has AVX-512, else sums of
     the rows of L of the units that are on), then the block's decisions in order; ``reverse``: units in the opposite
-    order. The thresholds are drawn inside the call, the logits of ``nvil.native.uniforms(chains, M, seed)``
+    order. The thresholds are drawn inside the call, the logits of ``nvil.backend.native.uniforms(chains, M, seed)``
     (counter-based: the C loop draws them with no pass over memory and no serial generator). Writes into and
     returns v."""
     chains = field.shape[0]
@@ -176,10 +176,10 @@ class LateralBernoulli(Bernoulli):
 
     The sweep is blocked (``blocked_sweep``): one matmul per ``BLOCK`` pixels instead of one matvec per pixel,
     and all uniforms drawn first, as their logits. ``accelerate("compile")`` compiles the in-block updates
-    (``nvil.accel``; a few seconds' compilation per chain count, so opt-in); ``accelerate("native")`` runs the whole
+    (``nvil.backend.accel``; a few seconds' compilation per chain count, so opt-in); ``accelerate("native")`` runs the whole
     sweep as one C call on the CPU (``native_sweep``), which draws its uniforms itself from one seed taken from the
     generator (a different stream from the eager sweep's for the same seed, the same kernel p_beta(v | h)). On CUDA,
-    ``accel=auto`` runs the sweep as one Triton kernel (``nvil.native.triton_sweep.lateral_sweep``) on the eager
+    ``accel=auto`` runs the sweep as one Triton kernel (``nvil.backend.native.triton_sweep.lateral_sweep``) on the eager
     sweep's uniforms: the same chain up to rounding."""
 
     fused_gibbs = False
@@ -187,7 +187,7 @@ class LateralBernoulli(Bernoulli):
     def __init__(self, update: str = "sequential") -> None:
         self.update = update
         self.block = lateral_block
-        self.sweep_mode = "none"  # trainer.accel: native / auto run the sweep in C (nvil.native)
+        self.sweep_mode = "none"  # trainer.accel: native / auto run the sweep in C (nvil.backend.native)
 
     def accelerate(self, mode: str, device=None) -> "LateralBernoulli":
         self.block = accelerate(lateral_block, mode, device, "trainer.accel")

@@ -2,20 +2,34 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
+import logging
+import os
+import runpy
+import subprocess
 import sys
+import threading
+import traceback
 from pathlib import Path
 
-import pytest
-import torch
-from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
+from nvil.backend.cpu_kernels import choose_kernels
+
+choose_kernels()  # as the entry points do, before torch's first operation: the tests run the scripts' kernel set
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from hydra import compose, initialize_config_dir  # noqa: E402
+from hydra.core.global_hydra import GlobalHydra  # noqa: E402
+from omegaconf import OmegaConf  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from models import build_model  # noqa: E402
-from estimators.exact import enumerate_states, split_layers  # noqa: E402
+import nvil.app.main as app_main  # noqa: E402
+from nvil.models import build_model  # noqa: E402
+from nvil.estimators.exact import enumerate_states, split_layers  # noqa: E402
 
 CONFIG_DIR = ROOT / "configs"
 
@@ -99,8 +113,8 @@ CHI2_999 = {15: 37.70, 63: 103.44}
 
 @pytest.fixture
 def native_kernels():
-    """Skips a test of the C kernels (``nvil.native``) where they do not build (no C compiler)."""
-    from nvil import native
+    """Skips a test of the C kernels (``nvil.backend.native``) where they do not build (no C compiler)."""
+    from nvil.backend import native
     try:
         native.library()
     except native.NativeUnavailable as e:
@@ -115,3 +129,47 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+# ---- the scripts, run in this process ------------------------------------------------------------------------
+IN_PROCESS = threading.Lock()  # one script at a time: a run changes sys.argv, the directory, stdout and stderr
+
+
+def run_script(script: str, *args: str, cwd=ROOT, env: dict | None = None) -> subprocess.CompletedProcess:
+    """``python SCRIPT *args`` (``train.py``, ``evaluate.py``, or ``-m nvil.app.merge``) as its process would run
+    it, in this one: through the function the script and its console script call (``nvil.app.main.train_main``
+    ...), its arguments in ``sys.argv``, ``cwd`` as the working directory, ``env`` added to ``os.environ``,
+    stdout and stderr captured, the exit code from ``SystemExit`` (an uncaught exception: 1, its traceback on
+    stderr). Hydra's global state, the root logger's handlers and the environment are put back afterwards. The
+    process itself (start-up, signals, the CPU kernel set chosen before torch starts) is what the few subprocess
+    tests are for."""
+    out, err = io.StringIO(), io.StringIO()
+    with IN_PROCESS:
+        saved = sys.argv, os.getcwd(), dict(os.environ), list(logging.getLogger().handlers)
+        try:
+            os.chdir(cwd)
+            os.environ.update(env or {})
+            sys.argv = [script, *args]
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                try:
+                    if script == "-m nvil.app.merge":
+                        runpy.run_module("nvil.app.merge", run_name="__main__")
+                    else:
+                        getattr(app_main, {"train.py": "train_main", "evaluate.py": "evaluate_main"}[script])()
+                    code = 0
+                except SystemExit as e:
+                    code = e.code if isinstance(e.code, int) else int(e.code is not None)
+                except BaseException:  # noqa: BLE001 - the command's failure, reported with its traceback
+                    traceback.print_exc()
+                    code = 1
+        finally:
+            sys.argv = saved[0]
+            os.chdir(saved[1])
+            os.environ.clear()
+            os.environ.update(saved[2])
+            GlobalHydra.instance().clear()
+            root = logging.getLogger()
+            for h in [h for h in root.handlers if h not in saved[3]]:
+                root.removeHandler(h)
+                h.close()
+    return subprocess.CompletedProcess([script, *args], code, out.getvalue(), err.getvalue())

@@ -16,8 +16,8 @@ sys.path.insert(0, str(ROOT))
 
 from omegaconf import OmegaConf  # noqa: E402
 
-from models import build_model  # noqa: E402
-from nvil import distributed  # noqa: E402
+from nvil.models import build_model  # noqa: E402
+from nvil.core import distributed  # noqa: E402
 from nvil.learners import build_learner  # noqa: E402
 
 

@@ -1,4 +1,4 @@
-"""The acceleration layer (nvil/accel.py): ``compile`` gives the eager results (same generator seed -> same
+"""The acceleration layer (nvil/backend/accel.py): ``compile`` gives the eager results (same generator seed -> same
 samples, log-weights to float tolerance), ``none`` is the eager path itself, and bad modes fail in one line.
 
 Each compile is slow (seconds), so the shapes are tiny and every compiled function is compiled once."""
@@ -9,11 +9,11 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from estimators.ais import RBMPath, ais, base_rate, rbm_log_z, schedule
-from models.gaussian import GaussianBeliefNet
-from models.rbm import BoltzmannMachine
-from nvil.accel import accelerate, check_mode
-from nvil.errors import ConfigError
+from nvil.estimators.ais import RBMPath, ais, base_rate, rbm_log_z, schedule
+from nvil.models.gaussian import GaussianBeliefNet
+from nvil.models.rbm import BoltzmannMachine
+from nvil.backend.accel import accelerate, check_mode
+from nvil.core.errors import ConfigError
 from nvil.mcmc import BlockGibbs, TemperedTransitions
 from nvil.mcmc.hmc import HMC
 
@@ -122,8 +122,8 @@ def test_compiled_hmc_and_nvil_surrogate_match_eager():
 
 def nvil_learners(**cfg) -> dict:
     """A tiny NVIL learner (SBN 12-4) per mode, none and compile, from one seed; ``cfg`` over the settings below."""
-    from models.inference import LayeredInference
-    from models.sbn import SBN
+    from nvil.models.inference import LayeredInference
+    from nvil.models.sbn import SBN
     from nvil.learners.nvil import NVIL
 
     cfg = OmegaConf.create({"optimizer": "sgd", "lr": 1e-2, "inference_lr_scale": 0.2, "baseline_lr_scale": 1.0,
@@ -157,7 +157,7 @@ def test_guards_are_checked_once_per_kind_of_call(monkeypatch):
     grad mode) skips Dynamo's guard evaluation; any other goes through it. ``torch.compiler.set_stance`` is recorded."""
     import contextlib
 
-    import nvil.accel
+    import nvil.backend.accel
 
     skipped = []
 
@@ -166,9 +166,9 @@ def test_guards_are_checked_once_per_kind_of_call(monkeypatch):
         skipped.append(skip_guard_eval_unsafe)
         yield
 
-    monkeypatch.setattr(nvil.accel.torch.compiler, "set_stance", stance)
+    monkeypatch.setattr(nvil.backend.accel.torch.compiler, "set_stance", stance)
     calls = []
-    step = nvil.accel.guards_checked_once(lambda x, us, offset=None: calls.append(len(skipped)) or x.shape[0])
+    step = nvil.backend.accel.guards_checked_once(lambda x, us, offset=None: calls.append(len(skipped)) or x.shape[0])
     x8, x5 = torch.zeros(8, 3), torch.zeros(5, 3)
     expected = []
     for args, kwargs, skips in [

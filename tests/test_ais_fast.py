@@ -1,4 +1,4 @@
-"""The fast pieces of RBM AIS (``estimators.ais_rbm``, ``nvil.mcmc.gibbs``) against their references: the weight
+"""The fast pieces of RBM AIS (``nvil.estimators.ais_rbm``, ``nvil.mcmc.gibbs``) against their references: the weight
 increment in one pass against the difference of two log f in float64, the eager in-place sweep against
 ``forward_sweep`` for the same uniforms, the parallel uniform streams (a function of the generator's state, not of
 the thread count), and AIS log Z against enumeration. Each check has a broken variant that must fail it."""
@@ -11,9 +11,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from estimators.ais import base_rate, rbm_log_z, schedule
-from estimators.ais_rbm import RBMPath, ordered, softplus_difference
-from models.rbm import BoltzmannMachine
+from nvil.backend import native
+from nvil.estimators.ais import base_rate, rbm_log_z, schedule
+from nvil.estimators.ais_rbm import RBMPath, ordered, softplus_difference
+from nvil.models.rbm import BoltzmannMachine
 from nvil.mcmc.gibbs import forward_sweep, forward_sweep_eager, sweep_uniforms
 
 DT = torch.float64
@@ -72,26 +73,6 @@ def test_one_pass_increment_equals_the_difference_of_softplus_sums(dtype):
     assert increment_matches(softplus_difference, dtype)
     assert not increment_matches(broken_softplus_difference, dtype)
     assert increment_matches(two_float_sums, DT) and not increment_matches(two_float_sums, torch.float32)
-
-
-@pytest.mark.usefixtures("native_kernels")
-def test_native_increment_equals_the_difference_of_softplus_sums(monkeypatch):
-    """The C increment (``nvil.native.softplus_difference``, vectorised polynomials for exp, expm1 and log1p; AIS's
-    with ``accel=auto``) meets the float32 tolerance above on the same extreme rows, including a row wider than one
-    of its 128-term blocks; the same kernel without the max(a, 0) part (its d times the sum of max(a, 0) set to 0)
-    fails it."""
-    from nvil.native.softplus_difference import softplus_difference as native_increment
-
-    assert increment_matches(native_increment, torch.float32)
-    wide = torch.randn(3, 300, generator=gen(2)) * 4
-    for beta_lo, beta_hi in [(0.0, 1e-4), (0.2, 0.9)]:
-        ref = softplus_difference_reference(wide, beta_lo, beta_hi)
-        assert torch.allclose(native_increment(wide, beta_lo, beta_hi), ref, rtol=0, atol=1e-4)
-
-    def without_positive_part(a, beta_lo, beta_hi):
-        return native_increment(a, beta_lo, beta_hi) - (beta_hi - beta_lo) * a.double().clamp(min=0).sum(-1)
-
-    assert not increment_matches(without_positive_part, torch.float32)
 
 
 @pytest.mark.parametrize("kind", ["binary", "gaussian", "labels", "lateral"])
@@ -219,22 +200,20 @@ def test_semi_rbm_ais_follows_estimator_accel_and_finds_the_exact_log_z(accel):
 def test_semi_rbm_ais_with_the_lateral_sweep_left_out_fails(monkeypatch):
     """Power: the pixel sweep given L = 0 (a kernel that does not leave the semi-RBM's p_beta invariant) misses the
     exact log Z by more than the same tolerance."""
-    import models.visible
+    import nvil.models.visible
 
-    sweep = models.visible.native_sweep
-    monkeypatch.setattr(models.visible, "native_sweep", lambda field, v, lateral, *a: sweep(field, v, 0 * lateral, *a))
+    sweep = nvil.models.visible.native_sweep
+    monkeypatch.setattr(nvil.models.visible, "native_sweep", lambda field, v, lateral, *a: sweep(field, v, 0 * lateral, *a))
     m, data = semi_rbm()
     est = rbm_log_z(m, base_rate(m, data), 400, schedule("linear", 300), gen(8), accel="auto")
     assert abs(est.log_z - m.log_z_exact().item()) > 4 * est.stderr + 0.01
 
 
-def test_native_draws_with_one_seed_for_every_sweep_fail(monkeypatch):
-    """Power of the ``auto`` row above (each unit drawn in C, ``forward_sweep_native``): the same seed for every
+def test_one_seed_for_every_sweep_fails(monkeypatch):
+    """Power of the ``auto`` row above (``sweep_uniforms``' streams from one seed per sweep): the same seed for every
     sweep (so every sweep compares with the same uniforms, and the moves are no longer independent given the
     state) leaves the same tolerance."""
-    import estimators.ais_rbm as ais_rbm
-
-    monkeypatch.setattr(ais_rbm.native, "seed_from", lambda generator: 12345)
+    monkeypatch.setattr(native, "seed_from", lambda generator: 12345)
     m = machine(dtype=torch.float32)
     data = (torch.rand(200, m.n_pixels, generator=gen(6)) < 0.3).float()
     est = rbm_log_z(m, base_rate(m, data), 400, schedule("linear", 300), gen(8), accel="auto")
@@ -242,23 +221,21 @@ def test_native_draws_with_one_seed_for_every_sweep_fail(monkeypatch):
 
 
 @pytest.mark.usefixtures("native_kernels")
-def test_the_c_draws_and_increment_do_not_depend_on_the_threads():
-    """``native.bernoulli_`` and the C weight increment split their work over torch's OpenMP threads (one runtime in
-    the process: the library links the one torch loaded); 1, 2 and 3 threads give the same values bit for bit."""
-    from nvil import native
-    from nvil.native.softplus_difference import softplus_difference as native_increment
+def test_the_c_draws_do_not_depend_on_the_threads():
+    """``native.bernoulli_`` (the K-sample bounds' seeded draws) splits its work over torch's OpenMP threads (one
+    runtime in the process: the library links the one torch loaded); 1, 2 and 3 threads give the same draws bit for
+    bit."""
     p = torch.rand(3000, 200, generator=gen(1))
-    a = torch.randn(3000, 200, generator=gen(2)) * 3
     threads, results = torch.get_num_threads(), []
     try:
         for t in (1, 2, 3):
             torch.set_num_threads(t)
-            results.append((native.bernoulli_(p.clone(), 7, 11), native_increment(a, 0.3, 0.5)))
+            results.append(native.bernoulli_(p.clone(), 7, 11))
     finally:
         torch.set_num_threads(threads)
-    for draws, increment in results[1:]:
-        assert torch.equal(draws, results[0][0]) and torch.equal(increment, results[0][1])
-    assert 0.3 < results[0][0].mean() < 0.7
+    for draws in results[1:]:
+        assert torch.equal(draws, results[0])
+    assert 0.3 < results[0].mean() < 0.7
     with open("/proc/self/maps") as maps:
         runtimes = {line.split()[-1] for line in maps if "libgomp" in line or "libiomp" in line}
     assert len(runtimes) <= 1, runtimes

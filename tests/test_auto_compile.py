@@ -1,5 +1,5 @@
 """``trainer.accel=auto`` compiles the NVIL-family fused step in a long CPU run (``FusedPath.auto_compiles``), and falls
-back to the eager step, after one warning, where the compilation fails (``nvil.accel.eager_if_uncompilable``).
+back to the eager step, after one warning, where the compilation fails (``nvil.backend.accel.eager_if_uncompilable``).
 
 No test here compiles for real (``test_accel.py`` checks compiled steps against eager ones): ``torch.compile`` is
 replaced by a recorder that hands back the function itself, or by one whose compiled function fails as Inductor
@@ -12,10 +12,10 @@ import warnings
 import pytest
 import torch
 
-import nvil.accel
+import nvil.backend.accel
 from conftest import make_cfg, tiny_model
-from nvil.accel import AUTO_COMPILE_STEPS, eager_if_uncompilable
-from nvil.build import build
+from nvil.backend.accel import AUTO_COMPILE_STEPS, eager_if_uncompilable
+from nvil.app.build import build
 from nvil.learners.nvil import NVIL
 
 
@@ -30,14 +30,14 @@ def data() -> torch.Tensor:
 
 @pytest.fixture
 def compile_calls(monkeypatch) -> list:
-    """``torch.compile`` as nvil.accel calls it, recording each call and compiling nothing."""
+    """``torch.compile`` as nvil.backend.accel calls it, recording each call and compiling nothing."""
     calls = []
 
     def recorder(fn, **kwargs):
         calls.append(fn)
         return fn
 
-    monkeypatch.setattr(nvil.accel.torch, "compile", recorder)
+    monkeypatch.setattr(nvil.backend.accel.torch, "compile", recorder)
     return calls
 
 
@@ -61,7 +61,6 @@ def test_a_long_run_compiles_its_step_and_a_short_one_does_not(compile_calls):
     assert compile_calls == []
     long.accelerate("auto", "cpu", steps=AUTO_COMPILE_STEPS)
     assert len(compile_calls) == 1 and compile_calls[0].__name__ == "fused_step"
-    assert long.optimizer.native  # the C Adam step, as with accel=auto without compiling
     x = data()
     for _ in range(3):  # the recorder's "compiled" step is the eager one: the same updates
         short.step(x), long.step(x)
@@ -70,7 +69,7 @@ def test_a_long_run_compiles_its_step_and_a_short_one_does_not(compile_calls):
 
 
 def test_build_passes_the_run_length(compile_calls):
-    """The default job's config (50,000 steps) compiles its NVIL step through ``nvil.build``; a short run does not."""
+    """The default job's config (50,000 steps) compiles its NVIL step through ``nvil.app.build``; a short run does not."""
     build(make_cfg(overrides=["data=synthetic", "trainer.max_steps=50000"]), torch.device("cpu"))
     assert len(compile_calls) == 1
     build(make_cfg(overrides=["data=synthetic", "trainer.max_steps=1000"]), torch.device("cpu"))
@@ -86,7 +85,7 @@ def test_a_failed_compilation_falls_back_to_the_eager_step_with_one_warning(monk
             raise RuntimeError("InductorError: CppCompileError: C++ compile error\nmore lines of the compiler's output")
         return compiled
 
-    monkeypatch.setattr(nvil.accel.torch, "compile", failing_compile)
+    monkeypatch.setattr(nvil.backend.accel.torch, "compile", failing_compile)
     fallen, eager = nvil_learner(), nvil_learner()
     fallen.accelerate("auto", "cpu", steps=AUTO_COMPILE_STEPS)
     eager.accelerate("auto", "cpu")

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from conftest import CHI2_999, chi_square, tiny_model
-from estimators.exact import enumerate_states
-from models.autoregressive import AutoregressiveLinear
+from nvil.estimators.exact import enumerate_states
+from nvil.models.autoregressive import AutoregressiveLinear
 
 
 def chain_rule_log_prob(a: torch.Tensor, w: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
@@ -86,7 +86,7 @@ def test_masked_weights_get_no_gradient():
     assert math.isclose(layer.weight.grad.tril(-1).abs().sum().item(), layer.weight.grad.abs().sum().item())
 
 
-# ---- accel=native / auto: the draw as one C call (nvil.native.autoregressive) ------------------------------------
+# ---- accel=native / auto: the draw as one C call (nvil.backend.native.autoregressive) ------------------------------------
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.usefixtures("native_kernels")
 def test_native_draw_equals_the_eager_loop_for_the_same_uniforms(dtype):
@@ -115,7 +115,7 @@ def test_native_draw_equals_the_eager_loop_for_the_same_uniforms(dtype):
 def test_native_draw_with_w_untransposed_fails():
     """A broken variant, W passed where its transpose belongs (each unit that comes on moves the wrong logits),
     disagrees with the eager loop, so the equality above has power."""
-    from nvil import native
+    from nvil.backend import native
     torch.manual_seed(1)
     layer = AutoregressiveLinear(30).double()
     with torch.no_grad():
@@ -155,9 +155,9 @@ def test_evaluation_draws_autoregressive_q_natively(tmp_path, synthetic_override
     """An evaluation with the estimator's default accel (auto) draws an autoregressive q through the C kernel, and
     scores it as the eager draw does (same uniforms: the same bound to float rounding)."""
     from conftest import make_cfg
-    from nvil import native
-    from nvil.evaluation import EvalSpec, evaluate_checkpoint
-    from train import train
+    from nvil.backend import native
+    from nvil.app.evaluation import EvalSpec, evaluate_checkpoint
+    from nvil.app.main import train
 
     train(make_cfg("train", synthetic_overrides + ["model.inference.autoregressive=true", "trainer.max_steps=20"]),
           tmp_path / "run")

@@ -20,12 +20,12 @@ from omegaconf import OmegaConf
 
 from conftest import CONFIG_DIR, SYNTHETIC, make_cfg
 from test_cli import assert_one_line_error, run
-from models import build_model
-from nvil.checkpoint import load_checkpoint, save_checkpoint
-from nvil.config import estimator_config
+from nvil.models import build_model
+from nvil.core.checkpoint import load_checkpoint, save_checkpoint
+from nvil.core.config import estimator_config
 from nvil.data import build_dataset
-from nvil.errors import CheckpointError, ConfigError
-from nvil.evaluation import EvalSpec, evaluate_checkpoint, load_model
+from nvil.core.errors import CheckpointError, ConfigError
+from nvil.app.evaluation import EvalSpec, evaluate_checkpoint, load_model
 
 HAVE_MNIST = importlib.util.find_spec("mnist") is not None
 

@@ -25,27 +25,25 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import subprocess
-import sys
 
 import pytest
 import torch
 from omegaconf import OmegaConf
 
-from conftest import ROOT, SYNTHETIC, make_cfg, tiny_model
-from estimators import build_estimator
-from estimators.ais import PosteriorPath, ais
-from estimators.reverse_ais import BDMC
-from estimators.exact import exact_log_marginal
-from nvil.errors import ConfigError
-from nvil.ops import mean_and_stderr
+from conftest import ROOT, SYNTHETIC, make_cfg, run_script, tiny_model
+from nvil.estimators import build_estimator
+from nvil.estimators.ais import PosteriorPath, ais
+from nvil.estimators.reverse_ais import BDMC
+from nvil.estimators.exact import exact_log_marginal
+from nvil.core.errors import ConfigError
+from nvil.core.ops import mean_and_stderr
 
 ROUNDING = 1e-3  # float32 log-weights of ~10 terms: a floor on the 3-SE bands where the estimate is nearly exact
 
 
 def bdmc(**cfg) -> BDMC:
-    return BDMC(OmegaConf.create({"num_simulated": 200, "num_runs": 4, "batch_size": 200, **cfg}))
+    return BDMC(**{"num_simulated": 200, "num_runs": 4, "batch_size": 200, **cfg})
 
 
 def run_sbn(est: BDMC, model, q, seed: int = 0):
@@ -109,7 +107,7 @@ class ReverseFromQ(BDMC):
 
 def test_reverse_ais_from_q_instead_of_the_exact_posterior_sample_fails_the_bound():
     model, q = tiny_model()
-    est = ReverseFromQ(OmegaConf.create({"num_simulated": 200, "num_runs": 4, "batch_size": 200, "num_betas": 5}))
+    est = ReverseFromQ(num_simulated=200, num_runs=4, batch_size=200, num_betas=5)
     r, exact = run_sbn(est, model, q)
     upper, upper_se = mean_and_stderr(r.log_p_upper - exact)
     assert upper < -3 * upper_se, f"the broken upper side should sit below exact: {upper:.4f} +- {upper_se:.4f}"
@@ -153,14 +151,14 @@ def test_linear_gaussian_net_is_bracketed_and_certified_with_enough_betas():
     auxiliary form, so the simulated z must be mapped to eps for the reverse chains to start exactly. The reverse
     weights are checked for unbiasedness (exp(log w_rev) p(v) averages to 1): chains that adapted their own step
     sizes failed this check by 3-4 SE; replayed forward step sizes pass it."""
-    from estimators.ais_hmc import ais_hmc_log_w
+    from nvil.estimators.ais_hmc import ais_hmc_log_w
     from test_gaussian import exact_log_p, linear_net
 
     net = linear_net(seed=5, form="centred")
     data = torch.zeros(1, 4, dtype=torch.float64)
     for num_betas in (20, 200):
-        est = BDMC(OmegaConf.create({"num_simulated": 50, "num_runs": 4, "batch_size": 50, "num_betas": num_betas,
-                                     "schedule": "sigmoid", "num_leapfrog": 5, "step_size": 0.1, "form": "auxiliary"}))
+        est = BDMC(num_simulated=50, num_runs=4, batch_size=50, num_betas=num_betas, schedule="sigmoid",
+                   num_leapfrog=5, step_size=0.1, form="auxiliary")
         r = est.estimate(net, data, generator=torch.Generator().manual_seed(0), seed=0)
         exact = exact_log_p(net, r.simulated).detach()
         lower, lower_se = mean_and_stderr(r.log_p - exact)
@@ -182,13 +180,12 @@ def test_linear_gaussian_net_is_bracketed_and_certified_with_enough_betas():
 
 
 def run(script: str, *args: str, cwd=ROOT) -> subprocess.CompletedProcess:
-    env = dict(os.environ, HYDRA_FULL_ERROR="0")
-    return subprocess.run([sys.executable, str(ROOT / script), *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=600)
+    """``python SCRIPT *args``, in this process (``conftest.run_script``)."""
+    return run_script(script, *args, cwd=cwd, env={"HYDRA_FULL_ERROR": "0"})
 
 
 def test_cli_reports_the_certificate_and_refuses_boltzmann_machines(tmp_path):
-    from train import train
+    from nvil.app.main import train
 
     sbn = train(make_cfg("train", SYNTHETIC + ["trainer.max_steps=5"]), tmp_path / "sbn")
     proc = run("evaluate.py", f"checkpoint={sbn['checkpoint']}", "estimator=bdmc", "estimator.num_simulated=20",
@@ -212,7 +209,7 @@ def test_cli_reports_the_certificate_and_refuses_boltzmann_machines(tmp_path):
 
 
 def test_refuses_dbns_and_bad_settings():
-    from models.dbn import DBN
+    from nvil.models.dbn import DBN
 
     est = build_estimator(OmegaConf.create({"name": "bdmc", "num_betas": 10}))
     with pytest.raises(ConfigError, match="estimator=raise"):
@@ -221,6 +218,6 @@ def test_refuses_dbns_and_bad_settings():
     with pytest.raises(ConfigError, match="inference network"):
         est.check(model, None)
     with pytest.raises(ConfigError, match="estimator.form"):
-        BDMC(OmegaConf.create({"num_betas": 10, "form": "centered"}))
+        BDMC(num_betas=10, form="centered")
     with pytest.raises(ConfigError, match="estimator.max_gap"):
-        BDMC(OmegaConf.create({"num_betas": 10, "max_gap": 0}))
+        BDMC(num_betas=10, max_gap=0)

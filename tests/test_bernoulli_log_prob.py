@@ -1,5 +1,5 @@
-"""A Bernoulli layer's log-probability in one C pass (``nvil.native.bernoulli_log_prob``, taken by
-``nvil.ops.bernoulli_log_prob`` for large float32 CPU logits outside autograd) against the log-probability in float64,
+"""A Bernoulli layer's log-probability in one C pass (``nvil.backend.native.bernoulli_log_prob``, taken by
+``nvil.core.ops.bernoulli_log_prob`` for large float32 CPU logits outside autograd) against the log-probability in float64,
 for every way the K-sample bounds broadcast their operands; the cases it must leave to torch; and the importance-sampled
 bound through it against the bound through torch's form. Each check has a broken variant that must fail it."""
 
@@ -9,9 +9,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from estimators.bounds import importance_sampled_bound
-from nvil import ops
-from nvil.native import bernoulli_log_prob as blp
+from nvil.estimators.bounds import importance_sampled_bound
+from nvil.core import ops
+from nvil.backend.native import bernoulli_log_prob as blp
 
 
 pytestmark = pytest.mark.usefixtures("native_kernels")
@@ -65,14 +65,14 @@ def test_the_c_pass_is_the_log_probability_for_every_broadcast(width, monkeypatc
         assert matches(blp.bernoulli_log_prob, logits, value), (logits.shape, value.shape)
         assert matches(ops.bernoulli_log_prob, logits, value)
     logits, value = cases(width)[2]
-    assert not matches(lambda a, v: blp.bernoulli_log_prob(a, v.roll(1, dims=1)), logits, value)
+    assert not matches(lambda a, v: blp.in_c(a, v.roll(1, dims=1)), logits, value)
 
 
 def test_a_nan_stays_in_its_row(monkeypatch):
     monkeypatch.setattr(blp, "MIN_ELEMENTS", 1)
     logits = torch.randn(4, 300, generator=gen(0))
     logits[2, 17] = float("nan")
-    out = blp.bernoulli_log_prob(logits, torch.ones(300))
+    out = blp.in_c(logits, torch.ones(300))
     assert out[2].isnan() and not out[[0, 1, 3]].isnan().any()
 
 
@@ -82,17 +82,17 @@ def test_cases_the_c_pass_leaves_to_torch():
     autograd differentiates); either operand may repeat."""
     a = torch.randn(50, 784, generator=gen(1))
     x = (torch.rand(50, 784, generator=gen(2)) < 0.3).float()
-    assert blp.bernoulli_log_prob(a, x) is not None
+    assert blp.in_c(a, x) is not None
     grad_a = a.clone().requires_grad_()
-    assert blp.bernoulli_log_prob(grad_a, x) is None
+    assert blp.in_c(grad_a, x) is None
     with torch.no_grad():
-        assert blp.bernoulli_log_prob(grad_a, x) is not None
-    assert blp.bernoulli_log_prob(a.double(), x.double()) is None
-    assert blp.bernoulli_log_prob(a[:2, :100], x[:2, :100]) is None
+        assert blp.in_c(grad_a, x) is not None
+    assert blp.in_c(a.double(), x.double()) is None
+    assert blp.in_c(a[:2, :100], x[:2, :100]) is None
     columns = x[:, :1].expand(50, 784)  # stride 0 in the last dimension: not rows that repeat
-    assert blp.bernoulli_log_prob(a, columns) is None
+    assert blp.in_c(a, columns) is None
     per_block = x[:3].unsqueeze(1)  # [3, 1, 784] against logits [3, 50, 784]: each row repeated 50 times, in place
-    assert blp.bernoulli_log_prob(a.expand(3, 50, 784).contiguous(), per_block) is None
+    assert blp.in_c(a.expand(3, 50, 784).contiguous(), per_block) is None
     assert matches(blp.bernoulli_log_prob, a[0], x)  # one row of logits for every row of x: period 1, it applies
     assert matches(blp.bernoulli_log_prob, a, x.unsqueeze(0).expand(3, 50, 784))  # logits repeat with period 50
     loss = ops.bernoulli_log_prob(grad_a, x).sum()
@@ -104,8 +104,8 @@ def test_the_bound_through_the_c_pass_equals_the_bound_through_torch(monkeypatch
     """IWAE(200) of an SBN-200 on binary images, per example, with the C pass (the default here) and with torch's form
     (threshold above every call): the same samples, so equal to float32 rounding; the C pass pairing each row with the
     next example's (its repeated rows shifted by one) fails the comparison."""
-    from models.inference import LayeredInference
-    from models.sbn import SBN
+    from nvil.models.inference import LayeredInference
+    from nvil.models.sbn import SBN
 
     torch.manual_seed(0)
     model, inference = SBN(784, [200]), LayeredInference(784, [200])

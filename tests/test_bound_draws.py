@@ -1,5 +1,5 @@
 """The K-sample bounds' draws from the C kernels' counter-based stream (``estimator.accel`` auto / native on a CPU:
-``LayeredInference.sample(..., seed=...)``, ``nvil.native.bernoulli_``) against exact enumeration on a tiny two-layer
+``LayeredInference.sample(..., seed=...)``, ``nvil.backend.native.bernoulli_``) against exact enumeration on a tiny two-layer
 SBN: the ELBO within its standard error of the enumerated ELBO, the importance-sampled bound at large K within its
 standard error of log p(x). A draw that takes every sample's layer-2 probabilities from the first sample's (the bug the
 stride-0 shortcut invites) must fail the ELBO check."""
@@ -11,12 +11,13 @@ import math
 import pytest
 import torch
 
-import models.inference
+import nvil.models.inference
 from conftest import enumerated_elbo, make_cfg, tiny_model
-from estimators.bounds import SampledBound, elbo, importance_sampled_bound
-from estimators.exact import enumerate_states, exact_log_marginal
-from nvil import native
-from nvil.errors import ConfigError
+from nvil.estimators import build_estimator
+from nvil.estimators.bounds import elbo, importance_sampled_bound
+from nvil.estimators.exact import enumerate_states, exact_log_marginal
+from nvil.backend import native
+from nvil.core.errors import ConfigError
 
 pytestmark = pytest.mark.usefixtures("native_kernels")
 
@@ -41,12 +42,12 @@ def test_seeded_draws_give_the_enumerated_elbo(monkeypatch):
     assert (elbo_error_in_se(model, inference, x, "auto") <= 4).all()
     assert calls and any(offset > 0 for offset in calls)  # both layers drew from the C stream, the second after the first
 
-    seeded = models.inference.seeded_bernoulli
+    seeded = nvil.models.inference.seeded_bernoulli
 
     def first_sample_only(logits, seed, offset):  # every sample's units drawn with sample 0's probabilities
         return seeded(logits[:1].expand(logits.shape), seed, offset)
 
-    monkeypatch.setattr(models.inference, "seeded_bernoulli", first_sample_only)
+    monkeypatch.setattr(nvil.models.inference, "seeded_bernoulli", first_sample_only)
     assert (elbo_error_in_se(model, inference, x, "auto") > 4).any()
 
 
@@ -76,4 +77,4 @@ def test_the_stream_follows_the_estimator_accel_and_the_seed():
     assert not torch.equal(bound("auto"), bound("auto", seed=1))
     cfg = make_cfg("evaluate", ["estimator=iwae", "estimator.accel=fast"]).estimator
     with pytest.raises(ConfigError, match="estimator.accel must be one of"):
-        SampledBound(cfg)
+        build_estimator(cfg)

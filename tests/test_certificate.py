@@ -17,11 +17,11 @@ import math
 import pytest
 import torch
 
-from estimators.ais import Ladder, RBMPath, adaptive_ladder, base_rate, schedule
-from estimators.base import Result
-from estimators.certify import CertifiedLogZ, certified_log_z, certify_settings, hard_lower_bound
-from models.dbn import DBN
-from models.rbm import BoltzmannMachine
+from nvil.estimators.ais import Ladder, RBMPath, adaptive_ladder, base_rate, schedule
+from nvil.estimators.base import Result
+from nvil.estimators.certify import CertifiedLogZ, certified_log_z, certify_settings, hard_lower_bound
+from nvil.models.dbn import DBN
+from nvil.models.rbm import BoltzmannMachine
 
 CERT = certify_settings({})
 
@@ -56,7 +56,7 @@ def mode_rbm(width: int = 30, weight: float = 10.0, c0: float = -150.0, b: float
 
 def exact_samples(m: BoltzmannMachine, n: int, g) -> torch.Tensor:
     """Exact samples of x: h from p(h) by enumeration (log p*(h) - log Z), then x ~ p(x | h)."""
-    from estimators.exact import enumerate_states
+    from nvil.estimators.exact import enumerate_states
 
     h_all = enumerate_states(m.n_hidden, 0, 2**m.n_hidden)
     log_p = m.log_unnormalised_hidden(h_all)
@@ -127,7 +127,7 @@ def test_reverse_burn_in_from_stored_particles_repairs_particles_far_from_the_mo
     sandwich when the reverse run starts from them as they are (the broken variant, the default before
     ``reverse_burn_in`` reached particles); ``reverse_burn_in`` block-Gibbs sweeps from the same particles bring the
     reverse side back above exact - 3 SE, and the certificate passes."""
-    from estimators.exact import enumerate_states
+    from nvil.estimators.exact import enumerate_states
 
     m = random_rbm(6, V=12, H=6, scale=1.0)
     exact = m.log_z_exact().double().item()
@@ -209,7 +209,7 @@ def tiny_dbn(seed=0) -> DBN:
 def test_dbn_log_z_cache_refuses_a_tampered_certificate(tmp_path, capsys):
     from omegaconf import OmegaConf
 
-    from estimators.log_z import cache_path, top_log_z
+    from nvil.estimators.log_z import cache_path, top_log_z
 
     dbn = tiny_dbn()
     train = (torch.rand(200, 12, generator=torch.Generator().manual_seed(0)) < 0.4).float()
@@ -222,7 +222,7 @@ def test_dbn_log_z_cache_refuses_a_tampered_certificate(tmp_path, capsys):
     assert cached2 and c2.log_z == c.log_z
     # Tamper 1: a lower log Z with the digest recomputed to match (a forger who knows the format): the fresh
     # probe's hard bound exposes it.
-    from estimators.certify import digest
+    from nvil.estimators.certify import digest
 
     entries = json.loads(cache_path(ckpt).read_text())
     cert = entries[0]["certificate"]
@@ -255,7 +255,7 @@ def test_cli_ais_prints_its_certificate_and_strict_exits_3(tmp_path):
     """evaluate.py estimator=ais on a SAP-trained RBM: the line carries the certificate (hard bound below the exact
     log Z, reverse side from the stored particles); a certificate made to fail (an ESS of every chain demanded) is loud on stderr
     and, with strict=true, exits 3 with one line after printing the JSON."""
-    import train as train_module
+    import nvil.app.main as train_module
     from conftest import SYNTHETIC, make_cfg
     from test_evaluators import json_lines, run
 

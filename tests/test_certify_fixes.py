@@ -22,12 +22,11 @@ import torch.nn.functional as F
 from omegaconf import OmegaConf
 
 from conftest import make_cfg
-from estimators.ais_hmc import AISHMC
-from estimators.chib import ChibMH
-from estimators.exact import Exact, check_top_enumerable, enumerate_states, top_log_z_exact
-from models.dbn import DBN
-from nvil.config import estimator_config
-from nvil.errors import ConfigError
+from nvil.estimators import build_estimator
+from nvil.estimators.exact import check_top_enumerable, enumerate_states, top_log_z_exact
+from nvil.models.dbn import DBN
+from nvil.core.config import estimator_config
+from nvil.core.errors import ConfigError
 from test_gaussian import GBN, exact_log_p, linear_net
 
 DT = torch.float64
@@ -72,7 +71,7 @@ def test_exact_dbn_subtracts_the_top_rbm_log_z():
     V = enumerate_states(6, 0, 64)
     truth, log_z = brute_force_dbn(model)
     assert abs(log_z) > 1.0  # so that forgetting log Z fails the comparison below by far more than its tolerance
-    result = Exact(cfg("exact")).estimate(model, V, seed=0)
+    result = build_estimator(cfg("exact")).estimate(model, V, seed=0)
     assert torch.allclose(result.log_p.double(), truth, atol=1e-4), (result.log_p.double() - truth).abs().max()
     assert abs(torch.logsumexp(result.log_p.double(), 0).item()) < 1e-4  # sum_v P(v) = 1
     summary = json.loads(result.to_json())
@@ -95,11 +94,11 @@ def test_top_log_z_enumerates_the_smaller_side_and_refuses_when_neither_fits():
 
 def test_exact_refuses_a_gaussian_belief_net_in_one_line(tmp_path):
     from test_evaluators import assert_one_line_error, run
-    from train import train
+    from nvil.app.main import train
 
     gbn = linear_net()
     with pytest.raises(ConfigError, match="continuous latents"):
-        Exact(cfg("exact")).check(gbn, None)
+        build_estimator(cfg("exact")).check(gbn, None)
     m = train(make_cfg("train", GBN + ["trainer.max_steps=2"]), tmp_path / "gbn")
     proc = run("evaluate.py", f"checkpoint={m['checkpoint']}", "estimator=exact", "eval.progress=false", cwd=tmp_path)
     assert_one_line_error(proc, "estimator=exact", "continuous latents", "ais_hmc", "chib_mh", "iwae")
@@ -116,7 +115,7 @@ def well_scaled_net():
 def chib_errors(**overrides):
     net = well_scaled_net()
     x, _ = net.sample(20, generator=torch.Generator().manual_seed(0))
-    est = ChibMH(cfg("chib_mh", **overrides))
+    est = build_estimator(cfg("chib_mh", **overrides))
     result = est.estimate(net, x, seed=0)
     return result.log_p - exact_log_p(net, x).detach(), est, result
 
@@ -147,7 +146,7 @@ def test_chib_mh_with_an_adapted_step_stays_unbiased_for_p_x():
     still unbiased for p(x): over 2000 runs on one example the mean ratio to the exact p(x) is 1 within 3 SE."""
     net = well_scaled_net()
     x, _ = net.sample(1, generator=torch.Generator().manual_seed(3))
-    est = ChibMH(cfg("chib_mh", num_runs=2000, batch_size=1))
+    est = build_estimator(cfg("chib_mh", num_runs=2000, batch_size=1))
     result = est.estimate(net, x, seed=1)
     ratio = (result.run_log_p[:, 0] - exact_log_p(net, x).detach()).exp()
     se = ratio.std().item() / math.sqrt(ratio.numel())
@@ -176,7 +175,7 @@ def test_chib_mh_counts_examples_whose_every_run_is_zero():
 def ais_hmc_accept(**overrides) -> float:
     net = well_scaled_net()  # auxiliary form: posterior scale near 1, the best HMC step near 1 too
     x, _ = net.sample(5, generator=torch.Generator().manual_seed(0))
-    est = AISHMC(cfg("ais_hmc", num_betas=200, num_runs=4, step_size=0.5, **overrides))
+    est = build_estimator(cfg("ais_hmc", num_betas=200, num_runs=4, step_size=0.5, **overrides))
     est.estimate(net, x, seed=0)
     return est.settings()["accept_rate"]
 

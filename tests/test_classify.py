@@ -13,13 +13,13 @@ import torch
 from omegaconf import OmegaConf
 
 from conftest import CONFIG_DIR, tiny_model
-from estimators import build_estimator
-from estimators.classify import LABEL_UNITS, REGRESSION, ClassificationResult, Classify, label_log_posterior
-from models.rbm import BoltzmannMachine
-from nvil.checkpoint import save_checkpoint
+from nvil.estimators import build_estimator
+from nvil.estimators.classify import LABEL_UNITS, REGRESSION, ClassificationResult, Classify, label_log_posterior
+from nvil.models.rbm import BoltzmannMachine
+from nvil.core.checkpoint import save_checkpoint
 from nvil.data import SPLITS, Dataset
-from nvil.errors import ConfigError, DataError
-from nvil.evaluation import EvalSpec, evaluate_checkpoint
+from nvil.core.errors import ConfigError, DataError
+from nvil.app.evaluation import EvalSpec, evaluate_checkpoint
 
 HAVE_MNIST = importlib.util.find_spec("mnist") is not None
 CFG = OmegaConf.load(CONFIG_DIR / "estimator" / "classify.yaml")
@@ -73,7 +73,7 @@ def test_label_units_predict_the_argmax_of_the_brute_force_posterior(lateral, n_
     exact = brute_force_label_posterior(model, v)
     assert torch.allclose(label_log_posterior(model, x).exp(), exact, atol=1e-10)
 
-    result = Classify(CFG).estimate(model, x, seed=0)
+    result = Classify().estimate(model, x, seed=0)
     top2 = exact.topk(2, dim=1).values
     assert (top2[:, 0] - top2[:, 1]).min() > 1e-6  # no ties: the argmax is well defined
     assert torch.equal(result.predictions, exact.argmax(1))
@@ -84,15 +84,15 @@ def test_label_units_predict_the_argmax_of_the_brute_force_posterior(lateral, n_
     # The label in the row is never read when predicting: other labels, or none, give the same predictions.
     other = rows_with_labels(v, (given + 1) % n_labels, n_labels)
     blank = torch.cat([v, torch.zeros(v.shape[0], n_labels, dtype=v.dtype)], -1)
-    assert torch.equal(Classify(CFG).estimate(model, other, seed=0).predictions, result.predictions)
+    assert torch.equal(Classify().estimate(model, other, seed=0).predictions, result.predictions)
     assert torch.equal(label_log_posterior(model, blank), label_log_posterior(model, x))
 
 
 def test_label_units_are_batched_the_same_as_one_batch():
     model = random_bm(5, 3, 4, True, seed=2)
     x = rows_with_labels(torch.randint(0, 2, (37, 5)).double(), torch.randint(0, 4, (37,)), 4)
-    small = Classify(OmegaConf.merge(CFG, {"batch_size": 5})).estimate(model, x, seed=0)
-    big = Classify(CFG).estimate(model, x, seed=0)
+    small = Classify(batch_size=5).estimate(model, x, seed=0)
+    big = Classify().estimate(model, x, seed=0)
     assert torch.equal(small.predictions, big.predictions) and torch.equal(small.errors, big.errors)
 
 
@@ -122,7 +122,7 @@ def rbm_seeing_pixels(n_pixels, pixels, n_hidden=8, seed=0):
 
 
 def classify(model, data, split="test", cfg=CFG):
-    est = Classify(cfg)
+    est = build_estimator(cfg)
     x = data.split(split)
     return est.estimate(model, x, seed=0, **est.dataset_inputs(model, data, split, (0, x.shape[0])))
 
@@ -162,7 +162,7 @@ def test_a_model_that_always_says_two_is_wrong_on_the_other_labels():
         model.U.zero_()
         model.d.copy_(torch.tensor([0.0, 0.0, 3.0, 0.0]))
     v = torch.tensor([[0.0, 1, 1], [1, 1, 1], [0, 0, 0], [1, 0, 1], [0, 1, 0]])
-    result = Classify(CFG).estimate(model, rows_with_labels(v, torch.tensor([2, 2, 2, 1, 0]), 4), seed=0)
+    result = Classify().estimate(model, rows_with_labels(v, torch.tensor([2, 2, 2, 1, 0]), 4), seed=0)
     assert result.predictions.tolist() == [2] * 5
     assert result.errors.tolist() == [0.0, 0.0, 0.0, 1.0, 1.0]
     assert result.error_rate == pytest.approx(0.4)
@@ -177,9 +177,9 @@ def test_unlabelled_data_is_refused_with_one_line():
     model = rbm_seeing_pixels(16, pixels=[0, 1])
     with pytest.raises(DataError, match=r"^estimator=classify fits a logistic regression .* data=handmade has "
                                         r"no labels for the train and test split$"):
-        Classify(CFG).dataset_inputs(model, data, "test", (0, 20))
+        Classify().dataset_inputs(model, data, "test", (0, 20))
     with pytest.raises(DataError, match="needs the labels of the evaluated rows and a labelled training split"):
-        Classify(CFG).estimate(model, data.split("test"), seed=0)
+        Classify().estimate(model, data.split("test"), seed=0)
 
 
 def test_evaluate_checkpoint_refuses_an_rbm_on_unlabelled_synthetic_data(tmp_path):

@@ -11,11 +11,17 @@ from fractions import Fraction
 import pytest
 import torch
 
-from conftest import ROOT, SYNTHETIC
+from conftest import ROOT, SYNTHETIC, run_script
 from nvil.data import MNIST_PACKAGE
 
 
 def run(script: str, *args: str, cwd=ROOT) -> subprocess.CompletedProcess:
+    """``python SCRIPT *args``, in this process (``conftest.run_script``)."""
+    return run_script(script, *args, cwd=cwd, env={"HYDRA_FULL_ERROR": "0"})
+
+
+def run_process(script: str, *args: str, cwd=ROOT) -> subprocess.CompletedProcess:
+    """``python SCRIPT *args`` as a process of its own: for what only a process shows (its start, its exit code)."""
     env = dict(os.environ, HYDRA_FULL_ERROR="0")
     return subprocess.run([sys.executable, str(ROOT / script), *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=600)
@@ -36,7 +42,7 @@ def assert_one_line_error(proc: subprocess.CompletedProcess, *fragments: str) ->
 
 def test_train_then_evaluate_on_synthetic(tmp_path):
     run_dir = tmp_path / "run"
-    train = run("train.py", *SYNTHETIC, "trainer.max_steps=60", f"hydra.run.dir={run_dir}",
+    train = run_process("train.py", *SYNTHETIC, "trainer.max_steps=60", f"hydra.run.dir={run_dir}",
                 "final_eval.enabled=true", "final_eval.estimator.num_samples=50")
     assert train.returncode == 0, train.stderr
     final = json_lines(train.stdout)[-1]
@@ -45,7 +51,7 @@ def test_train_then_evaluate_on_synthetic(tmp_path):
     results = {}
     for est, extra in (("iwae", ["estimator.num_samples=2000"]), ("elbo", ["estimator.num_samples=10"]),
                        ("exact", [])):
-        proc = run("evaluate.py", f"checkpoint={ckpt}", f"estimator={est}", *extra, "data.split=test",
+        proc = run_process("evaluate.py", f"checkpoint={ckpt}", f"estimator={est}", *extra, "data.split=test",
                    "eval.num_examples=200", "eval.progress=false", cwd=tmp_path)
         assert proc.returncode == 0, proc.stderr
         (line,) = json_lines(proc.stdout)
@@ -63,7 +69,7 @@ def test_train_then_evaluate_on_synthetic(tmp_path):
 def test_final_evaluation_scores_the_checkpoint_asked_for(tmp_path):
     """final_eval.checkpoint: best (default) scores the validation's choice, last the final model."""
     from conftest import make_cfg
-    from train import train
+    from nvil.app.main import train
 
     scored = {}
     for which in ("best", "last"):

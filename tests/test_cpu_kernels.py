@@ -1,8 +1,9 @@
-"""torch's CPU kernel set (nvil/cpu_kernels.py): AVX2 where the CPU has AVX-512 unless the user chose, and a compile
+"""torch's CPU kernel set (nvil/backend/cpu_kernels.py): AVX2 where the CPU has AVX-512 unless the user chose, and a compile
 cache of its own for each set.
 
-The choice is tested on given flags and environments; in fresh processes, that importing nvil first gives the AVX2
-kernels and that a user's ``ATEN_CPU_CAPABILITY`` wins. The cache: torch.compile's on-disk cache is keyed without the
+The choice is tested on given flags and environments; in fresh processes, that importing nvil changes nothing, that
+the entry points' choice (``trainer.cpu_kernels=auto``) gives the AVX2 kernels and that a user's
+``ATEN_CPU_CAPABILITY`` or ``trainer.cpu_kernels=avx512`` wins. The cache: torch.compile's on-disk cache is keyed without the
 kernel set, so block Gibbs compiled under one set and replayed under the other from a shared cache draws wrong states
 (or corrupts the heap). The test compiles under ``avx512`` into torch's default cache, then runs nvil's default
 (AVX2, its own cache) and checks the compiled chain against the eager one; the broken variant shares the cache and
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from nvil.cpu_kernels import CACHE_VARIABLE, VARIABLE, choose_kernels, cpu_flags, inductor_cache
+from nvil.backend.cpu_kernels import CACHE_VARIABLE, VARIABLE, choose_kernels, cpu_flags, inductor_cache, requested
 
 ROOT = Path(__file__).resolve().parents[1]
 AVX512 = "avx512f" in cpu_flags()
@@ -25,23 +26,35 @@ AVX512 = "avx512f" in cpu_flags()
 
 def test_avx2_is_chosen_only_on_avx512_cpus_a_users_choice_is_kept_and_each_set_has_its_cache():
     env = {}
-    assert choose_kernels(env, {"avx2", "avx512f", "fma"}) == "avx2"
+    assert choose_kernels("auto", env, {"avx2", "avx512f", "fma"}) == "avx2"
     assert env == {VARIABLE: "avx2", CACHE_VARIABLE: inductor_cache("avx2")}
     env = {}
-    assert choose_kernels(env, {"avx2", "fma"}) is None and env == {}  # no AVX-512: torch picks AVX2 itself
+    assert choose_kernels("auto", env, {"avx2", "fma"}) is None and env == {}  # no AVX-512: torch picks AVX2 itself
     env = {}
-    assert choose_kernels(env, set()) is None and env == {}            # no /proc/cpuinfo (macOS): nothing
+    assert choose_kernels("auto", env, set()) is None and env == {}            # no /proc/cpuinfo (macOS): nothing
+    env = {}
+    assert choose_kernels("torch", env, {"avx2", "avx512f"}) is None and env == {}  # torch's own pick
+    env = {}
+    assert choose_kernels("avx512", env, {"avx2", "avx512f"}) == "avx512"         # asked for by name
+    assert env == {VARIABLE: "avx512", CACHE_VARIABLE: inductor_cache("avx512")}
     env = {VARIABLE: "avx512"}
-    assert choose_kernels(env, {"avx2", "avx512f"}) == "avx512"
+    assert choose_kernels("auto", env, {"avx2", "avx512f"}) == "avx512"           # the user's variable wins
     assert env == {VARIABLE: "avx512", CACHE_VARIABLE: inductor_cache("avx512")}
     env = {VARIABLE: "avx512", CACHE_VARIABLE: "/mine"}
-    assert choose_kernels(env, {"avx2", "avx512f"}) == "avx512" and env[CACHE_VARIABLE] == "/mine"
+    assert choose_kernels("auto", env, {"avx2", "avx512f"}) == "avx512" and env[CACHE_VARIABLE] == "/mine"
     # a child that inherited an nvil parent's AVX2 cache but runs AVX-512 gets the AVX-512 cache
     env = {VARIABLE: "avx512", CACHE_VARIABLE: inductor_cache("avx2")}
-    assert choose_kernels(env, {"avx2", "avx512f"}) == "avx512" and env[CACHE_VARIABLE] == inductor_cache("avx512")
+    assert choose_kernels("auto", env, {"avx2", "avx512f"}) == "avx512"
+    assert env[CACHE_VARIABLE] == inductor_cache("avx512")
     env = {VARIABLE: "avx512", CACHE_VARIABLE: inductor_cache("avx2") + "/sub"}  # not ours: kept
-    assert choose_kernels(env, {"avx2", "avx512f"}) == "avx512" and env[CACHE_VARIABLE].endswith("/sub")
+    assert choose_kernels("auto", env, {"avx2", "avx512f"}) == "avx512" and env[CACHE_VARIABLE].endswith("/sub")
     assert inductor_cache("avx2") != inductor_cache("avx512")
+
+
+def test_the_command_line_choice_is_read_before_hydra():
+    assert requested(["model=rbm", "trainer.cpu_kernels=avx512"], "trainer.cpu_kernels") == "avx512"
+    assert requested(["+trainer.cpu_kernels=torch"], "trainer.cpu_kernels") == "torch"
+    assert requested(["eval.cpu_kernels=avx2"], "trainer.cpu_kernels") == "auto"
 
 
 def python(code: str, kernel_set: str | None = None, **extra: str) -> subprocess.CompletedProcess:
@@ -57,18 +70,20 @@ def python(code: str, kernel_set: str | None = None, **extra: str) -> subprocess
 
 
 @pytest.mark.skipif(not AVX512, reason="the choice only changes anything on a CPU with AVX-512")
-def test_importing_nvil_first_gives_torchs_avx2_kernels_unless_the_user_set_them():
-    probe = "import nvil, torch; print(torch.ones(2).exp().sum().item(), torch.backends.cpu.get_cpu_capability())"
-    assert python(probe).stdout.split()[-1] == "AVX2"
-    assert python(probe, "avx512").stdout.split()[-1] == "AVX512"
-    # The training entry point too (it imports hydra and estimators before anything of its own).
-    assert python("import train, torch; print(torch.backends.cpu.get_cpu_capability())").stdout.split()[-1] == "AVX2"
+def test_the_entry_points_choose_avx2_kernels_importing_nvil_does_not():
+    probe = "import torch; print(torch.ones(2).exp().sum().item(), torch.backends.cpu.get_cpu_capability())"
+    assert python("import nvil, nvil.models, nvil.estimators; " + probe).stdout.split()[-1] == "AVX512"
+    entry = "import sys; sys.argv[1:] = {}; from nvil.app import entry; entry._choose('trainer.cpu_kernels'); "
+    assert python(entry.format([]) + probe).stdout.split()[-1] == "AVX2"
+    assert python(entry.format(["trainer.cpu_kernels=avx512"]) + probe).stdout.split()[-1] == "AVX512"
+    assert python(entry.format([]) + probe, "avx512").stdout.split()[-1] == "AVX512"  # the user's variable
 
 
 GIBBS_SCRIPT = r"""
+from nvil.backend.cpu_kernels import choose_kernels
+choose_kernels()  # as the entry points do
 import torch
-import nvil
-from models.rbm import BoltzmannMachine
+from nvil.models.rbm import BoltzmannMachine
 from nvil.mcmc import BlockGibbs
 
 torch.manual_seed(0)
@@ -100,6 +115,7 @@ def avx512_then_nvil(tmp_path, share_the_cache: bool) -> subprocess.CompletedPro
     return python(GIBBS_SCRIPT, **tmp, **({"TORCHINDUCTOR_CACHE_DIR": default_cache} if share_the_cache else {}))
 
 
+@pytest.mark.slow  # two processes that compile: beside its broken variant, below
 @pytest.mark.skipif(not AVX512, reason="two kernel sets exist only on a CPU with AVX-512")
 def test_compiled_gibbs_after_an_avx512_compile_in_the_default_cache_matches_eager(tmp_path):
     second = avx512_then_nvil(tmp_path, share_the_cache=False)

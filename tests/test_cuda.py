@@ -7,9 +7,9 @@ import torch
 from omegaconf import OmegaConf
 
 from conftest import SYNTHETIC, make_cfg
-from nvil.config import estimator_config
-from nvil.evaluation import EvalSpec, evaluate_checkpoint, load_model
-from train import train
+from nvil.core.config import estimator_config
+from nvil.app.evaluation import EvalSpec, evaluate_checkpoint, load_model
+from nvil.app.main import train
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -85,7 +85,7 @@ def test_torchrun_nccl_on_two_gpus(tmp_path, learner):
     the sharded final evaluation reports the whole test set."""
     from test_distributed import json_lines, ok, torchrun
 
-    from nvil.checkpoint import load_checkpoint
+    from nvil.core.checkpoint import load_checkpoint
 
     proc = ok(torchrun("train.py", *CUDA, *learner, "trainer.batch_size=20", "trainer.max_steps=40",
                        f"hydra.run.dir={tmp_path}"))

@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 import nvil.data as data_mod
 import nvil.data.mnist as mnist_mod
 from nvil.data import MNIST_INSTALL, MinibatchStream, binarize, build_dataset, load_mnist_arrays
-from nvil.errors import ConfigError, DataError
+from nvil.core.errors import ConfigError, DataError
 
 HAVE_MNIST = importlib.util.find_spec("mnist") is not None
 
@@ -116,7 +116,7 @@ def test_dynamic_binarisation_redraws_each_batch():
 
 
 def test_synthetic_data_comes_from_the_known_sbn():
-    from estimators.exact import enumerate_states, exact_log_marginal
+    from nvil.estimators.exact import enumerate_states, exact_log_marginal
 
     cfg = synthetic(num_train=20000, n_visible=4, layers=[2])
     d = build_dataset(cfg)

@@ -1,4 +1,4 @@
-"""Denormals flushed to zero while training and evaluating (nvil/denormals.py): on inside, restored outside,
+"""Denormals flushed to zero while training and evaluating (nvil/backend/denormals.py): on inside, restored outside,
 checked config, every worker thread of a fresh process, and the training loop and evaluator wrapped in it."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from conftest import ROOT, SYNTHETIC, make_cfg
-from nvil.denormals import flushed_denormals, flushing
-from nvil.errors import ConfigError
+from nvil.backend.denormals import flushed_denormals, flushing
+from nvil.core.errors import ConfigError
 
 def product() -> float:
     """A denormal (1.47e-39, below float32's smallest normal 1.18e-38, made from its bits) times one: 0 when
@@ -44,7 +44,7 @@ def test_non_boolean_is_a_config_error(value):
 PROBE = """
 import sys, torch
 sys.path.insert(0, {root!r})
-from nvil.denormals import flushed_denormals, flushing
+from nvil.backend.denormals import flushed_denormals, flushing
 torch.set_num_threads(2)
 if {pool_first}:
     torch.ones(1 << 20).mul_(2.0)  # a parallel op: torch's worker threads start before the mode is set
@@ -66,9 +66,9 @@ def test_worker_threads_inherit_the_mode_when_set_first(pool_first, expected):
 def test_training_loop_and_evaluator_run_flushed(tmp_path, monkeypatch):
     """The loop's model check and the estimator run inside the flushed block (and ``false`` turns it off); the
     caller's mode is back afterwards."""
-    from estimators import bounds
-    from nvil.evaluation import EvalSpec, evaluate_checkpoint
-    from nvil.loop import fit
+    from nvil.estimators import bounds
+    from nvil.app.evaluation import EvalSpec, evaluate_checkpoint
+    from nvil.app.loop import fit
 
     modes = []
     cfg = make_cfg("train", [*SYNTHETIC, "trainer.max_steps=2"])

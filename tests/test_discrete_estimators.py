@@ -18,13 +18,13 @@ import torch
 from omegaconf import OmegaConf
 
 from conftest import enumerated_elbo, make_cfg, tiny_model
-from estimators.exact import enumerate_states, split_layers
+from nvil.estimators.exact import enumerate_states, split_layers
 from nvil.learners import LEARNERS
 from nvil.learners.baselines import layerwise_signals
 from nvil.learners.discrete import ARM, REBAR, RELAX, RLOO, VIMCO, DisARM
 from nvil.learners.discrete.relaxed import _cat_broadcast, conditional_logistic, conditional_uniform, mlp, on_parts
 from nvil.learners.nvil import NVIL
-from nvil.ops import bernoulli_log_prob
+from nvil.backend.native.bernoulli_log_prob import bernoulli_log_prob
 
 X = torch.tensor([[1, 0, 1, 1, 0, 0], [0, 1, 1, 0, 1, 0], [1, 1, 1, 0, 0, 1], [0, 0, 0, 1, 1, 1]],
                  dtype=torch.float32)
@@ -263,8 +263,8 @@ NAMES = ["vimco", "rloo", "arm", "disarm", "rebar", "relax", "gumbel_st"]
 
 @pytest.mark.parametrize("name", NAMES)
 def test_learner_resumes_exactly_and_logs_gradient_diagnostics(tmp_path, synthetic_overrides, name):
-    from nvil.checkpoint import load_checkpoint
-    from train import train
+    from nvil.core.checkpoint import load_checkpoint
+    from nvil.app.main import train
 
     base = synthetic_overrides + [f"learner={name}", "trainer.grad_diag_every=10", "trainer.grad_diag_repeats=4",
                                   "trainer.grad_diag_examples=8"]
@@ -311,8 +311,8 @@ def test_diagnostics_leave_the_training_stream_alone():
     (["trainer.grad_diag_repeats=1"], "trainer.grad_diag_repeats must be at least 2"),
 ])
 def test_bad_settings_are_one_line_errors(tmp_path, synthetic_overrides, override, message):
-    from nvil.errors import ConfigError
-    from train import train
+    from nvil.core.errors import ConfigError
+    from nvil.app.main import train
 
     with pytest.raises(ConfigError, match=message):
         train(make_cfg("train", synthetic_overrides + ["trainer.max_steps=5"] + override), tmp_path)

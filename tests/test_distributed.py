@@ -22,11 +22,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import ROOT, SYNTHETIC, make_cfg
+from conftest import ROOT, SYNTHETIC, make_cfg, run_script
 
-import train as train_module
-from nvil.checkpoint import load_checkpoint
-from nvil.evaluation import EvalSpec, evaluate_checkpoint
+import nvil.app.main as train_module
+from nvil.core.checkpoint import load_checkpoint
+from nvil.app.evaluation import EvalSpec, evaluate_checkpoint
 
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="needs torch.distributed")
 
@@ -44,9 +44,8 @@ def torchrun(script: str, *args: str, nproc: int = 2, cwd=ROOT) -> subprocess.Co
 
 
 def single(script: str, *args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, HYDRA_FULL_ERROR="0")
-    return subprocess.run([sys.executable, str(ROOT / script), *args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=600)
+    """One process's run of ``SCRIPT *args``, in this process (``conftest.run_script``)."""
+    return run_script(script, *args, cwd=ROOT, env={"HYDRA_FULL_ERROR": "0"})
 
 
 def ok(proc: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
@@ -84,8 +83,8 @@ def test_cleanup_destroys_the_group_after_its_ddp_wrappers(tmp_path, monkeypatch
     from omegaconf import OmegaConf
     from torch.nn.parallel import DistributedDataParallel
 
-    from models import build_model
-    from nvil import distributed
+    from nvil.models import build_model
+    from nvil.core import distributed
     from nvil.learners import build_learner
 
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)

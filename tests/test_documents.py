@@ -11,12 +11,12 @@ import torch
 from omegaconf import OmegaConf
 
 from conftest import make_cfg
-from estimators.exact import exact_log_marginal
-from models.sbn import SBN
+from nvil.estimators.exact import exact_log_marginal
+from nvil.models.sbn import SBN
 from nvil.data import build_dataset, load_count_matrix
-from nvil.errors import ConfigError, DataError
-from nvil.evaluation import EvalSpec, evaluate_checkpoint
-from train import train
+from nvil.core.errors import ConfigError, DataError
+from nvil.app.evaluation import EvalSpec, evaluate_checkpoint
+from nvil.app.main import train
 
 
 def test_multinomial_log_prob_is_a_sum_of_word_log_probabilities():
@@ -105,7 +105,7 @@ def test_document_model_trains_and_reports_perplexity(tmp_path):
     # Perplexity is exp(-mean_d log p(d) / L_d), checked against the exact per-document values.
     d = build_dataset(cfg.data)
     test = d.split("test")
-    from nvil.evaluation import load_model
+    from nvil.app.evaluation import load_model
     model, _, _ = load_model(metrics["checkpoint"], torch.device("cpu"))
     per_word = exact_log_marginal(model, test) / test.sum(1)
     assert exact["perplexity"] == pytest.approx(math.exp(-per_word.mean().item()), rel=1e-3)

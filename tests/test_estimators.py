@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from conftest import enumerated_elbo, tiny_model
-from estimators.bounds import elbo, importance_sampled_bound
-from estimators.exact import enumerate_states, exact_log_marginal
-from models.sbn import SBN
-from nvil.errors import ConfigError
+from nvil.estimators.bounds import elbo, importance_sampled_bound
+from nvil.estimators.exact import enumerate_states, exact_log_marginal
+from nvil.models.sbn import SBN
+from nvil.core.errors import ConfigError
 
 
 def test_exact_marginal_is_normalised_over_all_visible_states():

@@ -8,7 +8,7 @@
   (normalised, invariant, reversed by T~) and a wrong variant of Fig. 1 that the same statistic rejects;
 - the BinaryDensity views of the joint and of Q equal log_joint / log_prob;
 - evaluate.py: one-line errors for estimators that do not fit a checkpoint, and a DBN run end to end
-  (log Z cache, sharding + nvil.merge).
+  (log Z cache, sharding + nvil.app.merge).
 
 Expected values come from enumeration written here (not from the estimators); tolerances from standard
 errors over independent runs with fixed seeds.
@@ -19,26 +19,23 @@ from __future__ import annotations
 import copy
 import json
 import math
-import os
 import subprocess
-import sys
 
 import pytest
 import torch
 import torch.nn.functional as F
-from omegaconf import OmegaConf
 
-from conftest import CHI2_999, ROOT, SYNTHETIC, chi_square
-from estimators.ais import base_rate, rbm_log_z, rbm_log_z_reverse, schedule
-from estimators.bounds import importance_sampled_bound
-from estimators.chib import Chib
-from estimators.exact import enumerate_states, exact_log_marginal, split_layers
-from estimators.harmonic import Harmonic
-from estimators.per_example import AISPosterior, LatentModel
-from models.dbn import DBN
-from models.inference import LayeredInference
-from models.rbm import BoltzmannMachine
-from models.sbn import SBN
+from conftest import CHI2_999, ROOT, SYNTHETIC, chi_square, run_script
+from nvil.estimators.ais import base_rate, rbm_log_z, rbm_log_z_reverse, schedule
+from nvil.estimators.bounds import importance_sampled_bound
+from nvil.estimators.chib import Chib
+from nvil.estimators.exact import enumerate_states, exact_log_marginal, split_layers
+from nvil.estimators.harmonic import Harmonic
+from nvil.estimators.per_example import AISPosterior, LatentModel
+from nvil.models.dbn import DBN
+from nvil.models.inference import LayeredInference
+from nvil.models.rbm import BoltzmannMachine
+from nvil.models.sbn import SBN
 from nvil.mcmc.sequential_gibbs import SequentialGibbs
 
 # float32 evaluation of log P* (sums of ~10-20 terms of magnitude up to ~50) by two code paths (BinaryDensity
@@ -170,8 +167,8 @@ def test_per_example_estimators_agree_with_enumeration(kind, data10):
     exact = exact_log_sum(model, x)  # log P(v) for the SBN, log sum_h P*(v, h) for the DBN
     lm = LatentModel(model, q, "test")
     estimates = {
-        "chib": per_run(Chib(OmegaConf.create({"num_steps": 10, "num_runs": 200})), lm, x),
-        "ais_posterior": per_run(AISPosterior(OmegaConf.create({"num_betas": 50, "num_runs": 300})), lm, x),
+        "chib": per_run(Chib(num_steps=10, num_runs=200, accel="none"), lm, x),
+        "ais_posterior": per_run(AISPosterior(num_betas=50, num_runs=300, accel="none"), lm, x),
     }
     runs, k = 40, 2000
     g = torch.Generator().manual_seed(3)
@@ -233,7 +230,7 @@ def test_base_rate_stays_finite_for_pixels_always_on_or_off(rbm12):
 def test_chib_log_estimate_is_not_above_exact(kind, data10):
     model, q = sbn_model(seed=4) if kind == "sbn" else (dbn_model(seed=4), None)
     exact = exact_log_sum(model, data10)
-    est = per_run(Chib(OmegaConf.create({"num_steps": 2, "num_runs": 500, "hill_climb": False})),
+    est = per_run(Chib(num_steps=2, num_runs=500, hill_climb=False, accel="none"),
                   LatentModel(model, q, "chib"), data10)
     mean, se = est.mean(1), est.std(1) / math.sqrt(est.shape[1])
     assert (mean <= exact + 3 * se + ROUNDING).all(), (mean - exact, se)
@@ -251,7 +248,7 @@ def test_harmonic_mean_over_estimates_on_a_broad_prior_and_sharp_likelihood():
     x, _ = model.sample(4, generator=torch.Generator().manual_seed(8))
     exact = exact_log_marginal(model, x).double()
     assert torch.allclose(exact, exact_log_sum(model, x), atol=1e-3)
-    h = Harmonic(OmegaConf.create({"num_samples": 50, "burn_in": 5, "num_runs": 20}))
+    h = Harmonic(num_samples=50, burn_in=5, num_runs=20, accel="none")
     est = per_run(h, LatentModel(model, q, "harmonic"), x)
     mean, se = est.mean(1), est.std(1) / math.sqrt(est.shape[1])
     assert (mean > exact + 5 * se + 0.5).all(), (mean - exact, se)
@@ -266,7 +263,7 @@ def test_chib_exp_estimate_is_unbiased(kind, data10):
     model, q = sbn_model(seed=9) if kind == "sbn" else (dbn_model(seed=9), None)
     x = data10[:3]
     exact = exact_log_sum(model, x)
-    est = per_run(Chib(OmegaConf.create({"num_steps": 5, "num_runs": 4000})), LatentModel(model, q, "chib"), x, seed=3)
+    est = per_run(Chib(num_steps=5, num_runs=4000, accel="none"), LatentModel(model, q, "chib"), x, seed=3)
     mean_r, se = ratio_stats(est, exact)
     assert (se < 0.02).all(), se
     assert ((mean_r - 1).abs() < 3 * se + ROUNDING).all(), (mean_r, se)
@@ -417,9 +414,8 @@ def test_dbn_latent_densities_equal_log_joint_and_recognition(sizes):
 
 
 def run(script: str, *args: str, cwd=ROOT, module: bool = False) -> subprocess.CompletedProcess:
-    env = dict(os.environ, HYDRA_FULL_ERROR="0")
-    cmd = [sys.executable, "-m", script] if module else [sys.executable, str(ROOT / script)]
-    return subprocess.run([*cmd, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    """``python SCRIPT *args`` (``module``: ``python -m SCRIPT``), in this process (``conftest.run_script``)."""
+    return run_script(f"-m {script}" if module else script, *args, cwd=cwd, env={"HYDRA_FULL_ERROR": "0"})
 
 
 def json_lines(text: str) -> list[dict]:
@@ -483,7 +479,7 @@ def test_cli_dbn_chib_log_z_cache_and_sharding(tmp_path):
         proc = run("evaluate.py", *chib, "eval.num_shards=2", f"eval.shard={shard}", f"eval.output={shards}",
                    cwd=tmp_path)
         assert proc.returncode == 0, proc.stderr
-    proc = run("nvil.merge", str(shards), module=True)
+    proc = run("nvil.app.merge", str(shards), module=True)
     assert proc.returncode == 0, proc.stderr
     (merged,) = json_lines(proc.stdout)
     assert merged["num_examples"] == 20 and merged["seed"] == 3

@@ -13,13 +13,13 @@ import pytest
 import torch
 
 from conftest import ROOT, SYNTHETIC, make_cfg
-from nvil.checkpoint import load_checkpoint
-from nvil.cli import check_launcher
-from nvil.divergence import DivergenceMonitor
-from nvil.errors import ConfigError, TrainingDiverged
+from nvil.core.checkpoint import load_checkpoint
+from nvil.app.cli import check_launcher
+from nvil.app.divergence import DivergenceMonitor
+from nvil.core.errors import ConfigError, TrainingDiverged
 from nvil.learners.nvil import NVIL
 from test_cli import assert_one_line_error, json_lines, run
-from train import final_plan, train
+from nvil.app.main import final_plan, train
 
 FAST = [a for a in SYNTHETIC if not a.startswith("final_eval")]
 RBM = [a for a in FAST if not a.startswith("model.layers")] + ["model=rbm", "model.n_hidden=6", "learner=sap"]
@@ -101,7 +101,7 @@ def test_resumed_run_matches_an_uninterrupted_one(tmp_path):
     base = FAST + ["model.layers=[5,3]", "seed=2"]
     whole = train(make_cfg("train", base + ["trainer.max_steps=40"]), tmp_path / "whole")
     train(make_cfg("train", base + ["trainer.max_steps=20"]), tmp_path / "part")
-    from nvil.resume import run_config
+    from nvil.app.resume import run_config
     cfg, resumed = run_config(make_cfg("train", ["trainer.resume=true", "trainer.max_steps=40"]), tmp_path / "part",
                               ["trainer.resume=true", "trainer.max_steps=40"])
     assert resumed and cfg.model.layers == [5, 3]

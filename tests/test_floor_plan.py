@@ -1,50 +1,45 @@
 """The floor plan (DESIGN.md, "Layers"), checked by reading the source with ``ast``: no import cycle, no
-project import hidden inside a function, each layer importing only the layers below it, no oversized file
-and a flat training loop. Each rule has a broken input that must trip it, so the checks have power."""
+project import hidden inside a function, each folder importing only the folders below it, no oversized file and a
+flat training loop; the installed package is every folder with code, and importing ``nvil`` changes nothing in the
+process. Each rule has a broken input that must trip it, so the checks have power."""
 
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("nvil", "models", "estimators")
+FOLDERS = {"nvil": "nvil", "models": "nvil.models", "estimators": "nvil.estimators"}  # checkout folder -> package
 MAX_LINES = 300
 MAX_FIT_LINES = 70
 
-# Inside nvil/: the kernel imports neither models nor estimators (nor anything above it); the machinery
-# (Markov chains, datasets) sits on the kernel and the models; the application is everything else.
-KERNEL = {"nvil", "nvil.errors", "nvil.ops", "nvil.config", "nvil.accel", "nvil.distributed", "nvil.native",
-          "nvil.native.triton_sweep", "nvil.native.sparse_rows", "nvil.native.softplus_difference",
-          "nvil.native.bernoulli_log_prob", "nvil.native.skinny_gemm", "nvil.cpu_kernels", "nvil.gemm"}
-MACHINERY = ("nvil.mcmc", "nvil.data")
+# The floors, from the ground up: each folder imports only its own floor and those below it. ``nvil`` itself
+# (the package's face: ``nvil.train`` / ``nvil.evaluate``, loaded on first use) and the entry scripts stand on top.
+FLOORS = [("nvil.core",), ("nvil.backend",), ("nvil.models",), ("nvil.mcmc", "nvil.data"), ("nvil.estimators",),
+          ("nvil.learners",), ("nvil.app",), ("nvil",)]
 
 
 def layer(module: str) -> str:
-    if module in KERNEL:
-        return "kernel"
-    if any(module == m or module.startswith(m + ".") for m in MACHINERY):
-        return "machinery"
-    top = module.split(".")[0]
-    return {"models": "models", "estimators": "estimators"}.get(top, "application")
+    """The folder (floor) a module belongs to: the longest of ``FLOORS``' names that prefixes it."""
+    names = [name for floor in FLOORS for name in floor]
+    return max((n for n in names if module == n or module.startswith(n + ".")), key=len)
 
 
-ALLOWED = {  # layer -> the layers it may import (itself included)
-    "kernel": {"kernel"},
-    "models": {"kernel", "models"},
-    "machinery": {"kernel", "models", "machinery"},
-    "estimators": {"kernel", "models", "machinery", "estimators"},
-    "application": {"kernel", "models", "machinery", "estimators", "application"},
-}
+def floor(module: str) -> int:
+    name = layer(module)
+    return next(i for i, names in enumerate(FLOORS) if name in names)
 
 
 def module_files(root: Path = ROOT) -> dict[str, Path]:
     files = {}
-    for package in PACKAGES:
-        for path in sorted((root / package).rglob("*.py")):
-            name = ".".join(path.relative_to(root).with_suffix("").parts)
+    for folder, package in FOLDERS.items():
+        for path in sorted((root / folder).rglob("*.py")):
+            name = ".".join((package, *path.relative_to(root / folder).with_suffix("").parts))
             files[name.removesuffix(".__init__")] = path
     return files
 
@@ -81,12 +76,11 @@ def imports(source: str, name: str, modules) -> tuple[set[str], list[tuple[int, 
     return top, hidden
 
 
-def import_graph(files: dict[str, Path]) -> tuple[dict[str, set[str]], list[str]]:
+def import_graph(files: dict[str, Path], root: Path = ROOT) -> tuple[dict[str, set[str]], list[str]]:
     graph, hidden = {}, []
     for name, path in files.items():
         graph[name], late = imports(path.read_text(), name, files)
-        hidden += [f"{path.relative_to(path.parents[len(name.split('.')) - 1])}:{line} imports {m} inside a function"
-                   for line, m in late]
+        hidden += [f"{path.relative_to(root)}:{line} imports {m} inside a function" for line, m in late]
     return graph, hidden
 
 
@@ -122,8 +116,10 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def layer_violations(graph: dict[str, set[str]]) -> list[str]:
+    """Imports that climb: a module importing one on a higher floor, or a folder beside its own on the same floor."""
     return [f"{a} ({layer(a)}) imports {b} ({layer(b)})" for a, targets in sorted(graph.items())
-            for b in sorted(targets) if layer(b) not in ALLOWED[layer(a)]]
+            for b in sorted(targets)
+            if floor(b) > floor(a) or (floor(b) == floor(a) and layer(b) != layer(a))]
 
 
 def test_no_import_cycle_and_no_hidden_import():
@@ -140,18 +136,34 @@ def test_layers_import_only_downwards():
 
 
 def test_the_checks_have_power(tmp_path):
-    """A cycle, a function-level import and a model importing an estimator are each caught."""
-    for package, body in {"nvil": "", "models": "from estimators.b import f\n",
-                          "estimators": "", }.items():
-        (tmp_path / package).mkdir()
-        (tmp_path / package / "__init__.py").write_text("")
-    (tmp_path / "models" / "a.py").write_text("from estimators.b import f\n")
-    (tmp_path / "estimators" / "b.py").write_text("from models.a import g\n\ndef f():\n    import nvil.ops\n")
-    (tmp_path / "nvil" / "ops.py").write_text("")
-    graph, hidden = import_graph(module_files(tmp_path))
-    assert cycles(graph) == [["estimators.b", "models.a"]]
-    assert hidden == ["estimators/b.py:4 imports nvil.ops inside a function"]
-    assert layer_violations(graph) == ["models.a (models) imports estimators.b (estimators)"]
+    """A cycle, a function-level import, a model importing an estimator and the kernel importing the backend are
+    each caught."""
+    for folder in ("nvil", "nvil/core", "nvil/backend", "models", "estimators"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "__init__.py").write_text("")
+    (tmp_path / "models" / "a.py").write_text("from nvil.estimators.b import f\n")
+    (tmp_path / "estimators" / "b.py").write_text("from nvil.models.a import g\n\ndef f():\n    import nvil.core.ops\n")
+    (tmp_path / "nvil" / "core" / "ops.py").write_text("from nvil.backend import accel\n")
+    (tmp_path / "nvil" / "backend" / "accel.py").write_text("")
+    graph, hidden = import_graph(module_files(tmp_path), tmp_path)
+    assert cycles(graph) == [["nvil.estimators.b", "nvil.models.a"]]
+    assert hidden == ["estimators/b.py:4 imports nvil.core.ops inside a function"]
+    assert layer_violations(graph) == ["nvil.core.ops (nvil.core) imports nvil.backend.accel (nvil.backend)",
+                                       "nvil.models.a (nvil.models) imports nvil.estimators.b (nvil.estimators)"]
+
+
+def test_importing_nvil_changes_nothing_in_the_process():
+    """``import nvil`` (and its models and estimators) in a fresh process leaves ``os.environ`` as it was and loads
+    neither the training loop nor Hydra; ``nvil.train`` is there, loaded on first use."""
+    code = ("import os, sys, json; before = dict(os.environ); import nvil, nvil.models, nvil.estimators; "
+            "changed = sorted(k for k in set(before) | set(os.environ) if before.get(k) != os.environ.get(k)); "
+            "print(json.dumps([changed, 'nvil.app.loop' in sys.modules, 'hydra' in sys.modules, "
+            "callable(nvil.train)]))")
+    env = {k: v for k, v in os.environ.items() if k not in ("ATEN_CPU_CAPABILITY", "TORCHINDUCTOR_CACHE_DIR")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT.parent, env=env,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == '[[], false, false, true]'
 
 
 def test_no_oversized_file():
@@ -168,37 +180,40 @@ def function_lines(path: Path, name: str) -> int:
 
 
 def test_fit_is_a_flat_loop():
-    assert function_lines(ROOT / "nvil" / "loop.py", "fit") <= MAX_FIT_LINES
+    assert function_lines(ROOT / "nvil" / "app" / "loop.py", "fit") <= MAX_FIT_LINES
 
 
-@pytest.mark.parametrize("layer_name,module", [("kernel", "nvil.ops"), ("machinery", "nvil.mcmc.hmc"),
-                                               ("machinery", "nvil.data.mnist"), ("application", "nvil.loop"),
-                                               ("models", "models.rbm"), ("estimators", "estimators.chib")])
+@pytest.mark.parametrize("layer_name,module", [("nvil.core", "nvil.core.ops"), ("nvil.mcmc", "nvil.mcmc.hmc"),
+                                               ("nvil.data", "nvil.data.mnist"), ("nvil.app", "nvil.app.loop"),
+                                               ("nvil.models", "nvil.models.rbm"), ("nvil", "nvil"),
+                                               ("nvil.estimators", "nvil.estimators.chib"),
+                                               ("nvil.backend", "nvil.backend.native.triton_sweep")])
 def test_layer_names(layer_name, module):
     assert layer(module) == layer_name
 
 
 def code_folders(root: Path) -> set[str]:
-    """Every folder of nvil/ that holds Python code, as a dotted package name."""
-    return {".".join(p.parent.relative_to(root).parts) for p in (root / "nvil").rglob("*.py")
-            if "__pycache__" not in p.parts}
+    """Every folder with Python code that installs (nvil/, models/, estimators/, configs/), as a package name."""
+    out = set()
+    for folder, package in {**FOLDERS, "configs": "nvil.configs"}.items():
+        out |= {".".join((package, *p.parent.relative_to(root / folder).parts)) for p in (root / folder).rglob("*.py")
+                if "__pycache__" not in p.parts}
+    return out
 
 
 def installed_packages(root: Path) -> set[str]:
-    """The packages ``pip install .`` puts in the wheel: setuptools' discovery with pyproject.toml's ``include``."""
+    """The packages ``pip install .`` puts in the wheel: pyproject.toml's explicit list."""
     tomllib = pytest.importorskip("tomllib")  # Python 3.11+
-    from setuptools import find_packages
-
-    find = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
-    return set(find_packages(where=str(root), include=find["include"]))
+    return set(tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
 
 
-def test_the_wheel_holds_every_package_of_the_engine(tmp_path):
-    """A folder of nvil/ with code but no place in the wheel fails (``pip install .`` could not import it: the explicit
-    list once left out nvil.learners.discrete); so does a new folder without an __init__.py, shown on a copy."""
+def test_the_wheel_holds_every_package(tmp_path):
+    """A folder with code but no place in the wheel fails (``pip install .`` could not import it); shown on a copy
+    with a new folder of nvil/."""
     assert installed_packages(ROOT) == code_folders(ROOT)
-    (tmp_path / "nvil" / "newpart").mkdir(parents=True)
+    for folder in ("nvil/newpart", "models", "estimators", "configs"):
+        (tmp_path / folder).mkdir(parents=True)
     (tmp_path / "nvil" / "__init__.py").write_text("")
     (tmp_path / "nvil" / "newpart" / "kernels.py").write_text("")
     (tmp_path / "pyproject.toml").write_text((ROOT / "pyproject.toml").read_text())
-    assert installed_packages(tmp_path) != code_folders(tmp_path)
+    assert "nvil.newpart" in code_folders(tmp_path) - installed_packages(tmp_path)

@@ -11,10 +11,10 @@ import torch
 from omegaconf import OmegaConf
 
 from conftest import make_cfg
-from estimators.ais import schedule
-from estimators.ais_hmc import ContinuousLatent, ais_hmc_log_w
-from estimators.chib import chib_log_p, climb_to_mode
-from models.gaussian import DynamicBayesNet, GaussianBeliefNet, gaussian_log_prob
+from nvil.estimators.ais import schedule
+from nvil.estimators.ais_hmc import ContinuousLatent, ais_hmc_log_w
+from nvil.estimators.chib import chib_log_p, climb_to_mode
+from nvil.models.gaussian import DynamicBayesNet, GaussianBeliefNet, gaussian_log_prob
 from nvil.learners.mcem import MCEM
 from nvil.mcmc.mh import MetropolisHastings
 
@@ -121,7 +121,7 @@ def test_ais_hmc_is_unbiased_for_p_x_on_a_linear_gaussian_net(form):
 def test_ais_hmc_with_weights_taken_after_each_move_fails_the_same_check():
     """Power: the ordering several public ports get wrong (each increment taken at the state the move just
     produced) over-estimates p(x), and the unbiasedness check above rejects it."""
-    from estimators.ais_hmc import PriorPosteriorPath
+    from nvil.estimators.ais_hmc import PriorPosteriorPath
 
     net = linear_net(seed=5)
     x, _ = net.sample(20, generator=torch.Generator().manual_seed(0))
@@ -179,7 +179,7 @@ def test_chib_mh_without_the_acceptance_term_is_caught():
 
 
 def test_prior_proposal_iwae_is_a_lower_bound_that_tightens_with_k():
-    from estimators.bounds import importance_sampled_bound
+    from nvil.estimators.bounds import importance_sampled_bound
 
     net = linear_net(seed=7)
     x, _ = net.sample(30, generator=torch.Generator().manual_seed(3))
@@ -243,8 +243,8 @@ GBN = ["data=synthetic", "model=gbn", "model.layers=[3,2]", "learner=mcem_hmc", 
 @pytest.mark.parametrize("extra", [["model.form=auxiliary"], ["model.form=centred", "learner.adapt=dual_averaging"],
                                    ["learner=map_latents"]], ids=["auxiliary", "centred_da", "map_latents"])
 def test_gaussian_learners_resume_exactly(tmp_path, extra):
-    from nvil.checkpoint import load_checkpoint
-    from train import train
+    from nvil.core.checkpoint import load_checkpoint
+    from nvil.app.main import train
 
     train(make_cfg("train", GBN + extra + ["trainer.max_steps=40"]), tmp_path / "straight")
     train(make_cfg("train", GBN + extra + ["trainer.max_steps=20"]), tmp_path / "resumed")
@@ -266,7 +266,7 @@ def test_gaussian_learners_resume_exactly(tmp_path, extra):
 
 
 def test_dynamic_bayes_net_trains_on_its_synthetic_sequences(tmp_path):
-    from train import train
+    from nvil.app.main import train
 
     overrides = [o for o in GBN if not o.startswith(("data=", "model=", "model.layers", "trainer.batch_size"))]
     m = train(make_cfg("train", overrides + ["model=dbn_dynamic", "data=synthetic_dynamic", "trainer.batch_size=100",
@@ -275,10 +275,10 @@ def test_dynamic_bayes_net_trains_on_its_synthetic_sequences(tmp_path):
 
 
 def test_gaussian_estimators_and_errors_through_evaluate(tmp_path):
-    from nvil.config import estimator_config
-    from nvil.errors import ConfigError
-    from nvil.evaluation import EvalSpec, evaluate_checkpoint
-    from train import train
+    from nvil.core.config import estimator_config
+    from nvil.core.errors import ConfigError
+    from nvil.app.evaluation import EvalSpec, evaluate_checkpoint
+    from nvil.app.main import train
 
     m = train(make_cfg("train", GBN + ["trainer.max_steps=20"]), tmp_path)
     small = {"ais_hmc": {"num_betas": 30, "num_runs": 4}, "chib_mh": {"num_steps": 3, "num_runs": 4, "hill_climb_steps": 20},
@@ -297,10 +297,10 @@ def test_gaussian_estimators_and_errors_through_evaluate(tmp_path):
 
 
 def test_continuous_estimators_and_learners_refuse_other_models(tmp_path):
-    from nvil.config import estimator_config
-    from nvil.errors import ConfigError
-    from nvil.evaluation import EvalSpec, evaluate_checkpoint
-    from train import train
+    from nvil.core.config import estimator_config
+    from nvil.core.errors import ConfigError
+    from nvil.app.evaluation import EvalSpec, evaluate_checkpoint
+    from nvil.app.main import train
 
     sbn = [o for o in GBN if not o.startswith(("model=", "model.layers", "learner=", "trainer.val_"))] + ["model.layers=[4,3]"]
     m = train(make_cfg("train", sbn + ["trainer.max_steps=5"]), tmp_path)

@@ -1,4 +1,4 @@
-"""nvil.gemm: float32 CPU products through oneDNN equal torch's, are taken where they should be, and fall back where
+"""nvil.backend.gemm: float32 CPU products through oneDNN equal torch's, are taken where they should be, and fall back where
 they must (autograd, other dtypes, small products); the backend's choice and its one-line error."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from conftest import ROOT
-from nvil import gemm
-from nvil.errors import ConfigError
+from nvil.backend import gemm
+from nvil.core.errors import ConfigError
 
 needs_onednn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
 

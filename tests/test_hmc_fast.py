@@ -10,8 +10,8 @@ import itertools
 import pytest
 import torch
 
-from models.gaussian import DynamicBayesNet, GaussianBeliefNet
-from models.gaussian_grad import LogJoint
+from nvil.models.gaussian import DynamicBayesNet, GaussianBeliefNet
+from nvil.models.gaussian_grad import LogJoint
 from nvil.mcmc.hmc import HMC, Autograd, value_and_grad
 
 DT = torch.float64

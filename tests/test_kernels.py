@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from conftest import tiny_model
-from estimators.exact import enumerate_states, split_layers
+from nvil.estimators.exact import enumerate_states, split_layers
 from nvil.mcmc import BlockGibbs, ParallelTempering, TemperedTransitions, uniform_betas
 from nvil.mcmc.base import ChibKernel, Kernel
 from nvil.mcmc.hmc import HMC

@@ -13,9 +13,9 @@ import torch
 
 from conftest import ROOT, SYNTHETIC, make_cfg
 
-import train as train_module
-from nvil.checkpoint import load_checkpoint
-from nvil.errors import ConfigError
+import nvil.app.main as train_module
+from nvil.core.checkpoint import load_checkpoint
+from nvil.core.errors import ConfigError
 
 TINY = [*SYNTHETIC, "trainer.max_steps=20", "trainer.val_every=10", "trainer.ckpt_every=10"]
 
@@ -40,7 +40,7 @@ def test_submitit_sweep_runs_one_job_per_seed(tmp_path):
 
 @pytest.mark.slow
 def test_submitit_tasks_train_data_parallel(tmp_path):
-    """tasks_per_node=2: submitit starts two tasks, which join one process group (nvil.distributed)."""
+    """tasks_per_node=2: submitit starts two tasks, which join one process group (nvil.core.distributed)."""
     sweep("hydra.launcher.tasks_per_node=2", *TINY, f"hydra.sweep.dir={tmp_path}")
     ckpt = load_checkpoint(tmp_path / "0" / "checkpoints" / "last.pt")
     assert ckpt["world_size"] == 2 and ckpt["step"] == 20

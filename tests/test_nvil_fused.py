@@ -18,12 +18,11 @@ import torch
 from omegaconf import OmegaConf
 
 from conftest import assert_same_parameters, assert_same_step, make_cfg, tiny_model
-from models.sbn import SBN
-from models.inference import LayeredInference
+from nvil.models.sbn import SBN
+from nvil.models.inference import LayeredInference
 from nvil.learners import fused, weight_steps
-from nvil.native import sparse_rows
 from nvil.learners.nvil import NVIL
-from nvil.ops import RunningMoments, sigmoid_and_softplus_sum
+from nvil.core.ops import RunningMoments, sigmoid_and_softplus_sum
 
 ALL_ON = dict(input_baseline=True, constant_baseline=True, variance_normalisation=True, layerwise=True)
 SWITCHES = {
@@ -102,8 +101,8 @@ def test_a_broken_fused_path_fails_the_comparison(broken, monkeypatch):
     else:
         forward = fast.fused.forward_from
 
-        def no_sigmoid(x, uniforms, offset=None):
-            f = forward(x, uniforms, offset)
+        def no_sigmoid(x, uniforms):
+            f = forward(x, uniforms)
             f.q_probs = [torch.zeros_like(p) for p in f.q_probs]  # dlog q/da = h instead of h - sigmoid(a)
             return f
 
@@ -268,118 +267,23 @@ def test_sigmoid_and_softplus_sum_compiled_form_is_exact(width):
     assert torch.equal(eager[0], torch.sigmoid(a))
 
 
-# ---- the centred x's layers from the pixels that are on (nvil.native.sparse_rows) -----------
-@pytest.fixture(autouse=True)
-def hand_vectorised(monkeypatch):
-    """The sparse-input path on any CPU: the learners take it only where its kernels are vectorised by hand
-    (AVX-512), but its values are the same on every CPU, and are tested on every CPU."""
-    monkeypatch.setattr(sparse_rows, "VECTORISED", True)
-
-
-def test_the_sparse_input_path_needs_the_hand_vectorised_kernels(monkeypatch):
-    """On a CPU without AVX-512 the plain loops of sparse_rows.h lose to the GEMMs (an NVIL step 1.2-1.45x slower on
-    a Zen 3): the dense products stay, the weights in nn.Linear's layout."""
-    monkeypatch.setattr(sparse_rows, "VECTORISED", False)
-    fast, _ = pair()
-    assert fast.accelerate("auto") is fast and not fast.fused.sparse_input
-    assert fast.inference.encoders[0].weight.is_contiguous()
-
-
+# ---- a centred x (the training mean set), on the general path's dense products --------------------------------------
 INPUT_MEAN = torch.tensor([0.3, 0.0, 0.5, 0.9, 0.0, 0.25], dtype=torch.float64)  # two inputs with mean 0
-
-
-def sparse_pair(layers, momentum=0.0):
-    """``pair`` with a training mean that centres x, the fused learner on the sparse-input path (trainer.accel=auto
-    on a CPU), the other on autograd."""
-    fast, slow = pair(layers, switches=dict(ALL_ON, momentum=momentum))
-    for learner in (fast, slow):
-        learner.inference.set_input_mean(INPUT_MEAN)
-    assert fast.accelerate("auto") is fast and fast.fused.sparse_input
-    assert fast.inference.encoders[0].weight.t().is_contiguous()  # stored input-major (nvil.ops.input_major_)
-    return fast, slow
 
 
 @pytest.mark.parametrize("layers", LAYERS.values(), ids=LAYERS.keys())
 @pytest.mark.parametrize("momentum", [0.0, 0.9])
-def test_sparse_input_path_equals_autograd(layers, momentum):
-    """Logging steps (gradients into .grad, then the optimiser) and steps that log nothing (plain SGD: the step
-    written by the kernel; with momentum: into .grad, then the optimiser): the same gradients and parameters as
-    autograd's, in float64. (Not Adam: its first step is lr sign(g), and the baselines' output bias has g = 0 up to
-    rounding there, which two paths summing in different orders round differently.)"""
-    fast, slow = sparse_pair(layers, momentum)
+def test_a_centred_input_equals_autograd(layers, momentum):
+    """With a training mean that centres x (trainer.accel=auto on a CPU): logging steps (gradients into .grad, then
+    the optimiser) and steps that log nothing (plain SGD written by the GEMM; with momentum: into .grad, then the
+    optimiser) take autograd's gradients and parameters, in float64."""
+    fast, slow = pair(layers, switches=dict(ALL_ON, momentum=momentum))
+    for learner in (fast, slow):
+        learner.inference.set_input_mean(INPUT_MEAN)
+    assert fast.accelerate("auto") is fast
+    assert fast.inference.encoders[0].weight.is_contiguous()  # nn.Linear's own layout
     for x in batches(3):
         assert_same_step(fast, slow, x)
     for x in batches(3):
         fast.step(x), slow.step(x)
     assert_same_parameters(fast, slow, "after steps that log nothing")
-
-
-CENTRED_UPDATE = sparse_rows.centred_update_
-
-
-def uncentred_update(wt, v, m, d, alpha):
-    return CENTRED_UPDATE(wt, v + m, torch.zeros_like(m), d, alpha)  # x' d: the mean's rank-one part lost
-
-
-def forgets_the_shift(linear, v, offset=None):
-    if offset is None:
-        return torch.nn.functional.linear(v, linear.weight, linear.bias)
-    return sparse_rows.centred_linear(v, offset, linear.weight.t(), linear.bias)  # x W' + b: not centred
-
-
-@pytest.mark.parametrize("broken", ["update", "forward"])
-def test_a_sparse_path_that_drops_the_centring_fails(broken, monkeypatch):
-    """Power: the comparison above catches a weight step from x instead of x - m, and a forward pass without -m W'."""
-    if broken == "update":
-        monkeypatch.setattr(sparse_rows, "centred_update_", uncentred_update)
-    else:
-        monkeypatch.setattr(fused, "affine", forgets_the_shift)
-    fast, slow = sparse_pair((4, 3))
-    with pytest.raises(AssertionError):
-        for x in batches(3):
-            fast.step(x), slow.step(x)
-        assert_same_parameters(fast, slow)
-
-
-@pytest.mark.parametrize("mode, optimizer", [("none", "sgd"), ("auto", "adam")])
-def test_accel_none_and_fused_adam_keep_the_dense_products(mode, optimizer):
-    """trainer.accel=none is the plain code path; fused Adam would copy input-major weights at every step."""
-    fast, _ = pair(optimizer=optimizer)
-    assert fast.accelerate(mode) is fast and not fast.fused.sparse_input
-    assert fast.inference.encoders[0].weight.is_contiguous()  # nn.Linear's own layout, untouched
-
-
-@pytest.mark.slow
-def test_the_compiled_sparse_input_step_takes_the_same_updates():
-    """trainer.accel=compile with the sparse-input path: its forward operator inside the compiled graph, the same
-    parameters as autograd's SGD steps."""
-    fast, slow = pair()
-    for learner in (fast, slow):
-        learner.inference.set_input_mean(INPUT_MEAN)
-    assert fast.accelerate("compile") is fast and fast.fused.sparse_input
-    for x in batches(4):
-        fast.step(x), slow.step(x)
-    assert_same_parameters(fast, slow)
-
-
-@pytest.mark.slow
-def test_compiled_dense_and_sparse_learners_in_one_process_keep_their_own_graphs(monkeypatch):
-    """Dynamo's guards on the learners' modules are dropped (``fixed_modules``), so the sparse-input path is an
-    argument of the compiled step: a learner on the dense products (as where the C kernels do not build) compiled
-    first, then one on sparse inputs, each takes its eager twin's updates."""
-    learners = {}
-    for path in ("dense", "sparse"):
-        learners[path] = pair()[0], pair()[0]
-        for learner in learners[path]:
-            learner.inference.set_input_mean(INPUT_MEAN)
-        with monkeypatch.context() as m:
-            if path == "dense":
-                m.setattr(fused.native, "wanted", lambda mode, device: False)
-            learners[path][0].accelerate("compile"), learners[path][1].accelerate("auto")
-    assert not learners["dense"][0].fused.sparse_input and learners["sparse"][0].fused.sparse_input
-    for x in batches(3):
-        for path in ("dense", "sparse"):
-            for learner in learners[path]:
-                learner.step(x)
-    for path in ("dense", "sparse"):
-        assert_same_parameters(*learners[path], msg=path)

@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from conftest import ROOT, SYNTHETIC, make_cfg
-from train import train
+from nvil.app.main import train
 
 sys.path.insert(0, str(ROOT / "bench"))
 

@@ -13,7 +13,7 @@ pytest.importorskip("blackjax")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 import jax_gbn  # noqa: E402
 
-from models.gaussian import DynamicBayesNet, GaussianBeliefNet  # noqa: E402
+from nvil.models.gaussian import DynamicBayesNet, GaussianBeliefNet  # noqa: E402
 
 TOL = 1e-5  # float32; a wrong term is off by far more (see test_compare_catches_a_wrong_parameter)
 

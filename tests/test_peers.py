@@ -18,7 +18,7 @@ BENCH = Path(__file__).resolve().parent.parent / "bench"
 if str(BENCH) not in sys.path:
     sys.path.insert(0, str(BENCH))
 
-from models import build_model  # noqa: E402
+from nvil.models import build_model  # noqa: E402
 from peers import PyroSBN, pyro_param_groups, sklearn_to_rbm  # noqa: E402
 
 

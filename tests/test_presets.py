@@ -7,8 +7,8 @@ import re
 import pytest
 
 from conftest import CONFIG_DIR, SYNTHETIC, make_cfg
-from models import build_model
-from train import train
+from nvil.models import build_model
+from nvil.app.main import train
 
 PRESETS = sorted(p.stem for p in (CONFIG_DIR / "experiment").glob("*.yaml"))
 

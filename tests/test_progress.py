@@ -12,10 +12,10 @@ from omegaconf import OmegaConf
 from tqdm import tqdm
 
 from conftest import tiny_model
-from estimators import build_estimator
-from estimators.base import BatchProgress
-from models.dbn import DBN
-from models.gaussian import GaussianBeliefNet
+from nvil.estimators import build_estimator
+from nvil.estimators.base import BatchProgress
+from nvil.models.dbn import DBN
+from nvil.models.gaussian import GaussianBeliefNet
 
 N, BATCH = 6, 3  # two batches of three examples
 
@@ -137,12 +137,13 @@ def test_log_z_phase_names_itself_then_the_clock_restarts_for_the_examples(case)
 
 
 def test_rbm_ais_names_its_log_z_phases():
-    from models.rbm import BoltzmannMachine
+    from nvil.models.rbm import BoltzmannMachine
 
     torch.manual_seed(0)
     rbm = BoltzmannMachine(8, 5)
     train = (torch.rand(100, 8, generator=torch.Generator().manual_seed(1)) < 0.4).float()
-    cfg = OmegaConf.create({"name": "ais", **LOG_Z, "schedule": "linear", "batch_size": 4})
+    ais_keys = {k: v for k, v in LOG_Z.items() if k not in ("seed", "cache")}  # the log Z block's own keys
+    cfg = OmegaConf.create({"name": "ais", **ais_keys, "schedule": "linear", "batch_size": 4})
     bar = RecordingBar(N)
     est = build_estimator(cfg)
     r = est.estimate(rbm, binary_data(8), generator=torch.Generator().manual_seed(0), seed=0, progress=bar, train=train)

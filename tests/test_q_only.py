@@ -12,7 +12,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from q_only import main, q_only  # noqa: E402
 
-from nvil.loop import fit  # noqa: E402
+from nvil.app.loop import fit  # noqa: E402
 
 
 def trained_checkpoint(tmp_path: Path) -> Path:

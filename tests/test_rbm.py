@@ -18,11 +18,11 @@ import pytest
 import torch
 
 from conftest import SYNTHETIC, make_cfg
-from estimators.exact import enumerate_states
-from models.rbm import BoltzmannMachine, State
-from nvil.errors import ConfigError, DataError
+from nvil.estimators.exact import enumerate_states
+from nvil.models.rbm import BoltzmannMachine, State
+from nvil.core.errors import ConfigError, DataError
 from nvil.mcmc import BlockGibbs, ParallelTempering, TemperedTransitions, uniform_betas
-from train import train
+from nvil.app.main import train
 
 DT = torch.float64
 
@@ -343,9 +343,8 @@ def one_step_check(m, operator, beta, start_probs, n, seed):
 @pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
 def test_block_gibbs_sampler_follows_the_exact_matrix(name, accel, reverse):
     """From states drawn uniformly (far from p_beta, so the kernel's action shows), one BlockGibbs step at
-    beta lands with the distribution q T (or q T~). ``native``: the RBM's units drawn by ``nvil.native.bernoulli_``,
-    the semi-RBM's pixel sweep in C, each with the counter-based uniforms it draws itself, checked by the same exact
-    matrix."""
+    beta lands with the distribution q T (or q T~). ``native``: the semi-RBM's pixel sweep in C, with the counter-based
+    uniforms it draws itself, checked by the same exact matrix (the RBM's sweep is torch's in every mode)."""
     m, beta, n = GIBBS_MODELS[name](), 0.7, 200_000
     m.visible_layer.accelerate(accel)
     T, Tr = gibbs_matrices(m, beta)
@@ -374,26 +373,6 @@ def test_block_gibbs_check_has_power_against_the_wrong_sweep_order(accel):
 
     stat, dof, _ = pearson(one_step_check(m, WrongOrder(m), beta, q, n, seed=11), q @ Tr)
     assert stat > 3 * CHI2_999[dof], f"chi-square {stat:.1f}: the check cannot tell the sweep orders apart"
-
-
-@pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
-def test_block_gibbs_check_has_power_against_native_draws_shared_across_chains(reverse, monkeypatch):
-    """Power for the native rows: a counter that forgets the chain (every chain's unit j compared with the same
-    uniform, each chain's marginal still right) must fail the same check."""
-    from nvil import native
-
-    m, beta, n = GIBBS_MODELS["rbm"](), 0.7, 200_000
-    T, Tr = gibbs_matrices(m, beta)
-    q = torch.full((T.shape[0],), 1.0 / T.shape[0], dtype=DT)
-
-    def shared(p, seed, offset=0):
-        u = native.uniforms(1, p.shape[-1], seed + offset, p.dtype)
-        return p.copy_((u < p).to(p.dtype))
-
-    monkeypatch.setattr(native, "bernoulli_", shared)
-    op = BlockGibbs(m, reverse=reverse, accel="native")
-    stat, dof, _ = pearson(one_step_check(m, op, beta, q, n, seed=11), q @ (Tr if reverse else T))
-    assert stat > 3 * CHI2_999[dof], f"chi-square {stat:.1f}: the check cannot see uniforms shared by chains"
 
 
 # ---- tempered transitions ------------------------------------------------------------------------------------

@@ -12,8 +12,10 @@ How a README line becomes a run here (each rule is one table or function below):
   environment), the rest runs.
 - ``python`` is this interpreter, ``train.py`` / ``evaluate.py`` / ``bench/*.py`` are those of the checkout, and
   ``torchrun`` is ``python -m torch.distributed.run --standalone`` (a free port, so that torchrun lines can run side
-  by side). Every command runs in a directory of its own (its ``outputs/`` land there), with
-  ``HYDRA_FULL_ERROR`` unset and ``OMP_NUM_THREADS=1``.
+  by side). Every command runs in a directory of its own (its ``outputs/`` land there). A command of one process
+  that is ``train.py``, ``evaluate.py`` or ``python -m nvil.app.merge`` runs in this process, through the same
+  function its script calls (``nvil.app.main.train_main`` ...), one at a time (``run_in_process``); torchrun lines
+  and benchmarks run as processes of their own, with ``HYDRA_FULL_ERROR`` unset and ``OMP_NUM_THREADS=1``.
 - Placeholders (``PLACEHOLDERS``, ``DATA_PLACEHOLDERS``): ``checkpoint=PATH`` (also ``C``, ``SBN.pt``,
   ``outputs/run1/checkpoints/best.pt``), ``RBM.pt``, ``DBN.pt``, ``GBN.pt`` become copies (one per command, in its
   directory) of checkpoints that this session trains first (``ARTIFACTS``: tiny models, a few dozen steps, on 200
@@ -36,7 +38,7 @@ How a README line becomes a run here (each rule is one table or function below):
 - Lines that need more than one process: the resume line (``trainer.resume=true``) first makes the run it resumes,
   with the same command less ``trainer.resume=true`` and a shorter budget, then resumes it with only the
   ``trainer.*`` budget (a resume takes the rest from the checkpoint) and checks that it continued to the end. The
-  ``python -m nvil.merge FILE`` line first runs the README's command that writes FILE for every one of its
+  ``python -m nvil.app.merge FILE`` line first runs the README's command that writes FILE for every one of its
   ``eval.num_shards`` shards. A ``--nnodes=N`` torchrun line runs N agents on this machine, one process each
   (``--nproc_per_node=8`` becomes 1: the nodes share 2 cores), meeting at ``localhost`` on a free port.
   ``hydra/launcher=slurm`` lines need a cluster: their config (launcher included) is composed for every value of
@@ -79,7 +81,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from test_documents import write_csr
-from conftest import CONFIG_DIR, ROOT
+from conftest import CONFIG_DIR, ROOT, run_script
 
 README = ROOT / "README.md"
 WORKERS = 3                 # subprocesses at a time (2 cores: one more hides process start-up and file I/O)
@@ -231,7 +233,7 @@ def kind_of(seg: Segment) -> str:
         return "resume" if "trainer.resume=true" in t else "train"
     if t[:2] == ("python", "evaluate.py"):
         return "evaluate"
-    if t[:3] == ("python", "-m", "nvil.merge") and len(t) > 3:
+    if t[:3] == ("python", "-m", "nvil.app.merge") and len(t) > 3:
         return "merge"
     if t[0] == "torchrun":
         script = next((a for a in t if a.endswith(".py")), None)
@@ -412,9 +414,31 @@ def child_env() -> dict:
     return env
 
 
+def in_process(argv: list[str]) -> str | None:
+    """The script ``argv`` runs, where it runs in this process (``conftest.run_script``), or None: the scripts and
+    ``python -m nvil.app.merge`` run through the same functions their console scripts call; torchrun, the
+    benchmarks and multi-process groups stay processes of their own."""
+    if argv[0] != sys.executable or len(argv) < 2:
+        return None
+    if argv[1] in (str(ROOT / "train.py"), str(ROOT / "evaluate.py")):
+        return Path(argv[1]).name
+    return "-m nvil.app.merge" if argv[1:3] == ["-m", "nvil.app.merge"] else None
+
+
+def run_in_process(p: Proc, script: str) -> None:
+    args = p.argv[3:] if script.startswith("-m") else p.argv[2:]
+    started, cpu = time.perf_counter(), time.process_time()
+    done = run_script(script, *args, cwd=p.cwd, env={"OMP_NUM_THREADS": "1"})
+    p.rc, p.stdout, p.stderr = done.returncode, done.stdout, done.stderr
+    p.seconds, p.cpu = time.perf_counter() - started, time.process_time() - cpu
+
+
 def run_group(group: list[Proc]) -> None:
     """Start the processes of a group together; wait for all. Output goes through files, and each process is
-    reaped with wait4, which also gives its CPU time."""
+    reaped with wait4, which also gives its CPU time. A single script command runs in this process instead
+    (``in_process``)."""
+    if len(group) == 1 and (script := in_process(group[0].argv)):
+        return run_in_process(group[0], script)
     started = time.perf_counter()
     running = []
     for p in group:
@@ -581,7 +605,7 @@ class Planner:
                     shard = [re.sub(r"^eval\.shard=\d+$", f"eval.shard={i}", a) for a in args]
                     groups.append([Proc(self.python(["evaluate.py", *shard, *eval_budget(shard)]), plan.cwd,
                                         label=f"shard {i} of {n} (the README's shard command)")])
-        groups.append([Proc([sys.executable, "-m", "nvil.merge", *files], plan.cwd, label="the README's merge")])
+        groups.append([Proc([sys.executable, "-m", "nvil.app.merge", *files], plan.cwd, label="the README's merge")])
         plan.groups = groups
         plan.check = self.check_merged
 
@@ -590,7 +614,7 @@ class Planner:
         merged = plan.groups[-1][0]
         lines = [json.loads(x) for x in merged.stdout.splitlines() if x.startswith("{")]
         if len(lines) != 1:
-            return [f"nvil.merge printed {len(lines)} JSON lines, not one:\n{merged.stdout[-2000:]}"]
+            return [f"nvil.app.merge printed {len(lines)} JSON lines, not one:\n{merged.stdout[-2000:]}"]
         if lines[0].get("num_examples") != EVAL_BUDGET["num_examples"]:
             return [f"the merged line covers {lines[0].get('num_examples')} examples, not "
                     f"{EVAL_BUDGET['num_examples']}: {lines[0]}"]
@@ -640,7 +664,7 @@ class Planner:
         launcher is the submitit plugin's SLURM launcher with the line's settings, and that its class imports."""
         from hydra.utils import get_class
 
-        from nvil.config import check_group_choices
+        from nvil.core.config import check_group_choices
 
         args = [a for a in self.args(seg, plan)[2:] if a not in ("-m", "--multirun")]
         check_group_choices(args)
@@ -791,3 +815,30 @@ def test_readme_parsing_rules():
         ("python evaluate.py checkpoint=PATH estimator=iwae", 0),
         ("python train.py hydra.run.dir=outputs/run1 trainer.resume=true", -1)]
     assert [kind_of(s) for s in segs[1:]] == ["train", "train", "evaluate", "resume"]
+
+
+def readme_python_blocks(text: str | None = None) -> list[str]:
+    """The ```python blocks of the README, in order."""
+    return re.findall(r"^```python\n(.*?)^```", README.read_text() if text is None else text, flags=re.M | re.S)
+
+
+def test_readme_python_blocks_run(tmp_path, monkeypatch):
+    """Each ```python block runs as written, in a directory of its own (its outputs/ land there); the example's AIS
+    estimate is certified and agrees with the exact answer it prints beside it (log Z by enumeration)."""
+    blocks = readme_python_blocks()
+    assert blocks, "the README shows no Python example"
+    for i, code in enumerate(blocks):
+        (tmp_path / str(i)).mkdir()
+        monkeypatch.chdir(tmp_path / str(i))
+        names = {"__name__": f"readme_block_{i}"}
+        exec(compile(code, f"README.md python block {i}", "exec"), names)
+        if "result" in names and "exact" in names:
+            ais, exact = names["result"], names["exact"]
+            assert ais.certified is True, ais.warnings
+            shared = ais.extras["log_z_stderr"]  # the same test images: only log Z's error separates the two
+            assert abs(ais.mean_log_p - exact.mean_log_p) < 4 * shared + 1e-3
+
+
+def test_readme_python_block_parsing():
+    text = "x\n```python\nimport nvil\nprint(1)\n```\n```bash\npython train.py\n```\n"
+    assert readme_python_blocks(text) == ["import nvil\nprint(1)\n"]

@@ -1,5 +1,5 @@
 """A validation score that falls far below its best is said (once per episode), and the run goes on: RELAX's
-protocol run fell 34 nats late in training and nothing said so (nvil/divergence.py, ``DivergenceMonitor.regression``).
+protocol run fell 34 nats late in training and nothing said so (nvil/app/divergence.py, ``DivergenceMonitor.regression``).
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from conftest import ROOT, make_cfg
-from nvil.checkpoint import load_checkpoint
-from nvil.divergence import DivergenceMonitor
+from nvil.core.checkpoint import load_checkpoint
+from nvil.app.divergence import DivergenceMonitor
 from test_first_hour import FAST
-from train import train
+from nvil.app.main import train
 
 
 def healthy_curve(n: int = 60, seed: int = 0) -> list[float]:
@@ -104,7 +104,7 @@ def test_a_training_run_warns_in_its_log_and_counts_the_episode(tmp_path, monkey
     def validate(*args, **kwargs):
         return {"val/elbo": next(scripted)}
 
-    monkeypatch.setattr("nvil.loop.validate", validate)
+    monkeypatch.setattr("nvil.app.loop.validate", validate)
     with caplog.at_level(logging.WARNING, logger="nvil"):
         result = train(make_cfg("train", FAST + ["trainer.max_steps=220"]), tmp_path)
     said = [r.getMessage() for r in caplog.records if "below its best" in r.getMessage()]

@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from conftest import make_cfg
-from nvil.checkpoint import load_checkpoint, save_checkpoint
-from nvil.errors import CheckpointError, ConfigError, TrainingDiverged
-from nvil.evaluation import load_model
+from nvil.core.checkpoint import load_checkpoint, save_checkpoint
+from nvil.core.errors import CheckpointError, ConfigError, TrainingDiverged
+from nvil.app.evaluation import load_model
 from nvil.learners.nvil import NVIL
-from train import train
+from nvil.app.main import train
 
 
 def params(path):
@@ -201,9 +201,9 @@ def test_a_run_stopped_early_goes_on_when_resumed_with_patience_left_or_none(tmp
     """The NVIL paper's early stopping keeps the best parameters and does not end training: a run that a patience
     rule stopped goes on when resumed with ``trainer.patience=null`` (or a patience it has not used up), through
     the command line's path (``run_config``: the run's own config, then the safe overrides, null included)."""
-    from nvil.resume import run_config
+    from nvil.app.resume import run_config
     scores = iter([-100.0 - i for i in range(100)])  # every validation worse than the first: no improvement
-    monkeypatch.setattr("nvil.loop.validate", lambda *a, **k: {"val/elbo": next(scores)})
+    monkeypatch.setattr("nvil.app.loop.validate", lambda *a, **k: {"val/elbo": next(scores)})
     first = train(make_cfg("train", synthetic_overrides + ["trainer.patience=2", "trainer.max_steps=200"]), tmp_path)
     assert first["stopped_early"] and first["step"] == 60  # validations at 20 (best), 40, 60: two without improving
 

@@ -13,20 +13,18 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import subprocess
-import sys
 
 import pytest
 import torch
 from omegaconf import OmegaConf
 
-from conftest import ROOT, SYNTHETIC, make_cfg
-from estimators.exact import enumerate_states
-from models.rbm import BoltzmannMachine, State
-from nvil.checkpoint import load_checkpoint
+from conftest import ROOT, SYNTHETIC, make_cfg, run_script
+from nvil.estimators.exact import enumerate_states
+from nvil.models.rbm import BoltzmannMachine, State
+from nvil.core.checkpoint import load_checkpoint
 from nvil.learners.sap import SAP
-from train import train
+from nvil.app.main import train
 
 DT = torch.float64
 CPU = torch.device("cpu")
@@ -192,7 +190,7 @@ def test_exact_ml_gradient_is_the_exact_gradient():
 
 
 def test_exact_ml_refuses_models_it_cannot_enumerate():
-    from nvil.errors import ConfigError
+    from nvil.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match="H <= 20"):
         learner_for(BoltzmannMachine(6, 21), "exact_ml")
@@ -300,9 +298,8 @@ def test_resume_gives_identical_parameters_and_particles(tmp_path, learner):
 
 
 def run(script: str, *args: str, cwd=ROOT) -> subprocess.CompletedProcess:
-    env = dict(os.environ, HYDRA_FULL_ERROR="0", OMP_NUM_THREADS="1")  # see one_thread
-    return subprocess.run([sys.executable, str(ROOT / script), *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=600)
+    """``python SCRIPT *args``, in this process (``conftest.run_script``)."""
+    return run_script(script, *args, cwd=cwd, env={"HYDRA_FULL_ERROR": "0"})
 
 
 def json_lines(text: str) -> list[dict]:
@@ -337,8 +334,8 @@ def test_train_rbm_with_sap_then_evaluate_exactly(tmp_path):
 
 
 def test_greedy_per_layer_settings_pick_each_rbms_learner():
-    from models.dbn import DBN
-    from nvil.errors import ConfigError
+    from nvil.models.dbn import DBN
+    from nvil.core.errors import ConfigError
     from nvil.learners.greedy import Greedy
 
     cfg = make_cfg("train", ["model=dbn", "learner=greedy", "learner.layer_steps=3",

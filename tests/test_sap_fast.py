@@ -18,8 +18,8 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from models.rbm_grad import free_energy_grad
-from nvil.errors import ConfigError
+from nvil.models.rbm_grad import free_energy_grad
+from nvil.core.errors import ConfigError
 from nvil.learners.sap import SAP
 from tests.test_rbm import CHI2_999, State, exact_draws, joint_log_p, make_bm, pearson, state_index
 
@@ -339,7 +339,7 @@ def test_plain_sgd_inside_the_products_takes_the_optimisers_steps(name, mode):
 
 
 def test_plain_sgd_inside_the_products_with_the_wrong_sign_fails(monkeypatch):
-    import models.rbm as rbm
+    import nvil.models.rbm as rbm
 
     right = rbm.free_energy_grad
     monkeypatch.setattr(rbm, "free_energy_grad", lambda m, x, w, p, lr=None: right(m, x, w, p, None if lr is None else -lr))

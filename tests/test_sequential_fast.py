@@ -1,6 +1,6 @@
 """The fast sequential sweeps make the same chains as the per-unit loops they replace (issue 16).
 
-- The semi-RBM's pixel sweep (``models.visible.blocked_sweep``: one matmul per block, then the in-block
+- The semi-RBM's pixel sweep (``nvil.models.visible.blocked_sweep``: one matmul per block, then the in-block
   updates with L's [B, B] block) against the per-pixel loop (one matvec per pixel), reproduced here as
   ``reference_pixel_sweep``: the same states from the same generator, forward and reverse, at beta != 1 and
   per-chain beta, with a block size that does not divide the pixels; the sweep with the in-block correction
@@ -21,16 +21,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from omegaconf import OmegaConf
 
 from conftest import make_cfg
-from estimators.chib import Chib
-from estimators.harmonic import Harmonic
-from models.binary_density import DensityBuilder
-from models.rbm import BoltzmannMachine
-from models.visible import LateralBernoulli, blocked_sweep, lateral_block
-from nvil import native
-from nvil.errors import ConfigError
+from nvil.estimators.chib import Chib
+from nvil.estimators.harmonic import Harmonic
+from nvil.models.binary_density import DensityBuilder
+from nvil.models.rbm import BoltzmannMachine
+from nvil.models.visible import LateralBernoulli, blocked_sweep, lateral_block
+from nvil.backend import native
+from nvil.core.errors import ConfigError
 from nvil.learners import build_learner
 from nvil.mcmc import sequential_gibbs
 from nvil.mcmc.sequential_gibbs import SequentialGibbs
@@ -247,10 +246,9 @@ def test_trainer_and_estimator_accel_reach_the_sweeps():
     sap.accelerate("compile")
     assert srbm.visible_layer.block is not lateral_block
     for estimator in (Chib, Harmonic):
-        cfg = OmegaConf.create({"name": estimator.name, "num_steps": 2, "num_samples": 2, "accel": "compile"})
-        assert estimator(cfg).accel == "compile"
+        assert estimator(accel="compile").accel == "compile"
         with pytest.raises(ConfigError, match="estimator.accel"):
-            estimator(OmegaConf.merge(cfg, {"accel": "fast"}))
+            estimator(accel="fast")
 
 
 @pytest.mark.slow
@@ -275,7 +273,7 @@ def test_the_compiled_sweeps_make_the_same_chains():
             assert torch.equal(v, reference_pixel_sweep(field, s0, u, lateral, beta, reverse))
 
 
-# ---- accel=native: the whole sweep as one C call (nvil.native) ---------------------------------------------------
+# ---- accel=native: the whole sweep as one C call (nvil.backend.native) ---------------------------------------------------
 def wide_density(chains=24, seed=0, scale=1.0):
     """Factors wider than the kernel's 16 lanes and not a multiple of them (K = 37 visibles, 21 + 19 units), with a
     summed-out layer; 2 latent layers (9, 6)."""
@@ -298,7 +296,7 @@ def native_case(terms, h, accel="native", **kw):
 def test_native_sweep_on_wide_factors_in_two_threads(products, monkeypatch):
     """K past the 16 lanes and not a multiple of them, products of 1, 3 or 64 terms per log, chains split over two
     threads, per-chain directions and tempering: the reference's chain and log T."""
-    from models.binary_density import SoftplusFactor
+    from nvil.models.binary_density import SoftplusFactor
 
     monkeypatch.setattr(SoftplusFactor, "products_per_log", lambda self, dtype, most=64: products)
     terms = [(0.4, wide_density(seed=3)), (0.6, wide_density())]
@@ -479,8 +477,8 @@ def test_native_pixel_sweep_without_the_lateral_field_fails(kernel):
 def test_native_mode_errors_and_fallback(monkeypatch):
     """accel=native off the CPU, or where no C compiler works, is a one-line ConfigError; accel=auto there warns once
     and runs the eager sweep (the same chain)."""
-    from nvil import native
-    from nvil.accel import check_mode
+    from nvil.backend import native
+    from nvil.backend.accel import check_mode
 
     with pytest.raises(ConfigError, match="estimator.accel=native .* CPU"):
         check_mode("native", "cuda", "estimator.accel")

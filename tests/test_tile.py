@@ -1,4 +1,4 @@
-"""``nvil.logging.tile`` draws the TensorBoard image grids without importing torchvision at start-up; it must
+"""``nvil.app.logging.tile`` draws the TensorBoard image grids without importing torchvision at start-up; it must
 draw exactly what ``torchvision.utils.make_grid`` draws."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 import torch
 from torchvision.utils import make_grid
 
-from nvil.logging import tile
+from nvil.app.logging import tile
 
 
 @pytest.mark.parametrize("n", [1, 5, 8, 9, 64])

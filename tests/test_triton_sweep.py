@@ -1,4 +1,4 @@
-"""The CUDA whole-sweep kernel (``nvil.native.triton_sweep``) makes the reference's chains (issue 16).
+"""The CUDA whole-sweep kernel (``nvil.backend.native.triton_sweep``) makes the reference's chains (issue 16).
 
 Without a GPU the kernel runs in Triton's interpreter (``TRITON_INTERPRET=1``, set before the kernel is built) on CPU
 tensors: the same program, so its arithmetic and control flow are checked on every machine. Against the
@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from nvil.mcmc.sequential_gibbs import SequentialGibbs
-from nvil.native import triton_sweep
+from nvil.backend.native import triton_sweep
 from test_sequential_fast import (DT, ReferenceSweep, density, pixel_case, reference_pixel_sweep, start, sweep_case,
                                   wide_density)
 

@@ -9,9 +9,8 @@ import torch
 from omegaconf import OmegaConf
 
 from conftest import make_cfg, tiny_model
-from estimators.exact import enumerate_states, split_layers
+from nvil.estimators.exact import enumerate_states, split_layers
 from nvil.learners.wake_sleep import WakeSleep
-from nvil.native import sparse_rows
 
 
 def test_sleep_gradient_matches_its_exact_expectation():
@@ -110,7 +109,7 @@ def test_a_fused_sleep_phase_at_the_wake_samples_fails_the_comparison(monkeypatc
     """Power: recognition gradients taken at the wake phase's (x, h) instead of the dream fail the comparison."""
     fast, slow = ws_pair()
     sleep = fast.fused.sleep_grads
-    monkeypatch.setattr(fast.fused, "sleep_grads", lambda x, hs, offset=None: sleep(x_wake[0], h_wake[0]))
+    monkeypatch.setattr(fast.fused, "sleep_grads", lambda x, hs: sleep(x_wake[0], h_wake[0]))
     x = ws_batches(1)[0]
     state = fast.generator.get_state()
     x_wake, h_wake = [x], [fast.inference.sample(x, generator=torch.Generator().manual_seed(1))[0]]
@@ -119,14 +118,12 @@ def test_a_fused_sleep_phase_at_the_wake_samples_fails_the_comparison(monkeypatc
         assert_same_ws_step(fast, slow, x, diagnostics=True)
 
 
-def test_fused_wake_sleep_on_the_sparse_input_path_takes_the_autograd_paths_updates(monkeypatch):
-    """trainer.accel=auto on a CPU: q's first layer reads the centred x (the data, and the dream in the sleep phase)
-    from the pixels that are on (nvil.native.sparse_rows; taken on any CPU here, by the learners only with AVX-512);
-    the same updates as autograd."""
-    monkeypatch.setattr(sparse_rows, "VECTORISED", True)
+def test_fused_wake_sleep_with_a_centred_input_takes_the_autograd_paths_updates():
+    """trainer.accel=auto on a CPU with a training mean set: q's first layer reads the centred x (the data, and the
+    dream in the sleep phase); the same updates as autograd."""
     fast, slow = ws_pair()
     for learner in (fast, slow):
         learner.inference.set_input_mean(torch.tensor([0.3, 0.0, 0.5, 0.9, 0.0, 0.25], dtype=torch.float64))
-    assert fast.accelerate("auto") is fast and fast.fused.sparse_input
+    assert fast.accelerate("auto") is fast
     for t, x in enumerate(ws_batches(4)):
         assert_same_ws_step(fast, slow, x, diagnostics=t % 2 == 0)

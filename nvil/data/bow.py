@@ -13,10 +13,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from nvil.config import positive_int
+from nvil.core.config import positive_int
+from nvil.core.errors import ConfigError, DataError
 from nvil.data.checks import data_seed, fraction
 from nvil.data.dataset import SPLITS, Dataset
-from nvil.errors import ConfigError, DataError
 
 BOW_FORMATS = ("csr", "coo")
 DENSE_LIMIT = 50_000_000  # a split with at most this many counts is stored dense: faster minibatches

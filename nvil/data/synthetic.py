@@ -11,14 +11,14 @@ import math
 
 import torch
 
-from models.gaussian import DynamicBayesNet
-from models.sbn import SBN
-from nvil.config import positive_float, positive_int
+from nvil.core.config import positive_float, positive_int
+from nvil.core.errors import ConfigError
 from nvil.data.bow import split_documents
 from nvil.data.checks import binarization as check_binarization
 from nvil.data.checks import data_seed, split_sizes
 from nvil.data.dataset import SPLITS, Dataset
-from nvil.errors import ConfigError
+from nvil.models.gaussian import DynamicBayesNet
+from nvil.models.sbn import SBN
 
 
 def synthetic_sbn(cfg, visible: str = "bernoulli"):

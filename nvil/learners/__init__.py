@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from nvil.errors import ConfigError
+from nvil.core.errors import ConfigError
 from nvil.learners.discrete import ESTIMATORS
 from nvil.learners.greedy import Greedy
 from nvil.learners.mcem import MCEM, MAPLatents

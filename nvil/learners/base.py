@@ -7,11 +7,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from nvil import distributed
-from nvil.accel import accelerate, accelerate_sampling, check_mode, compiled
-from nvil.config import positive_float
-from nvil.errors import ConfigError
-from nvil.learners.adam import Adam
+from nvil.backend.accel import accelerate, accelerate_sampling, check_mode, compiled
+from nvil.core import distributed
+from nvil.core.config import positive_float
+from nvil.core.errors import ConfigError
 
 
 class Learner(nn.Module):
@@ -24,7 +23,7 @@ class Learner(nn.Module):
     - ``has_own_validation`` / ``validate(valid, train_subset)``: the learner scores itself and has no single
       validation score to keep the best of (greedy DBN training);
     - ``image_grids(seed, device)``: TensorBoard image grids (default: the model's ancestral samples);
-    - ``accelerate(mode, device)``: apply ``trainer.accel`` (``nvil.accel``) to the learner's hot loops.
+    - ``accelerate(mode, device)``: apply ``trainer.accel`` (``nvil.backend.accel``) to the learner's hot loops.
     """
 
     model: nn.Module
@@ -68,7 +67,7 @@ class Learner(nn.Module):
     def accelerate(self, mode: str, device=None, steps: int | None = None) -> "Learner":
         """Apply ``trainer.accel`` in place (once, after building the learner; it keeps no state, so before or
         after restoring a checkpoint). The random stream is the same in every mode; ``none`` changes nothing.
-        ``steps``: the run's length where known (``nvil.build``), which ``auto`` may weigh against a compilation's
+        ``steps``: the run's length where known (``nvil.app.build``), which ``auto`` may weigh against a compilation's
         cost (``FusedPath.auto_compiles``). Returns the learner."""
         check_mode(mode, device, "trainer.accel")
         return self
@@ -86,25 +85,18 @@ def grad_norms(optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
 
 
 def build_optimizer(params_groups: list[dict], cfg) -> torch.optim.Optimizer:
-    """Adam runs fused (one kernel per parameter instead of a dozen; 1.5x faster NVIL steps at batch 20 on a CPU),
-    on a CPU as one C call once ``accelerate_optimizer`` chose it (``nvil.learners.adam``); ``learner.beta2``
-    (default 0.999) is its second-moment decay (the REBAR / RELAX authors' code: 0.99999)."""
+    """Adam runs fused (one kernel per parameter instead of a dozen; 1.5x faster NVIL steps at batch 20 on a CPU;
+    a C step of ours over every parameter bought 1.24x more and was deleted, ``bench/RESULTS.md``);
+    ``learner.beta2`` (default 0.999) is its second-moment decay (the REBAR / RELAX authors' code: 0.99999)."""
     name = cfg.get("optimizer", "adam")
     if name == "adam":
         beta2 = float(cfg.get("beta2", 0.999))
         if not 0.0 <= beta2 < 1.0:
             raise ConfigError(f"learner.beta2 must be in [0, 1), got {beta2}")
-        return Adam(params_groups, lr=cfg.lr, betas=(0.9, beta2))
+        return torch.optim.Adam(params_groups, lr=cfg.lr, betas=(0.9, beta2), fused=True)
     if name == "sgd":
         return torch.optim.SGD(params_groups, lr=cfg.lr, momentum=float(cfg.get("momentum", 0.0)))
     raise ConfigError(f"learner.optimizer must be 'adam' or 'sgd', got {name!r}")
-
-
-def accelerate_optimizer(optimizer: torch.optim.Optimizer, mode: str, device=None) -> None:
-    """``trainer.accel`` for an optimiser with an ``accelerate(mode, device)`` (``nvil.learners.adam.Adam``: its C
-    step on a CPU); torch's optimisers have none and are left as they are."""
-    if hasattr(optimizer, "accelerate"):
-        optimizer.accelerate(mode, device)
 
 
 def directed_groups(model: nn.Module, inference: nn.Module, cfg) -> tuple[float, list[dict]]:
@@ -117,7 +109,7 @@ def directed_groups(model: nn.Module, inference: nn.Module, cfg) -> tuple[float,
 
 
 class DataParallel(Learner):
-    """What a learner does to run as one rank of several (``nvil.distributed``): its ``forward`` computes the
+    """What a learner does to run as one rank of several (``nvil.core.distributed``): its ``forward`` computes the
     loss through ``DistributedDataParallel``, which averages the gradients over ranks; ``rank_state`` is what
     differs between ranks and travels in the checkpoint once per rank."""
 
@@ -169,7 +161,6 @@ class SurrogateLearner(DataParallel):
         between them, forward and backward; the draws stay eager. ``step`` is unchanged."""
         if compiled(check_mode(mode, device, "trainer.accel")):
             self.surrogate = accelerate(self.surrogate, mode, device, "trainer.accel")
-        accelerate_optimizer(self.optimizer, mode, device)
         accelerate_sampling(mode, self.model, self.inference)
         return self
 

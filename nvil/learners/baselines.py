@@ -3,7 +3,7 @@
 - ``layerwise_signals``: the signal l_i of each layer (Sec. 2.3.3), or the full l for every layer.
 - ``InputDependentBaseline``: b_psi(h_{i-1}), an MLP with one hidden layer of 100 tanh units (Sec. 2.3.1).
 - ``learning_signal``: centring by b_psi and the constant baseline c, and variance normalisation by v
-  (Sec. 2.3.1-2.3.2), with c and v running moments (``nvil.ops.RunningMoments``, smoothing 0.8);
+  (Sec. 2.3.1-2.3.2), with c and v running moments (``nvil.core.ops.RunningMoments``, smoothing 0.8);
   ``baseline_loss`` (and its gradient in b, ``baseline_loss_grad``): the baseline's own loss.
 
 ``SignalFlags`` switches each technique off for the paper's Fig. 1 ablation.
@@ -17,7 +17,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from nvil.ops import RunningMoments
+from nvil.core.ops import RunningMoments
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from nvil.logging import to_floats
-from nvil.ops import take_rows
+from nvil.core.ops import take_rows, to_floats
 
 
 class GradientDiagnostics:

@@ -25,6 +25,10 @@ the random numbers of ``LayeredInference.sample`` (u < sigmoid(a), one uniform p
 an autoregressive layer in index order), so for one seed this path and the autograd path take the same updates to
 float rounding (tests/test_nvil_fused.py). An autoregressive q's draws are sequential (in C with ``accel=auto`` on a
 CPU), so its step is not compiled (``compilable``).
+
+Measured against autograd's gradients of the same surrogate (the definition), the default job's step (SBN-200, batch
+20, one thread, ``trainer.accel=auto`` in a 50,000-update run, where this step is compiled): 1.6x with Adam, 2.0x with
+SGD (``bench/nvil_step_paths.py``; ``nvil.backend.registry``, entry ``nvil_hand_derived``).
 """
 
 from __future__ import annotations
@@ -35,12 +39,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nvil import gemm, native
-from nvil.accel import accelerate, accelerate_sampling, eager_if_uncompilable
+from nvil.backend import gemm
+from nvil.backend.accel import accelerate, accelerate_sampling, eager_if_uncompilable
+from nvil.backend.native.bernoulli_log_prob import bernoulli_log_prob
+from nvil.core.ops import sigmoid_and_softplus_sum
 from nvil.learners.baselines import LearningSignal, baseline_loss_grad
 from nvil.learners.weight_steps import affine
-from nvil.native import sparse_rows
-from nvil.ops import bernoulli_log_prob, input_major_, sigmoid_and_softplus_sum
 
 
 def covers(model: nn.Module, inference: nn.Module) -> bool:
@@ -61,7 +65,6 @@ class Forward:
     log_p: list[torch.Tensor]     # [log p(x | h_1), ..., log p(h_n)], as SBN.log_prob_layers
     log_q: list[torch.Tensor]     # [log q(h_1 | x), ...], as LayeredInference.sample
     b: list[torch.Tensor]         # b_psi of each layer (zeros without an input baseline)
-    offset: torch.Tensor | None   # m of the centred x = x - m on the sparse-input path (``input_offset``), else None
 
 
 class LayeredBernoulliGradients:
@@ -70,36 +73,10 @@ class LayeredBernoulliGradients:
 
     def __init__(self, model: nn.Module, inference: nn.Module, baselines: nn.ModuleList) -> None:
         self.model, self.inference, self.baselines = model, inference, baselines
-        self.sparse_input = False  # the centred x's layers from the pixels that are on (``use_sparse_input``)
-
-    def use_sparse_input(self, mode: str, device, optimizer: torch.optim.Optimizer) -> None:
-        """With ``trainer.accel`` auto, native or compile on a CPU where the C kernels build and are vectorised by
-        hand (AVX-512: ``nvil.native.sparse_rows.VECTORISED``), and an optimiser that is not fused: the layers that
-        read the centred x (q's first layer, the first baseline's hidden layer), forward and weight step, from the
-        rows of their weights of the pixels that are on (``nvil.native.sparse_rows``): (nonzeros of x) x H
-        multiply-adds instead of a GEMM's N x D x H, the same values up to rounding. Their weights are stored
-        input-major for it (``nvil.ops.input_major_``), and so are the decoders', whose products with the
-        minibatch's few rows ``nvil.gemm`` then runs in ``nvil.native.skinny_gemm`` where it applies. A fused
-        optimiser (Adam here) copies parameters that are not contiguous at every step, which costs more than the
-        sparse products save, so with it the dense products stay."""
-        layers = [self.inference.encoders[0]] + [b.net[0] for b in self.baselines[:1]] + list(self.model.decoders)
-        self.sparse_input = (mode in ("auto", "native", "compile") and not optimizer.defaults.get("fused")
-                             and sparse_rows.VECTORISED and native.wanted("auto", device or "cpu"))  # not off the CPU
-        if self.sparse_input:
-            for layer in layers:
-                input_major_(layer)
-            gemm.skinny_available()  # asked now, not inside a compiled step
-
-    def input_offset(self) -> torch.Tensor | None:
-        """m of the centred x = x - m where its layers take the sparse path (``sparse_input``), else None: the
-        ``offset`` argument of ``forward_from`` and ``sleep_grads``. An argument, not an attribute they read, so a
-        compiled step guards on it (Dynamo's guards on the learner's modules and attributes are dropped,
-        ``nvil.accel.accelerate``'s ``fixed_modules``) and two learners in one process never share a graph."""
-        return self.inference.input_mean if self.sparse_input else None
 
     @torch.no_grad()
     def forward(self, x: torch.Tensor, generator: torch.Generator) -> Forward:
-        return self.forward_from(x, self.uniforms(x, generator), self.input_offset())
+        return self.forward_from(x, self.uniforms(x, generator))
 
     def uniforms(self, x: torch.Tensor, generator: torch.Generator) -> list[torch.Tensor]:
         """The uniforms the forward pass compares with, one [N, units] tensor per inference layer, drawn in the order
@@ -108,14 +85,13 @@ class LayeredBernoulliGradients:
                 for enc in self.inference.encoders]
 
     @torch.no_grad()
-    def forward_from(self, x: torch.Tensor, uniforms: list[torch.Tensor], offset: torch.Tensor | None = None) -> Forward:
-        """The forward pass given its uniforms: h = [u < sigmoid(logits)] layer by layer; with ``offset``
-        (``input_offset``) the centred x's layers on the sparse-input path. A function of tensors (and the modules'
-        parameters), so ``trainer.accel`` may compile it together with the backward pass."""
+    def forward_from(self, x: torch.Tensor, uniforms: list[torch.Tensor]) -> Forward:
+        """The forward pass given its uniforms: h = [u < sigmoid(logits)] layer by layer. A function of tensors (and
+        the modules' parameters), so ``trainer.accel`` may compile it together with the backward pass."""
         inputs, hs, q_probs, log_q = [], [], [], []
         v = self.inference.centre(x)
         for i, (enc, u) in enumerate(zip(self.inference.encoders, uniforms)):
-            h, logits, prob, softplus_sum = self._draw(i, affine(enc, v, offset if i == 0 else None), u)
+            h, logits, prob, softplus_sum = self._draw(i, affine(enc, v), u)
             inputs.append(v), hs.append(h), q_probs.append(prob)
             log_q.append(torch.linalg.vecdot(h, logits) - softplus_sum)  # bernoulli_log_prob(logits, h)
             v = h
@@ -132,12 +108,11 @@ class LayeredBernoulliGradients:
             prob, softplus_sum = sigmoid_and_softplus_sum(logits)
             p_probs.append(prob), log_p.append(torch.linalg.vecdot(hs[-1], logits) - softplus_sum)
         hidden, b = [], []
-        for i, (baseline, v) in enumerate(zip(self.baselines, inputs)):
+        for baseline, v in zip(self.baselines, inputs):
             first, last = baseline.net[0], baseline.net[2]
-            hidden.append(torch.tanh(affine(first, v, offset if i == 0 else None)))
+            hidden.append(torch.tanh(affine(first, v)))
             b.append(F.linear(hidden[-1], last.weight, last.bias).squeeze(-1))
-        return Forward(inputs, hs, q_probs, p_probs, hidden, log_p, log_q, b or [torch.zeros_like(q) for q in log_q],
-                       offset)
+        return Forward(inputs, hs, q_probs, p_probs, hidden, log_p, log_q, b or [torch.zeros_like(q) for q in log_q])
 
     @property
     def compilable(self) -> bool:
@@ -168,12 +143,11 @@ class LayeredBernoulliGradients:
         gradient the mean of d_out), except the baseline's (already divided by N: scale 1, the sum). The bias
         reductions are made here, so a compiled step fuses them with the d_out that they reduce."""
         out = self.model_grads(f, x) + self.inference_grads(f, [s.a for s in signals])
-        offset = f.offset
-        for i, (baseline, s, t, v) in enumerate(zip(self.baselines, signals, f.hidden, f.inputs)):
+        for baseline, s, t, v in zip(self.baselines, signals, f.hidden, f.inputs):
             first, last = baseline.net[0], baseline.net[2]
             d_b = baseline_loss_grad(s).unsqueeze(-1)     # [N, 1], already divided by N
             d_hidden = (d_b * last.weight).mul_(1 - t * t)  # tanh' = 1 - tanh^2, at the weights before this step
-            out += [(last, d_b, t, 1, d_b.sum(0)), (first, d_hidden, v, 1, d_hidden.sum(0), offset if i == 0 else None)]
+            out += [(last, d_b, t, 1, d_b.sum(0)), (first, d_hidden, v, 1, d_hidden.sum(0))]
         return out
 
     @torch.no_grad()
@@ -184,7 +158,7 @@ class LayeredBernoulliGradients:
         out, scale = [], 1 / f.hs[0].shape[0] if scale is None else scale
         for i, (enc, a, prob, h, v) in enumerate(zip(self.inference.encoders, signals, f.q_probs, f.hs, f.inputs)):
             d_a, d_bias = _over_rows(prob - h, a, scale)
-            out += [(enc, d_a, v, scale, d_bias, f.offset if i == 0 else None), *self._within_grads(i, d_a, h, scale)]
+            out += [(enc, d_a, v, scale, d_bias), *self._within_grads(i, d_a, h, scale)]
         return out
 
     @torch.no_grad()
@@ -206,20 +180,18 @@ class LayeredBernoulliGradients:
         return out
 
     @torch.no_grad()
-    def sleep_grads(self, x: torch.Tensor, hs: list[torch.Tensor], offset: torch.Tensor | None = None
-                    ) -> tuple[list[tuple], torch.Tensor]:
+    def sleep_grads(self, x: torch.Tensor, hs: list[torch.Tensor]) -> tuple[list[tuple], torch.Tensor]:
         """Wake-sleep's sleep phase at dreamed (x, h) ~ p: the gradients of -mean log q(h | x), dL/da_i =
         (sigmoid(a_i) - h_i) / N for each inference layer, as ``output_grads``' entries; and log q(h | x) [N]."""
         out, log_q, v, n = [], 0.0, self.inference.centre(x), x.shape[0]
         for i, (enc, h) in enumerate(zip(self.inference.encoders, hs)):
-            logits = affine(enc, v, offset if i == 0 else None)
+            logits = affine(enc, v)
             if self.inference.within is not None:
                 logits = self.inference.within[i].logits(logits, h)
             prob, softplus_sum = sigmoid_and_softplus_sum(logits)
             log_q = log_q + torch.linalg.vecdot(h, logits) - softplus_sum
             d_a = prob - h
-            out += [(enc, d_a, v, 1 / n, d_a.mean(0), offset if i == 0 else None)] + self._within_grads(i, d_a, h,
-                                                                                                       1 / n)
+            out += [(enc, d_a, v, 1 / n, d_a.mean(0))] + self._within_grads(i, d_a, h, 1 / n)
             v = h
         return out, log_q
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from nvil.accel import AUTO_COMPILE_STEPS, check_mode, compiled
-from nvil.learners.base import accelerate_optimizer
+from nvil.backend.accel import AUTO_COMPILE_STEPS, check_mode, compiled
 from nvil.learners.fused import LayeredBernoulliGradients, compile_fused
 from nvil.learners.weight_steps import apply_update, plain_sgd_rates
 
@@ -14,7 +13,7 @@ from nvil.learners.weight_steps import apply_update, plain_sgd_rates
 class FusedPath:
     """The step of a learner with hand-derived gradients (NVIL, VIMCO, RLOO, ARM, DisARM; wake-sleep takes
     ``accelerate`` and ``distribute``): ``fused``, ``nvil.learners.fused.fused_gradients`` (None: autograd's
-    ``SurrogateLearner.step``). The learner defines ``fused_signals(rows, uniforms, offset, diagnostics) -> (grads,
+    ``SurrogateLearner.step``). The learner defines ``fused_signals(rows, uniforms, diagnostics) -> (grads,
     metrics)``, the step up to its weight GEMMs, and may define ``fused_rows(x)``, the rows q draws for (VIMCO: K
     copies of the minibatch). On a step that logs nothing ``fused_step`` runs it (compiled with
     ``trainer.accel=compile``) and plain SGD is written by the gradients' GEMMs (``apply_update``)."""
@@ -31,16 +30,16 @@ class FusedPath:
             return super().step(x, diagnostics)
         rates = None if diagnostics else plain_sgd_rates(self.optimizer)  # a logging step reports gradient norms
         rows = self.fused_rows(x)
-        uniforms, offset = self.fused.uniforms(rows, self.generator), self.fused.input_offset()
-        grads, metrics = (self.fused_signals(rows, uniforms, offset, diagnostics) if diagnostics
-                          else self.fused_step(rows, uniforms, offset))
+        uniforms = self.fused.uniforms(rows, self.generator)
+        grads, metrics = (self.fused_signals(rows, uniforms, diagnostics) if diagnostics
+                          else self.fused_step(rows, uniforms))
         return apply_update(grads, metrics, self.optimizer, rates, diagnostics)
 
-    def fused_step(self, x: torch.Tensor, uniforms: list[torch.Tensor], offset: torch.Tensor | None = None) -> tuple:
+    def fused_step(self, x: torch.Tensor, uniforms: list[torch.Tensor]) -> tuple:
         """``fused_signals`` on a step that logs nothing: compiled with ``trainer.accel=compile`` (one graph, the
         small elementwise ops fused around the forward GEMMs; the weight GEMMs stay outside, writing in place),
         else eager."""
-        return self.fused_signals(x, uniforms, offset)
+        return self.fused_signals(x, uniforms)
 
     def accelerate(self, mode: str, device=None, steps: int | None = None):
         """``trainer.accel=compile`` compiles the hand-derived step (``fused_step``) where it applies, else the
@@ -48,12 +47,11 @@ class FusedPath:
         in a run of ``steps`` that repays the compilation (``auto_compiles``), falling back to the eager step where
         it cannot compile."""
         if self.fused is not None:
-            self.fused.use_sparse_input(check_mode(mode, device, "trainer.accel"), device, self.optimizer)
+            check_mode(mode, device, "trainer.accel")
             auto = self.auto_compiles(mode, device, steps)
             if compiled(mode) or auto:
                 self.fused_step = compile_fused(self.fused_step, self.fused, "compile" if auto else mode, device,
                                                 fallback=auto)
-                accelerate_optimizer(self.optimizer, mode, device)  # (SurrogateLearner.accelerate does, below)
                 return self
         return super().accelerate(mode, device, steps)
 

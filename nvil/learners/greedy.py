@@ -20,11 +20,11 @@ import torch
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from nvil.config import positive_int
-from nvil.errors import ConfigError
+from nvil.core.config import positive_int
+from nvil.core.errors import ConfigError
+from nvil.estimators.validation import stochastic_pseudo_log_likelihood
 from nvil.learners.base import Learner
 from nvil.learners.sap import SAP, filter_grid
-from nvil.validation import stochastic_pseudo_log_likelihood
 
 LAYER_LEARNERS = ("cd", "sap")
 PROPAGATE = ("mean", "sample")

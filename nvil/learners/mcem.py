@@ -14,7 +14,7 @@ In auxiliary form the M-step moves z(eps) with theta; in centred form z stays wh
 the whole difference between the two forms in training, so they compare directly (bench/auxiliary_vs_centred.py).
 
 ``trainer.accel=compile`` (or ``cudagraphs``) compiles the E-step's gradient of log p(x, s) in s (HMC's target,
-``nvil.mcmc.hmc.Accelerated``) and the M-step's objective, forward and backward (``nvil.accel.accelerate``); the
+``nvil.mcmc.hmc.Accelerated``) and the M-step's objective, forward and backward (``nvil.backend.accel.accelerate``); the
 transitions, their random draws and the optimiser stay eager, so the random stream and the chains are the same in
 every mode (up to float rounding). ``auto`` and ``native`` leave both eager: there is no C kernel here, and on a CPU
 the compilation (~35 s) gains little (the preset's iteration at batch 1,000 on one Zen 3 thread: the M-step 91 ->
@@ -31,10 +31,10 @@ from __future__ import annotations
 
 import torch
 
-from nvil.accel import accelerate, check_mode, compiled
-from nvil.config import positive_float, positive_int
-from nvil.errors import ConfigError
-from nvil import distributed
+from nvil.backend.accel import accelerate, check_mode, compiled
+from nvil.core import distributed
+from nvil.core.config import positive_float, positive_int
+from nvil.core.errors import ConfigError
 from nvil.learners.base import DataParallel, grad_norms
 from nvil.mcmc.adapt import DualAveraging
 from nvil.mcmc.hmc import HMC, differentiable

@@ -28,10 +28,10 @@ from __future__ import annotations
 
 import torch
 
-from models.rbm import State
-from nvil.config import positive_int
+from nvil.core.config import positive_int
 from nvil.mcmc import BlockGibbs, ParallelTempering, TemperedTransitions, uniform_betas
 from nvil.mcmc.parallel_tempering import SwapRates
+from nvil.models.rbm import State
 
 
 class NegativePhase:
@@ -81,7 +81,7 @@ class NegativePhase:
     def accelerate(self, mode: str) -> None:
         """The block-Gibbs sweeps run on the fused kernels of ``BoltzmannMachine.gibbs_kernel`` (binary RBMs
         without labels or lateral weights); a semi-RBM's pixel sweep compiles its in-block updates
-        (``models.visible.LateralBernoulli``); other Boltzmann machines stay eager."""
+        (``nvil.models.visible.LateralBernoulli``); other Boltzmann machines stay eager."""
         self.gibbs = BlockGibbs(self.model, reverse=self.reuse_hidden, accel=mode)
         self.model.visible_layer.accelerate(mode, self.model.W.device)
 

@@ -21,13 +21,20 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from nvil.core.ops import RunningMoments
 from nvil.learners.base import SurrogateLearner, build_optimizer, directed_groups
-from nvil.learners.baselines import (InputDependentBaseline, LearningSignal, SignalFlags, baseline_loss,
-                                     layerwise_signals, learning_signal, signal_metrics)
+from nvil.learners.baselines import (
+    InputDependentBaseline,
+    LearningSignal,
+    SignalFlags,
+    baseline_loss,
+    layerwise_signals,
+    learning_signal,
+    signal_metrics,
+)
 from nvil.learners.diagnostics import GradientDiagnostics, ascent
 from nvil.learners.fused import fused_gradients
 from nvil.learners.fused_path import FusedPath
-from nvil.ops import RunningMoments
 
 
 class NVIL(FusedPath, GradientDiagnostics, SurrogateLearner):
@@ -106,12 +113,10 @@ class NVIL(FusedPath, GradientDiagnostics, SurrogateLearner):
         return grads
 
     @torch.no_grad()
-    def fused_signals(self, x: torch.Tensor, uniforms: list[torch.Tensor], offset: torch.Tensor | None = None,
-                      diagnostics: bool = False) -> tuple:
-        """The hand-derived step up to its weight GEMMs, from the forward pass's uniforms (and the sparse-input
-        path's ``offset``, ``LayeredBernoulliGradients.input_offset``): forward, signals (c and v updated), every
-        layer's dL/d(output) (``LayeredBernoulliGradients.output_grads``). Returns (grads, metrics)."""
-        f = self.fused.forward_from(x, uniforms, offset)
+    def fused_signals(self, x: torch.Tensor, uniforms: list[torch.Tensor], diagnostics: bool = False) -> tuple:
+        """The hand-derived step up to its weight GEMMs, from the forward pass's uniforms: forward, signals (c and v
+        updated), every layer's dL/d(output) (``LayeredBernoulliGradients.output_grads``). Returns (grads, metrics)."""
+        f = self.fused.forward_from(x, uniforms)
         signals, metrics = self.signals(f.log_p, f.log_q, f.b, True, diagnostics)
         return self.fused.output_grads(f, x, signals), metrics
 

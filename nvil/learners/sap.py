@@ -21,7 +21,7 @@ Salakhutdinov & Murray 2008 adds a staircase for k (``k_every``), a rate divided
 momentum switch (``momentum_initial`` for the first ``momentum_switch`` updates, then ``momentum``).
 
 The surrogate's gradient is taken in closed form, from the sufficient statistics of the data and the negatives
-(``models.rbm_grad``: <v p'>, <p>, <v>, ... with p = p(h | x)), for every machine that has them
+(``nvil.models.rbm_grad``: <v p'>, <p>, <v>, ... with p = p(h | x)), for every machine that has them
 (``model.closed_form_grad``: binary, Gaussian and lateral pixels, labels) and every phase; the optimiser's step is
 the same. Autograd through the free energy remains the general path: other visible layers, exact ML,
 data-parallel runs (whose gradients DistributedDataParallel averages in backward) and ``learner.closed_form=false``.
@@ -33,13 +33,13 @@ import warnings
 
 import torch
 
-from models.rbm import State
-from nvil import distributed
-from nvil.accel import check_mode
-from nvil.config import positive_float, positive_int
-from nvil.errors import ConfigError
+from nvil.backend.accel import check_mode
+from nvil.core import distributed
+from nvil.core.config import positive_float, positive_int
+from nvil.core.errors import ConfigError
 from nvil.learners.base import DataParallel, grad_norms
 from nvil.learners.negative_phase import PHASES
+from nvil.models.rbm import State
 
 
 def paper_schedule(lr: float, t0: int | None, a: float | None, b: float | None):
@@ -173,7 +173,7 @@ class SAP(DataParallel):
     def set_closed_form_grads(self, x: torch.Tensor, neg: torch.Tensor, diagnostics: bool,
                               lr: float | None = None) -> dict[str, torch.Tensor]:
         """Set each parameter's .grad to d/dtheta [mean F(data) - mean F(negatives)] from the sufficient
-        statistics (``models.rbm_grad``), the data's rows weighted 1/B and the negatives' -1/M, stacked so each
+        statistics (``nvil.models.rbm_grad``), the data's rows weighted 1/B and the negatives' -1/M, stacked so each
         statistic is one matrix product; p(h | negatives) comes from the phase's last sweep when it computed
         a(negatives) (``learner.reuse_hidden``), else afresh. With ``lr`` (``sgd_rate``) plain SGD's step is applied
         by the products themselves instead. Returns the gap mean F(negatives) - mean F(data) at a logging step (the

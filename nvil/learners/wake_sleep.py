@@ -58,16 +58,16 @@ class WakeSleep(FusedPath, SurrogateLearner):
         rates = None if diagnostics else plain_sgd_rates(self.optimizer)
         uniforms = self.fused.uniforms(x, self.generator)
         x_dream, h_dream = self.model.sample(int(self.sleep_batch or x.shape[0]), generator=self.generator)
-        grads, metrics = self.fused_step(x, uniforms, x_dream, h_dream, self.fused.input_offset())
+        grads, metrics = self.fused_step(x, uniforms, x_dream, h_dream)
         return apply_update(grads, metrics, self.optimizer, rates, diagnostics)
 
     @torch.no_grad()
     def fused_step(self, x: torch.Tensor, uniforms: list[torch.Tensor], x_dream: torch.Tensor,
-                   h_dream: list[torch.Tensor], offset: torch.Tensor | None = None) -> tuple[list[tuple], dict]:
-        """Both phases' dL/d(output) entries and the metrics, from the draws (and the sparse-input path's
-        ``offset``): a function of tensors, compiled with ``trainer.accel=compile``."""
-        f = self.fused.forward_from(x, uniforms, offset)
-        sleep, sleep_log_q = self.fused.sleep_grads(x_dream, h_dream, offset)
+                   h_dream: list[torch.Tensor]) -> tuple[list[tuple], dict]:
+        """Both phases' dL/d(output) entries and the metrics, from the draws: a function of tensors, compiled with
+        ``trainer.accel=compile``."""
+        f = self.fused.forward_from(x, uniforms)
+        sleep, sleep_log_q = self.fused.sleep_grads(x_dream, h_dream)
         log_p = sum(f.log_p)
         metrics = {"train/elbo": (log_p - sum(f.log_q)).mean(), "train/model_loss": -log_p.mean(),
                    "wake_sleep/sleep_log_q": sleep_log_q.mean()}

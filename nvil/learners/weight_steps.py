@@ -1,16 +1,14 @@
 """The weight steps of the hand-derived gradients (``nvil.learners.fused``): every entry of
-``LayeredBernoulliGradients.output_grads``, (layer, dL/d(output), input v, scale, dL/d bias[, offset]), made into
-the layer's ``.grad`` or, with plain SGD, into its weights directly; and ``affine``, the forward product that the
-sparse-input path replaces for the centred x (``nvil.native.sparse_rows``)."""
+``LayeredBernoulliGradients.output_grads``, (layer, dL/d(output), input v, scale, dL/d bias), made into
+the layer's ``.grad`` or, with plain SGD, into its weights directly; and ``affine``, the layers' forward product."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from nvil import gemm
+from nvil.backend import gemm
 from nvil.learners.base import grad_norms
-from nvil.native import sparse_rows
 
 
 @torch.no_grad()
@@ -18,14 +16,13 @@ def apply_grads(grads: list[tuple], rates: dict | None) -> None:
     """Each layer's weight gradient d_out' v by one GEMM, into ``.grad``; or with ``rates`` ({id(parameter): lr},
     from ``plain_sgd_rates``) plain SGD's step theta <- theta - lr dL/dtheta, written by the GEMM that computes
     the gradient (``.grad`` left alone): no gradient buffer written and read back, no optimiser pass."""
-    for layer, d_out, v, scale, d_bias, *offset in grads:
+    for layer, d_out, v, scale, d_bias in grads:
         if v is None:
             _sink(layer, d_bias, rates)
         elif d_bias is None:
             _masked_grads(layer, d_out, v, scale, rates)
         else:
-            _affine_grads(layer, d_out, v, scale, d_bias, rates, offset[0] if offset else None)
-
+            _affine_grads(layer, d_out, v, scale, d_bias, rates)
 
 
 
@@ -70,36 +67,22 @@ def _grad_buffer(p: nn.Parameter) -> torch.Tensor:
     return p.grad
 
 
-def affine(linear: nn.Linear, v: torch.Tensor, offset: torch.Tensor | None = None) -> torch.Tensor:
-    """W v + b; for a centred sparse input v = x - ``offset`` (``LayeredBernoulliGradients.sparse_input``) from the
-    rows of the input-major W' of the inputs that are on (``nvil.native.sparse_rows.centred_linear_op``, an operator
-    ``torch.compile`` calls in its graph), with base b - m W'."""
-    if offset is None:
-        return gemm.linear(v, linear.weight, linear.bias)
-    wt = linear.weight.t()
-    return sparse_rows.centred_linear_op(v, offset, wt, linear.bias - offset @ wt)
+def affine(linear: nn.Linear, v: torch.Tensor) -> torch.Tensor:
+    """W v + b (``nvil.backend.gemm.linear``)."""
+    return gemm.linear(v, linear.weight, linear.bias)
 
 
 def _affine_grads(linear: nn.Linear, d_out: torch.Tensor, v: torch.Tensor, scale: float, d_bias: torch.Tensor,
-                  rates: dict | None, offset: torch.Tensor | None = None) -> None:
+                  rates: dict | None) -> None:
     """Gradients of an ``nn.Linear`` with input ``v`` [N, in] given dL/d(output) ``d_out`` [N, out]: dL/dW =
     scale d_out' v (one GEMM) and dL/db = ``d_bias`` (reduced by ``output_grads``). Into ``.grad`` (beta=0 ignores
-    the buffer's old values), or with ``rates`` into the weight itself, W <- W - lr scale d_out' v. With ``offset``
-    (v = x - offset, x sparse, the weight input-major) the product is ``nvil.native.sparse_rows.centred_update_``'s one pass
-    over W' from the inputs that are on."""
+    the buffer's old values), or with ``rates`` into the weight itself, W <- W - lr scale d_out' v."""
     w = linear.weight
     if rates is None:
-        if offset is not None and _grad_buffer(w).t().is_contiguous():
-            sparse_rows.centred_update_(_grad_buffer(w).t().zero_(), v.contiguous(), offset, d_out.contiguous(), scale)
-        else:
-            gemm.addmm_(_grad_buffer(w), d_out.t(), v, alpha=scale, beta=0)
+        gemm.addmm_(_grad_buffer(w), d_out.t(), v, alpha=scale, beta=0)
         _grad_buffer(linear.bias).copy_(d_bias)
     else:
-        if offset is not None:
-            sparse_rows.centred_update_(w.detach().t(), v.contiguous(), offset, d_out.contiguous(),
-                                        -rates[id(w)] * scale)
-        else:
-            gemm.addmm_(w, d_out.t(), v, alpha=-rates[id(w)] * scale)
+        gemm.addmm_(w, d_out.t(), v, alpha=-rates[id(w)] * scale)
         linear.bias.sub_(d_bias, alpha=rates[id(linear.bias)])
 
 

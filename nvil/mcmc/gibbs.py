@@ -4,21 +4,17 @@ Each sub-step satisfies detailed balance with respect to p_beta, so the reverse 
 Salakhutdinov 2009, Sec. 3.1) is the same sub-steps in the opposite order: x | h first, then h | x,
 and for a semi-RBM the pixels swept in the opposite order too.
 
-The model is anything with the tempered conditionals of ``models.rbm.BoltzmannMachine`` (``sample_h``,
+The model is anything with the tempered conditionals of ``nvil.models.rbm.BoltzmannMachine`` (``sample_h``,
 ``sample_x_given_h``, ``hidden_input``, ``init_chains``): the machine itself, or the intermediate distributions of
-AIS (``estimators.ais_rbm.TemperedRBM``, the machine with a base-rate model mixed in).
+AIS (``nvil.estimators.ais_rbm.TemperedRBM``, the machine with a base-rate model mixed in).
 
-``accel`` (``nvil.accel``): with ``compile`` or ``cudagraphs``, binary RBMs without labels or lateral weights
+``accel`` (``nvil.backend.accel``): with ``compile`` or ``cudagraphs``, binary RBMs without labels or lateral weights
 (``BoltzmannMachine.fused_gibbs``) run each sweep as one compiled kernel, matmul + sigmoid + comparison fused.
 The uniforms are drawn first, from the same generator and in the same order as the eager sub-steps draw them,
-so the random stream is the same in every mode. With ``native`` or ``auto`` on a CPU where the C kernels build
-(``nvil.native``), the same binary RBMs draw each half-sweep's units by ``nvil.native.bernoulli_`` instead: counter-based
-uniforms from one seed taken from the generator, compared in place with the probabilities (no serial generator,
-no stored uniforms; a different stream from the eager one for the same seed, the same kernel). Other models run
-eagerly whatever ``accel`` says.
+so the random stream is the same in every mode. Other models run eagerly whatever ``accel`` says.
 A model may carry a ``visible_offset`` b_A: its visible logits are then beta (b + W h) + (1 - beta) b_A.
 
-For AIS on an RBM (``estimators.ais_rbm.RBMPath``), which draws its own uniforms: ``forward_sweep_eager``, the
+For AIS on an RBM (``nvil.estimators.ais_rbm.RBMPath``), which draws its own uniforms: ``forward_sweep_eager``, the
 sweep in fewer passes over memory when not compiled, and ``sweep_uniforms``, a sweep's uniforms from parallel
 random streams on the CPU.
 """
@@ -31,10 +27,10 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 
-from models.rbm import State, as_beta, temper
-from nvil import gemm, native
-from nvil.accel import accelerate, check_mode, compiled
-from nvil.ops import chunks
+from nvil.backend import gemm, native
+from nvil.backend.accel import accelerate, check_mode, compiled
+from nvil.core.ops import chunks
+from nvil.models.rbm import State, as_beta, temper
 
 
 def _visible_logits(h, beta, W, b, offset):
@@ -65,28 +61,11 @@ def forward_sweep_eager(x, a, u_h, u_x, beta: float, W, b, c, offset=None):
     logits beta (b + W h) + (1 - beta) b_A as one ``addmm``, each probability compared in place (u < p written as
     p.gt_(u), 1. or 0. in p's own buffer: a bool result's copy to float costs more than the sigmoid). The same
     draws as ``forward_sweep`` for the same uniforms, up to the rounding of the logits."""
-    return _sweep_in_place(x, a, beta, W, b, c, offset, lambda p: p.gt_(u_h), lambda p: p.gt_(u_x))
-
-
-def forward_sweep_native(x, a, seed: int, beta: float, W, b, c, offset=None):
-    """``forward_sweep_eager`` with each unit drawn by ``native.bernoulli_`` in place of stored uniforms: the
-    counter-based uniforms of ``seed``, draws 0 .. chains * hidden - 1 for h and the next chains * pixels for x (as
-    ``BlockGibbs``' native step). No uniforms are written or read: on one thread of the development machine the
-    draws of a 784-500 sweep at 1,000 chains take 0.23 ms here against 1.7 ms for ``sweep_uniforms`` and the
-    comparisons. A different random stream from ``forward_sweep``'s, the same transition."""
-    n_h = x.shape[0] * W.shape[1]
-    return _sweep_in_place(x, a, beta, W, b, c, offset, lambda p: native.bernoulli_(p, seed),
-                           lambda p: native.bernoulli_(p, seed, n_h))
-
-
-def _sweep_in_place(x, a, beta: float, W, b, c, offset, draw_h, draw_x):
-    """h then x of a forward sweep, each layer's probabilities made into its draws in place by ``draw_h`` /
-    ``draw_x``; a = a(x) or None."""
     if a is None:
         a = gemm.addmm(c, x, W)
-    h = draw_h(torch.mul(a, beta).sigmoid_())
+    h = torch.mul(a, beta).sigmoid_().gt_(u_h)
     bias = beta * b if offset is None else beta * b + (1 - beta) * offset
-    return draw_x(gemm.addmm(bias, h, W.T, alpha=beta).sigmoid_()), h
+    return gemm.addmm(bias, h, W.T, alpha=beta).sigmoid_().gt_(u_x), h
 
 
 class BlockGibbs:
@@ -98,7 +77,6 @@ class BlockGibbs:
         if compiled(accel) and model.fused_gibbs:
             self._kernel = accelerate(reverse_sweep if reverse else forward_sweep, accel, model.W.device)
             self._offset = model.visible_offset
-        self._native = model.fused_gibbs and native.wanted(accel, model.W.device)
 
     def init(self, x: torch.Tensor, generator=None) -> State:
         """Chains at x with h ~ p(h | x) at beta = 1 (the model's ``init_chains``)."""
@@ -110,11 +88,9 @@ class BlockGibbs:
         forward order). The reverse order ends with h | x and returns that a(x) of the new x in
         ``info["hidden_input"]``, for a caller that weighs the new state (tempered transitions). Outside autograd,
         as every transition operator here (the draws are discrete; no graph is kept, and the products take
-        ``nvil.gemm``'s faster path)."""
+        ``nvil.backend.gemm``'s faster path)."""
         if self._kernel is not None:
             return self._fused_step(state, beta, generator, hidden_input)
-        if self._native:
-            return self._native_step(state, beta, generator, hidden_input)
         m = self.model
         if not self.reversed:
             h = m.sample_h(state.x, beta, generator, hidden_input)
@@ -140,23 +116,6 @@ class BlockGibbs:
         u_h = draw_h()
         x, h, a = self._kernel(state.h, u_x, u_h, beta, m.W, m.b, m.c, self._offset)
         return State(x, h), {"hidden_input": a}
-
-    def _native_step(self, state: State, beta, generator, hidden_input) -> tuple[State, dict]:
-        """The eager sub-steps with each unit drawn by ``native.bernoulli_`` (probabilities overwritten in place by
-        their draws): draws 0 .. chains * hidden - 1 of one seed for h, the next chains * pixels for x."""
-        m, x = self.model, state.x
-        seed, n_h = native.seed_from(generator), x.shape[0] * m.n_hidden
-
-        def visible(h):
-            return native.bernoulli_(_visible_logits(h, beta, m.W, m.b, m.visible_offset).sigmoid_(), seed, n_h)
-
-        if not self.reversed:
-            a = m.hidden_input(x) if hidden_input is None else hidden_input
-            h = native.bernoulli_(torch.sigmoid(temper(beta, a)), seed)
-            return State(visible(h), h), {}
-        x = visible(state.h)
-        a = m.hidden_input(x)
-        return State(x, native.bernoulli_(torch.sigmoid(temper(beta, a)), seed)), {"hidden_input": a}
 
     def reverse(self) -> "BlockGibbs":
         return BlockGibbs(self.model, not self.reversed, self.accel)

@@ -21,7 +21,7 @@ from typing import Callable, NamedTuple, Protocol, runtime_checkable
 
 import torch
 
-from nvil.accel import accelerate, compiled
+from nvil.backend.accel import accelerate, compiled
 from nvil.mcmc.base import per_chain, untempered
 
 LogDensity = Callable[[torch.Tensor], torch.Tensor]  # [chains, dim] -> [chains]
@@ -87,7 +87,7 @@ class Autograd:
 
 
 class Accelerated:
-    """A ``Differentiable`` whose ``grad`` and ``value_and_grad`` are compiled by ``nvil.accel``."""
+    """A ``Differentiable`` whose ``grad`` and ``value_and_grad`` are compiled by ``nvil.backend.accel``."""
 
     def __init__(self, target: Differentiable, mode: str) -> None:
         self.log_density = target
@@ -158,7 +158,7 @@ class HMC:
                  divergence_threshold: float = 1000.0, accel: str = "none", step_size=None) -> None:
         if num_leapfrog < 1:
             raise ValueError(f"num_leapfrog must be >= 1, got {num_leapfrog}")
-        # accel (nvil.accel) compiles the target's own gradient functions, or else the log density, forward and
+        # accel (nvil.backend.accel) compiles the target's own gradient functions, or else the log density, forward and
         # backward (autograd through the compiled graph); the transition itself, and its random draws, stay eager.
         self.log_density = differentiable(log_density, accel)
         self.num_leapfrog = num_leapfrog

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import torch
 
-from models.rbm import State
 from nvil.mcmc.gibbs import BlockGibbs
 from nvil.mcmc.tempered import check_ladder
+from nvil.models.rbm import State
 
 
 class ParallelTempering:

@@ -6,7 +6,7 @@ sweep visits the units in index order, j = 1..M, and draws h_j from
 
     P(h_j = 1 | h_-j) = sigmoid(sum_t scale_t Delta_tj(h)),
 
-with Delta_tj the change of log f_t when h_j flips (``models.binary_density``). The running fields are
+with Delta_tj the change of log f_t when h_j flips (``nvil.models.binary_density``). The running fields are
 updated in place after each flip, batched over chains, so a sweep never re-evaluates a density per unit;
 they are recomputed from h at the start of each sweep so rounding cannot drift from one sweep to the next.
 The quadratic term keeps r = u + (J + J')h (a rank-1 step per flip). A softplus factor keeps, instead of its
@@ -17,8 +17,8 @@ multiply, an add and a fraction of a log per factor element, where softplus(a +-
 the K logs are further cut to K / 2^levels by multiplying 2^levels of the den_k first (``flip_tables``).
 ``unit_update`` is that whole single-site update (log-odds, choice, moves) as one function of tensors:
 eager by default (updating only the rows of the chains that are on / flipped), or with ``accel="compile"``
-(``nvil.accel``) one fused kernel per unit, compiled once per kind of sweep (sample, force, argmax), or with
-``accel="native"`` the whole sweep as one C call (``nvil.native``, CPU; ``native_sweep``), the same arithmetic.
+(``nvil.backend.accel``) one fused kernel per unit, compiled once per kind of sweep (sample, force, argmax), or with
+``accel="native"`` the whole sweep as one C call (``nvil.backend.native``, CPU; ``native_sweep``), the same arithmetic.
 
 Each single-site update satisfies detailed balance, so the reverse operator T~ is the same updates in
 the opposite order (Murray & Salakhutdinov 2009, Sec. 2.3): ``reverse=True``, or a [chains] bool tensor
@@ -32,11 +32,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from models.binary_density import BinaryDensity
-from nvil import native
-from nvil.native import triton_sweep
-from nvil.accel import accelerate
+from nvil.backend import native
+from nvil.backend.accel import accelerate
+from nvil.backend.native import triton_sweep
 from nvil.mcmc.base import untempered
+from nvil.models.binary_density import BinaryDensity
 
 
 def log_prod_sum(den: torch.Tensor, levels: int) -> torch.Tensor:
@@ -54,7 +54,7 @@ def unit_update(base, h_j, pick, mode: str, beta, coefs, ps, ss, ups, downs, lev
     terms' weighted r_j; gain_f = sum_k softplus(a'_k) - softplus(a_k) = sum_k log(s_k + p_k e^{m_k}), m = M_j
     where h_j = 0 and -M_j where h_j = 1, ``ups`` / ``downs`` the rows exp(+-M_j)), tempered by ``beta``; the new
     h_j (``mode``: ``sample`` u < sigmoid(logit) with ``pick`` = u, ``force`` ``pick`` itself, ``argmax``); and
-    p, s moved where h_j flipped. Returns (new h_j, logit, ps, ss). A function of tensors (``nvil.accel``)."""
+    p, s moved where h_j flipped. Returns (new h_j, logit, ps, ss). A function of tensors (``nvil.backend.accel``)."""
     on = (h_j > 0)[:, None]
     sign_j = 2 * h_j - 1  # +1 where h_j = 1: the flip turns unit j off
     logit, moves = base, []
@@ -101,8 +101,8 @@ _UNIT_UPDATE = {"none": unit_update}
 
 def native_sweep(fields: list["_Fields"], h: torch.Tensor, reverse, picks, mode: str, beta,
                  kernel=native.sequential_sweep) -> torch.Tensor | None:
-    """The sweep of ``SequentialGibbs.sweep`` as one call of a whole-sweep kernel (``nvil.native``'s C on the CPU,
-    ``nvil.native.triton_sweep`` on CUDA): the terms' quadratic fields summed (r = sum_t scale_t (u_t + J_t h),
+    """The sweep of ``SequentialGibbs.sweep`` as one call of a whole-sweep kernel (``nvil.backend.native``'s C on the CPU,
+    ``nvil.backend.native.triton_sweep`` on CUDA): the terms' quadratic fields summed (r = sum_t scale_t (u_t + J_t h),
     J = sum_t scale_t J_t), every active softplus factor with coef = scale_t sign_f. Updates h in place and returns
     the per-unit logits; None where a flip table is kept in a wider dtype than h (|M| too large for it), with no
     terms, or where the kernel declines (returns False), all of which the eager sweep handles."""

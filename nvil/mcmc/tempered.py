@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import torch
 
-from models.rbm import State
-from nvil.errors import ConfigError
+from nvil.core.errors import ConfigError
 from nvil.mcmc.gibbs import BlockGibbs
+from nvil.models.rbm import State
 
 
 def uniform_betas(num_betas: int, beta_min: float) -> torch.Tensor:
@@ -41,7 +41,7 @@ def check_ladder(betas, what: str, dtype=torch.float64) -> torch.Tensor:
 
 
 class TemperedTransitions:
-    """``accel`` (``nvil.accel``) compiles the block-Gibbs sweeps (``BlockGibbs``); the run itself is unchanged.
+    """``accel`` (``nvil.backend.accel``) compiles the block-Gibbs sweeps (``BlockGibbs``); the run itself is unchanged.
 
     Each sweep's state is weighed with the hidden input a(x) = c + x'W that the sweep uses anyway (the heating
     sweep starts from it, the cooling sweep ends with it), so a run costs two matmuls per temperature and

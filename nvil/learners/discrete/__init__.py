@@ -15,7 +15,7 @@ one's gradient variance and SNR the same way.
 
 from nvil.learners.discrete.antithetic import ARM, DisARM
 from nvil.learners.discrete.gumbel import GumbelST
-from nvil.learners.discrete.relaxed import RELAX, REBAR
+from nvil.learners.discrete.relaxed import REBAR, RELAX
 from nvil.learners.discrete.rloo import RLOO
 from nvil.learners.discrete.vimco import VIMCO
 

@@ -26,10 +26,10 @@ from __future__ import annotations
 
 import torch
 
+from nvil.backend.native.bernoulli_log_prob import bernoulli_log_prob
 from nvil.learners.discrete.common import DiscreteLearner, bernoulli_path, elbo_integrand, repeat
 from nvil.learners.fused import fused_gradients
 from nvil.learners.fused_path import FusedPath
-from nvil.ops import bernoulli_log_prob
 
 
 class ARM(FusedPath, DiscreteLearner):
@@ -86,8 +86,7 @@ class ARM(FusedPath, DiscreteLearner):
         return metrics
 
     @torch.no_grad()
-    def fused_signals(self, x: torch.Tensor, uniforms: list[torch.Tensor], offset: torch.Tensor | None = None,
-                      diagnostics: bool = False) -> tuple:
+    def fused_signals(self, x: torch.Tensor, uniforms: list[torch.Tensor], diagnostics: bool = False) -> tuple:
         """The hand-derived step up to its weight GEMMs (``FusedPath``): the n + 1 paths as one forward pass over
         (n + 1) N rows (path i + 1: layer i's uniforms 1 - u_i), f on each, every layer's g_alpha on the main path.
         Returns (grads, metrics)."""
@@ -95,14 +94,14 @@ class ARM(FusedPath, DiscreteLearner):
         stacked = [torch.cat([u] + [self.antithetic(u) if i == j else u for i in range(n_layers)])
                    for j, u in enumerate(uniforms)]
         rows = x.repeat(n_layers + 1, 1)
-        fw = self.fused.forward_from(rows, stacked, offset)
+        fw = self.fused.forward_from(rows, stacked)
         log_p = sum(fw.log_p).view(n_layers + 1, n)
         f = log_p - sum(fw.log_q).view(n_layers + 1, n)
         grads, pairs = self.fused.model_grads(fw, rows), []
         for i, (enc, u) in enumerate(zip(self.inference.encoders, uniforms)):
             h = fw.hs[i].view(n_layers + 1, n, -1)
             d_a = self.logit_gradient(f[0], f[i + 1], u, h[0], h[i + 1], fw.q_probs[i][:n]).neg_()
-            grads.append((enc, d_a, fw.inputs[i][:n], 1 / n, d_a.mean(0), offset if i == 0 else None))
+            grads.append((enc, d_a, fw.inputs[i][:n], 1 / n, d_a.mean(0)))
             pairs.append((h[i + 1], h[0]))
         return grads, self.metrics(f, log_p, pairs, diagnostics)
 

@@ -18,8 +18,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from nvil.config import positive_int
-from nvil.errors import ConfigError
+from nvil.core.config import positive_int
+from nvil.core.errors import ConfigError
 from nvil.learners.base import SurrogateLearner, build_optimizer, directed_groups
 from nvil.learners.diagnostics import GradientDiagnostics
 from nvil.learners.fused import fused_gradients

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import torch
 
-from nvil.config import positive_float
+from nvil.backend.native.bernoulli_log_prob import bernoulli_log_prob
+from nvil.core.config import positive_float
 from nvil.learners.discrete.common import DiscreteLearner
-from nvil.ops import bernoulli_log_prob
 
 
 class GumbelST(DiscreteLearner):

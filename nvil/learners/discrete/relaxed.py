@@ -35,12 +35,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nvil.accel import check_mode
-from nvil.config import positive_float, positive_int
-from nvil.errors import ConfigError
+from nvil.backend.accel import check_mode
+from nvil.backend.native.bernoulli_log_prob import bernoulli_log_prob
+from nvil.core.config import positive_float, positive_int
+from nvil.core.errors import ConfigError
 from nvil.learners.base import grad_norms
 from nvil.learners.discrete.common import EPS, DiscreteLearner
-from nvil.ops import bernoulli_log_prob
 
 
 def conditional_logistic(alpha: torch.Tensor, b: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

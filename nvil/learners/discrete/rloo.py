@@ -42,12 +42,11 @@ class RLOO(FusedMultiSample):
         return metrics
 
     @torch.no_grad()
-    def fused_signals(self, rows: torch.Tensor, uniforms: list[torch.Tensor], offset: torch.Tensor | None = None,
-                      diagnostics: bool = False) -> tuple:
+    def fused_signals(self, rows: torch.Tensor, uniforms: list[torch.Tensor], diagnostics: bool = False) -> tuple:
         """The hand-derived step up to its weight GEMMs (``FusedPath``): forward over the K N rows, the signals
         f_k - b_k, and the gradients of the surrogate's loss -mean_rows [log p + (f_k - b_k) log q] as dL/d(output)
         entries. Returns (grads, metrics)."""
-        f = self.fused.forward_from(rows, uniforms, offset)
+        f = self.fused.forward_from(rows, uniforms)
         log_p = sum(f.log_p).view(self.k, -1)
         integrand = log_p - sum(f.log_q).view(self.k, -1)
         signal = integrand - self.baseline(integrand)

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import torch
 
+from nvil.core.ops import log_mean_exp
 from nvil.learners.discrete.common import FusedMultiSample, repeat
-from nvil.ops import log_mean_exp
 
 
 class VIMCO(FusedMultiSample):
@@ -66,12 +66,11 @@ class VIMCO(FusedMultiSample):
         return signal - w
 
     @torch.no_grad()
-    def fused_signals(self, rows: torch.Tensor, uniforms: list[torch.Tensor], offset: torch.Tensor | None = None,
-                      diagnostics: bool = False) -> tuple:
+    def fused_signals(self, rows: torch.Tensor, uniforms: list[torch.Tensor], diagnostics: bool = False) -> tuple:
         """The hand-derived step up to its weight GEMMs (``FusedPath``): forward over the K N rows, the signals, and
         the gradients of the surrogate's loss -mean_n [L + sum_k L(h_k | h_-k) log q(h_k | x)] as dL/d(output)
         entries. Returns (grads, metrics)."""
-        f = self.fused.forward_from(rows, uniforms, offset)
+        f = self.fused.forward_from(rows, uniforms)
         k, n = self.k, rows.shape[0] // self.k
         log_p = sum(f.log_p).view(k, n)
         log_w = log_p - sum(f.log_q).view(k, n)

@@ -1,0 +1,1 @@
+"""Hydra's config groups, shipped with the package as ``nvil.configs`` (``train.yaml``, ``evaluate.yaml``)."""

@@ -1,0 +1,160 @@
+"""Typed, validated settings that several estimators share: the AIS run for a Boltzmann machine's log Z
+(Salakhutdinov & Murray 2008, Sec. 4.2), its certificate (``nvil.estimators.certify``) and the DBN estimators'
+top-RBM log Z block (``estimator.log_z``, configs/log_z/ais.yaml).
+
+Each is a frozen dataclass whose defaults are the config files' values; a bad value raises a one-line
+``ConfigError`` naming the key (``estimator.KEY``, or ``estimator.log_z.KEY`` inside the log Z block). ``of``
+turns a mapping (a config block, a dict from a notebook) into one, so mappings stop at this door."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import ClassVar
+
+from nvil.backend.accel import check_mode
+from nvil.core.config import positive_float, positive_int
+from nvil.core.errors import ConfigError
+from nvil.estimators.annealing import check_schedule
+
+
+class Settings:
+    """What the settings dataclasses share: ``PREFIX`` for error messages, ``of`` and ``_set``."""
+
+    PREFIX: ClassVar[str] = "estimator."
+
+    @classmethod
+    def of(cls, value=None):
+        """``value`` itself when it is one already; ``cls()`` for None; else ``cls(**mapping)``, where a null value
+        means the default (as in the config files) and a key that is not a field is refused in one line."""
+        if isinstance(value, cls):
+            return value
+        if value is None:
+            return cls()
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{cls.PREFIX.rstrip('.')} must be a mapping of settings or a {cls.__name__}, "
+                              f"got {type(value).__name__}")
+        names = [f.name for f in fields(cls)]
+        unknown = [k for k in value if k not in names]
+        if unknown:
+            raise ConfigError(f"{cls.PREFIX}{unknown[0]} is not a setting; the settings are {', '.join(names)}")
+        nullable = getattr(cls, "NULLABLE", ())
+        return cls(**{k: v for k, v in value.items() if v is not None or k in nullable})
+
+    def _set(self, name: str, value) -> None:
+        object.__setattr__(self, name, value)  # the normalised value (frozen dataclass)
+
+
+def _validate_ais(s, prefix: str) -> None:
+    s._set("num_chains", positive_int(s.num_chains, f"{prefix}num_chains"))
+    s._set("num_betas", positive_int(s.num_betas, f"{prefix}num_betas"))
+    check_schedule(s.schedule, s.num_betas)
+    s._set("base_smoothing", positive_float(s.base_smoothing, f"{prefix}base_smoothing"))
+
+
+def _validate_certify(s, prefix: str) -> None:
+    s._set("certify", bool(s.certify))
+    s._set("max_gap", positive_float(s.max_gap, f"{prefix}max_gap"))
+    s._set("pilot_fraction", positive_float(s.pilot_fraction, f"{prefix}pilot_fraction"))
+    s._set("reverse_fraction", positive_float(s.reverse_fraction, f"{prefix}reverse_fraction"))
+    s._set("num_climb", positive_int(s.num_climb, f"{prefix}num_climb"))
+    s._set("num_data_probes", positive_int(s.num_data_probes, f"{prefix}num_data_probes"))
+    if s.pilot_fraction > 0.1:
+        raise ConfigError(f"{prefix}pilot_fraction must be at most 0.1 (the pilot costs that share of the main "
+                          f"run), got {s.pilot_fraction}")
+    if s.reverse_fraction > 1:
+        raise ConfigError(f"{prefix}reverse_fraction must be in (0, 1], got {s.reverse_fraction}")
+    try:
+        s._set("min_ess_fraction", float(s.min_ess_fraction))
+    except (TypeError, ValueError):
+        raise ConfigError(f"{prefix}min_ess_fraction must be in [0, 1], got {s.min_ess_fraction!r}") from None
+    if not 0 <= s.min_ess_fraction <= 1:
+        raise ConfigError(f"{prefix}min_ess_fraction must be in [0, 1], got {s.min_ess_fraction}")
+    if s.reverse_burn_in is not None:
+        s._set("reverse_burn_in", positive_int(s.reverse_burn_in, f"{prefix}reverse_burn_in"))
+
+
+@dataclass(frozen=True)
+class AISSettings(Settings):
+    """Forward AIS for log Z from the base-rate model: ``num_chains`` chains on a ladder of ``num_betas`` steps
+    (``schedule``: adaptive | paper | linear | sigmoid, ``nvil.estimators.annealing``); the base rate's marginals
+    are p = (mean + s) / (1 + 2 s) with s = ``base_smoothing``."""
+
+    num_chains: int = 100
+    schedule: str = "adaptive"
+    num_betas: int = 14500
+    base_smoothing: float = 0.05
+
+    def __post_init__(self) -> None:
+        _validate_ais(self, self.PREFIX)
+
+
+@dataclass(frozen=True)
+class CertifySettings(Settings):
+    """The certificate of an AIS log Z (``nvil.estimators.certify``). ``certify``: false runs the forward estimate
+    alone. ``pilot_fraction``: the adaptive ladder's pilot steps as a share of num_betas (at most 0.1).
+    ``reverse_fraction``: reverse AIS runs on this share of the betas. ``reverse_burn_in``: block-Gibbs sweeps at
+    beta = 1 before the reverse run (None: num_betas / 4 from data rows, none from stored particles).
+    ``max_gap``: nats; a larger forward-reverse gap fails. ``min_ess_fraction``: a forward ESS below this share
+    of the chains fails. ``num_climb``: random starts of the hill-climbed probes. ``num_data_probes``: data rows
+    used as probes (and as reverse-chain starts without particles)."""
+
+    NULLABLE: ClassVar[tuple] = ("reverse_burn_in",)
+
+    certify: bool = True
+    pilot_fraction: float = 0.05
+    reverse_fraction: float = 0.5
+    reverse_burn_in: int | None = None
+    max_gap: float = 1.0
+    min_ess_fraction: float = 0.1
+    num_climb: int = 256
+    num_data_probes: int = 1000
+
+    def __post_init__(self) -> None:
+        _validate_certify(self, self.PREFIX)
+
+
+@dataclass(frozen=True)
+class LogZSettings(Settings):
+    """The top RBM's log Z for the DBN estimators (configs/log_z/ais.yaml): the fields of ``AISSettings`` and
+    ``CertifySettings`` (there the base rate comes from the training data passed up to the top RBM), with
+    ``seed`` (the AIS runs' generator), ``cache`` (keep the certified value in ``<checkpoint>.log_z.json``) and
+    ``accel`` (none | compile | cudagraphs: the fused AIS step)."""
+
+    PREFIX: ClassVar[str] = "estimator.log_z."
+    NULLABLE: ClassVar[tuple] = ("reverse_burn_in",)
+
+    num_chains: int = 100
+    schedule: str = "adaptive"
+    num_betas: int = 14500
+    pilot_fraction: float = 0.05
+    base_smoothing: float = 0.05
+    certify: bool = True
+    reverse_fraction: float = 0.5
+    reverse_burn_in: int | None = None
+    max_gap: float = 1.0
+    min_ess_fraction: float = 0.1
+    num_climb: int = 256
+    num_data_probes: int = 1000
+    seed: int = 0
+    cache: bool = True
+    accel: str = "none"
+
+    def __post_init__(self) -> None:
+        _validate_ais(self, self.PREFIX)
+        _validate_certify(self, self.PREFIX)
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise ConfigError(f"{self.PREFIX}seed must be an integer, got {self.seed!r}")
+        self._set("cache", bool(self.cache))
+        check_mode(self.accel, what=f"{self.PREFIX}accel")
+
+    @property
+    def ais(self) -> AISSettings:
+        return AISSettings(self.num_chains, self.schedule, self.num_betas, self.base_smoothing)
+
+    @property
+    def cert(self) -> CertifySettings:
+        return CertifySettings(**{f.name: getattr(self, f.name) for f in fields(CertifySettings)})
+
+
+LOG_Z = LogZSettings()  # the estimators' default ``log_z`` block: configs/log_z/ais.yaml

@@ -1,0 +1,34 @@
+"""The first lines of ``train.py``, ``evaluate.py``, ``nvil-train`` and ``nvil-evaluate``: the process-wide choice
+that must come before torch's first operation (which of torch's CPU kernel sets runs, ``trainer.cpu_kernels`` /
+``eval.cpu_kernels``: ``nvil.backend.cpu_kernels``), then the job (``nvil.app.main``).
+
+``nvil.app.main`` is imported only after the choice, by name: importing it imports torch and every model, and a
+module-level tensor anywhere below would fix torch's kernel set before the choice could be made.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+from nvil.backend.cpu_kernels import CHOICES, choose_kernels, requested
+
+
+def _choose(key: str) -> None:
+    choice = requested(sys.argv[1:], key)
+    if choice not in CHOICES:
+        print(f"error: {key} must be one of {', '.join(CHOICES)}, got {choice!r}", file=sys.stderr)
+        sys.exit(2)
+    choose_kernels(choice)
+
+
+def train() -> None:
+    """``nvil-train``: the same arguments as ``python train.py``."""
+    _choose("trainer.cpu_kernels")
+    importlib.import_module("nvil.app.main").train_main()
+
+
+def evaluate() -> None:
+    """``nvil-evaluate``: the same arguments as ``python evaluate.py``."""
+    _choose("eval.cpu_kernels")
+    importlib.import_module("nvil.app.main").evaluate_main()

@@ -1,0 +1,87 @@
+"""Merge the JSON lines of a sharded evaluation into one result.
+
+    python evaluate.py checkpoint=C estimator=chib eval.shard=0 eval.num_shards=4 eval.output=shards.jsonl
+    ... (shards 1-3, on other machines or jobs) ...
+    python -m nvil.app.merge shards.jsonl            # prints one JSON line, as an unsharded run would
+
+Each shard's line carries its sums (``sum_log_p``, ``sum_sq_log_p``, per-run sums); the merge checks that the
+lines come from one estimator, checkpoint, split and seed, and that every shard appears exactly once.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+
+from nvil.app.cli import guarded
+from nvil.core.errors import ConfigError
+
+SAME = ("estimator", "checkpoint", "split", "seed", "num_shards", "step")
+
+
+def merge(lines: list[dict]) -> dict:
+    shards = [d for d in lines if "shard" in d]
+    if not shards:
+        raise ConfigError("no sharded evaluation lines (with eval.num_shards) to merge")
+    last = {}
+    for d in shards:  # a shard evaluated twice: its latest line counts
+        last[(tuple(d.get(k) for k in SAME), d["shard"])] = d
+    groups = {key for key, _ in last}
+    if len(groups) > 1:
+        raise ConfigError(f"the lines come from {len(groups)} different evaluations (estimator, checkpoint, split, "
+                          "seed, num_shards, step); merge one at a time")
+    d0 = next(iter(last.values()))
+    n_shards = d0["num_shards"]
+    missing = sorted(set(range(n_shards)) - {s for _, s in last})
+    if missing:
+        raise ConfigError(f"shards {missing} of {n_shards} are missing")
+    parts = [last[(next(iter(groups)), s)] for s in range(n_shards)]
+    n = sum(p["num_examples"] for p in parts)
+    total = sum(p["sum_log_p"] for p in parts)
+    mean = total / n
+    var = max(sum(p["sum_sq_log_p"] for p in parts) - n * mean**2, 0.0) / max(n - 1, 1)
+    se_examples = math.sqrt(var / n)
+    shared = parts[0].get("shared_stderr", 0.0)
+    out = {"estimator": d0["estimator"], "mean_log_p": round(mean, 4),
+           "stderr": round(math.sqrt(se_examples**2 + shared**2), 4), "num_examples": n,
+           "seconds": round(sum(p["seconds"] for p in parts), 3), "seed": d0["seed"]}
+    if shared:
+        out["stderr_examples"] = round(se_examples, 4)
+    if "run_sums" in parts[0]:
+        run_means = [sum(r) / n for r in zip(*(p["run_sums"] for p in parts))]
+        k = len(run_means)
+        centre = sum(run_means) / k
+        out["num_runs"] = k
+        out["run_spread"] = round(math.sqrt(sum((m - centre) ** 2 for m in run_means) / (k - 1)), 4) if k > 1 else 0.0
+        out["mean_log_p_per_run"] = round(centre, 4)
+    skip = set(out) | {"shard", "rows", "sum_log_p", "sum_sq_log_p", "run_sums", "shared_stderr", "num_shards",
+                       "stderr_examples", "num_runs", "run_spread", "mean_log_p_per_run"}
+    out.update({k: v for k, v in d0.items() if k not in skip})
+    # The certificate of the whole: every shard's checks and warnings (a failure on any shard fails the merge).
+    out["checks"] = sorted({c for p in parts for c in p.get("checks", [])})
+    out["warnings"] = [w for i, p in enumerate(parts) for w in p.get("warnings", [])
+                       if w not in [v for q in parts[:i] for v in q.get("warnings", [])]]
+    out["failed_checks"] = sorted({c for p in parts for c in p.get("failed_checks", [])})
+    out["certified"] = (not out["failed_checks"]) if out["checks"] else None
+    out["merged_shards"] = n_shards
+    return out
+
+
+def main(argv: list[str]) -> None:
+    if not argv:
+        raise ConfigError("usage: python -m nvil.app.merge SHARDS.jsonl [MORE.jsonl ...]")
+    lines = []
+    for path in argv:
+        try:
+            with open(path) as f:
+                lines += [json.loads(line) for line in f if line.strip()]
+        except OSError as e:
+            raise ConfigError(f"cannot read {path}: {e.strerror}") from None
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{path} is not JSON lines: {e.msg} at line {e.lineno}") from None
+    print(json.dumps(merge(lines)), flush=True)
+
+
+if __name__ == "__main__":
+    guarded(main, sys.argv[1:])
