@@ -53,7 +53,7 @@ from omegaconf import OmegaConf  # noqa: E402
 from nvil.models import build_model  # noqa: E402
 from nvil.data import build_model_data  # noqa: E402
 from nvil.app.evaluation import EvalSpec, evaluate_checkpoint  # noqa: E402
-from nvil.learners import LEARNERS  # noqa: E402
+from nvil.learners import build_learner  # noqa: E402
 
 ESTIMATORS = ["nvil", "vimco", "rloo", "arm", "disarm", "rebar", "relax", "gumbel_st"]
 MODELS = {"sbn200": [200], "sbn200x3": [200, 200, 200]}
@@ -120,7 +120,7 @@ def evaluations_per_example(estimator: str, layers: list[int], extra: list[str])
                                                              f"model.layers=[{','.join('1' * len(layers))}]",
                                                              *[e for e in extra if e.startswith("learner.")]])
     model, inference = build_model(cfg.model, 4)
-    learner = LEARNERS[estimator](model, inference, cfg.learner, torch.device("cpu"), 0)
+    learner = build_learner(cfg.learner, model, inference, torch.device("cpu"), 0)
     return int(getattr(learner, "evaluations_per_example", 1))
 
 

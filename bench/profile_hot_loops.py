@@ -28,7 +28,6 @@ import time
 from common import ROOT, markdown_table, sync  # noqa: F401,I001
 
 import torch
-from omegaconf import OmegaConf
 
 from nvil.estimators.ais import RBMPath, base_rate
 from nvil.models.gaussian import GaussianBeliefNet
@@ -59,12 +58,11 @@ def rbm_784_500(device) -> BoltzmannMachine:
 # ---- the cases: each builds, for one mode, a zero-argument callable that runs the loop once ------------------
 
 def nvil_case(batch: int, args, device):
-    cfg = OmegaConf.load(ROOT / "configs" / "learner" / "nvil.yaml")
     x = binary_data(batch, 784, device)
 
     def build(mode):
         torch.manual_seed(0)
-        learner = NVIL(SBN(784, [200]).to(device), LayeredInference(784, [200]).to(device), cfg, device, 0)
+        learner = NVIL(SBN(784, [200]).to(device), LayeredInference(784, [200]).to(device), device=device, seed=0)
         learner.accelerate(mode, device)
         return lambda: learner.step(x)
     return build

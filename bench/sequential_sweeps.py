@@ -66,7 +66,6 @@ def density(torch, builder, chains: int, sizes: list[int], gen, device="cpu"):
 def make_call(row: str, accel: str, device: str = "cpu"):
     """A zero-argument callable that runs the row once (on ``device``: the SBN and DBN rows)."""
     import torch
-    from omegaconf import OmegaConf
 
     from nvil.models.binary_density import DensityBuilder
     from nvil.models.rbm import BoltzmannMachine
@@ -95,9 +94,8 @@ def make_call(row: str, accel: str, device: str = "cpu"):
                 sync()
 
             return pixel_sweep
-        cfg = OmegaConf.create({"name": "sap", "lr": 0.05, "num_particles": 100, "k": 1,
-                                "schedule": {"t0": 50000, "a": 100.0, "b": 2000.0}})
-        sap = SAP(model.to(device), None, cfg, torch.device(device), 0)
+        sap = SAP(model.to(device), None, device=torch.device(device), seed=0, lr=0.05, num_particles=100, k=1,
+                  schedule={"t0": 50000, "a": 100.0, "b": 2000.0})
         pixels = (torch.rand(100, 784, generator=gen) < 0.13).float()
         labels = torch.nn.functional.one_hot(torch.randint(0, 10, (100,), generator=gen), 10).float()
         x = torch.cat([pixels, labels], -1).to(device)

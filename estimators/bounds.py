@@ -16,7 +16,6 @@ from collections.abc import Mapping
 
 import torch
 
-from nvil.backend import native
 from nvil.backend.accel import check_mode
 from nvil.core.config import positive_int
 from nvil.core.errors import ConfigError
@@ -37,31 +36,21 @@ from nvil.estimators.certify import stored_particles
 from nvil.estimators.log_z import apply_log_z, top_log_z
 from nvil.estimators.settings import LOG_Z, LogZSettings
 
-SEEDED_DTYPES = (torch.float32, torch.float64)  # the dtypes of nvil.backend.native.bernoulli_
 MAX_ELEMENTS = 2**22  # floats per chunk of samples (estimator.max_elements): the logits stay in the caches and heap
 
 
-def log_weights(model, inference, x: torch.Tensor, k: int, generator: torch.Generator,
-                accel: str = "none") -> torch.Tensor:
-    """[k, batch] log importance weights log p(x, h) - log q(h | x), h ~ q(. | x). With ``accel`` native or auto on a
-    CPU, an inference network that takes a ``seed`` (``LayeredInference``) draws its factorial layers from the C
-    kernels' counter-based stream under one seed drawn from ``generator`` (``nvil.backend.native``): on the default job's
-    K = 1000 bound, torch.rand and the sigmoid and comparison after it were a fifth of the time."""
+def log_weights(model, inference, x: torch.Tensor, k: int, generator: torch.Generator) -> torch.Tensor:
+    """[k, batch] log importance weights log w = log p(x, h) - log q(h | x), h ~ q(. | x) (Burda et al. 2016, Eq. 8)."""
     xk = x.unsqueeze(0).expand(k, *x.shape)
-    if getattr(inference, "seeded_draws", False) and native.wanted(accel, x.device) and x.dtype in SEEDED_DTYPES:
-        hs, log_q = inference.sample(xk, generator=generator, seed=native.seed_from(generator))
-    else:
-        hs, log_q = inference.sample(xk, generator=generator)
+    hs, log_q = inference.sample(xk, generator=generator)
     return model.log_joint(xk, hs) - torch.stack(log_q).sum(0)
 
 
 @torch.no_grad()
 def _reduce_log_weights(model, inference, data, num_samples, accumulator, *, batch_size, generator,
-                        max_elements, progress, seed: int | None = None, row_offset: int = 0,
-                        accel: str = "none") -> torch.Tensor:
+                        max_elements, progress, seed: int | None = None, row_offset: int = 0) -> torch.Tensor:
     """With ``seed``, each batch draws from its own generator seeded by (seed, first row in the whole split),
     so an example's estimate does not depend on how the split is sharded; otherwise ``generator`` serves all.
-    ``accel``: ``log_weights``' (``estimator.accel``; validation during training: none).
     ``progress`` advances by the batch's share after each chunk of samples."""
     width = model.n_visible + model.n_latent
     out = []
@@ -72,7 +61,7 @@ def _reduce_log_weights(model, inference, data, num_samples, accumulator, *, bat
         k_chunk = max(1, max_elements // (x.shape[0] * width))
         share = BatchProgress(progress, stop - start, num_samples)
         for k0, k1 in chunks(num_samples, k_chunk):
-            acc.update(log_weights(model, inference, x, k1 - k0, g, accel), dim=0)
+            acc.update(log_weights(model, inference, x, k1 - k0, g), dim=0)
             share.advance(k1 - k0)
         out.append(acc.result())
         share.finish()
@@ -102,8 +91,8 @@ class SampledBound(Estimator):
     - ``batch_size``: examples per batch;
     - ``max_elements``: samples are chunked so that a chunk holds about this many floats (2^22: its logits stay in
       the CPU's caches and in malloc's heap);
-    - ``accel``: auto | native (on a CPU, q's factorial layers draw from the C kernels' counter-based stream,
-      ``nvil.backend.native``, one seed from the estimator's generator per chunk) | none (torch.rand);
+    - ``accel``: auto | native (an autoregressive q draws its layers with the C kernel, ``nvil.backend.native``;
+      the evaluation driver applies it) | none;
     - ``log_z``: a DBN's top-RBM log Z (``LogZSettings`` or a mapping of its fields; configs/log_z/ais.yaml)."""
 
     BOUNDS = {"iwae": importance_sampled_bound, "elbo": elbo}
@@ -162,8 +151,7 @@ class SampledBound(Estimator):
             log_p = self.BOUNDS[self.name](model, inference, data, self.num_samples, generator=generator,
                                            batch_size=self.batch_size, max_elements=self.max_elements,
                                            progress=progress,
-                                           seed=seed, row_offset=row_offset,
-                                           accel=self.accel)
+                                           seed=seed, row_offset=row_offset)
         result = Result(self.name, log_p.cpu() - log_z, time.perf_counter() - t0, seed,
                         {"num_samples": self.num_samples, **extras, "bound": "stochastic lower bound: E[estimate] <= "
                          "log p(v), tight as num_samples grows"}, shared_stderr=log_z_se)

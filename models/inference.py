@@ -11,19 +11,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from nvil.backend import gemm, native
+from nvil.backend import gemm
 from nvil.backend.native.bernoulli_log_prob import bernoulli_log_prob
 from nvil.models.autoregressive import AutoregressiveLinear
 from nvil.models.binary_density import BinaryDensity, DensityBuilder, layer_slices
-
-
-def seeded_bernoulli(logits: torch.Tensor, seed: int, offset: int) -> torch.Tensor:
-    """Binary units on with probability sigmoid(logits), from the counter-based uniforms of draws offset, offset + 1,
-    ... under ``seed`` (``nvil.backend.native.bernoulli_``). Logits repeated along a stride-0 leading dimension (the
-    K-sample bounds' first layer) pass through the sigmoid once per distinct row."""
-    distinct = logits[0] if logits.dim() == 3 and logits.stride(0) == 0 else logits
-    p = torch.sigmoid(distinct.detach()).expand(logits.shape).contiguous()
-    return native.bernoulli_(p, seed, offset)
 
 
 class LayeredInference(nn.Module):
@@ -44,12 +35,6 @@ class LayeredInference(nn.Module):
         """Every layer Bernoulli with logits affine in the layer below (and, autoregressive, in the layer's own
         preceding units): the case NVIL's hand-derived gradients cover (``nvil.learners.fused``)."""
         return True
-
-    @property
-    def seeded_draws(self) -> bool:
-        """Whether ``sample`` draws from a ``seed`` (the C kernels' counter-based stream; ``nvil.estimators.bounds``): every
-        layer factorial (autoregressive layers draw from the generator, whose stream a seed drawn from it would shift)."""
-        return self.within is None
 
     @property
     def factorial(self) -> bool:
@@ -78,25 +63,17 @@ class LayeredInference(nn.Module):
         or with autoregressive layers the part that does not depend on the layer's own units."""
         return self._first_logits(below) if i == 0 else self.encoders[i](below)
 
-    def sample(
-        self, x: torch.Tensor, generator: torch.Generator | None = None, seed: int | None = None
-    ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """(h_layers, log_q_layers): binary samples (no gradient) and log q(h_i | h_{i-1}) (with gradient). With
-        ``seed`` (the K-sample bounds on a CPU, ``nvil.estimators.bounds.log_weights``) the factorial layers draw with the C
-        kernels' counter-based uniforms under ``seed`` (``nvil.backend.native.bernoulli_``; layer i's draws numbered after
-        the layers' below) instead of torch.rand with ``generator``: the same distribution, another stream, one pass
-        without stored uniforms. Autoregressive layers draw with ``generator`` either way."""
+    def sample(self, x: torch.Tensor, generator: torch.Generator | None = None
+               ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """(h_layers, log_q_layers): binary samples (no gradient) and log q(h_i | h_{i-1}) (with gradient), each layer
+        drawn with ``generator`` (factorial layers: u < sigmoid(logits), u ~ U(0, 1))."""
         h = x
         hs, log_qs = [], []
-        offset = 0
         for i in range(len(self.encoders)):
             base = self.layer_logits(i, x if i == 0 else h)
             with torch.no_grad():
                 if self.within is not None:
                     h = self.within[i].sample(base, generator)
-                elif seed is not None:
-                    h = seeded_bernoulli(base, seed, offset)
-                    offset += h.numel()
                 else:
                     u = torch.rand(base.shape, generator=generator, device=base.device, dtype=base.dtype)
                     h = (u < torch.sigmoid(base)).to(base.dtype)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
 from nvil.estimators.ais import RBMPath, ais, base_rate, rbm_log_z, schedule
 from nvil.models.gaussian import GaussianBeliefNet
@@ -126,13 +125,13 @@ def nvil_learners(**cfg) -> dict:
     from nvil.models.sbn import SBN
     from nvil.learners.nvil import NVIL
 
-    cfg = OmegaConf.create({"optimizer": "sgd", "lr": 1e-2, "inference_lr_scale": 0.2, "baseline_lr_scale": 1.0,
-                            "baseline_hidden": 5, "smoothing": 0.8, "input_baseline": True, "constant_baseline": True,
-                            "variance_normalisation": True, "layerwise": True, **cfg})
+    cfg = {"optimizer": "sgd", "lr": 1e-2, "inference_lr_scale": 0.2, "baseline_lr_scale": 1.0, "baseline_hidden": 5,
+           "smoothing": 0.8, "input_baseline": True, "constant_baseline": True, "variance_normalisation": True,
+           "layerwise": True, **cfg}
     learners = {}
     for mode in ("none", "compile"):
         torch.manual_seed(0)
-        learners[mode] = NVIL(SBN(12, [4]), LayeredInference(12, [4]), cfg, torch.device("cpu"), 0)
+        learners[mode] = NVIL(SBN(12, [4]), LayeredInference(12, [4]), device=torch.device("cpu"), seed=0, **cfg)
         assert learners[mode].accelerate(mode) is learners[mode]
     return learners
 
@@ -152,45 +151,9 @@ def test_cudagraphs_ais_and_gibbs_match_eager_on_cuda():
     assert torch.equal(a.x, b.x) and torch.equal(a.h, b.h)
 
 
-def test_guards_are_checked_once_per_kind_of_call(monkeypatch):
-    """``guards_checked_once``: a call like an earlier one (argument shapes, strides, dtypes, requires_grad, values,
-    grad mode) skips Dynamo's guard evaluation; any other goes through it. ``torch.compiler.set_stance`` is recorded."""
-    import contextlib
-
-    import nvil.backend.accel
-
-    skipped = []
-
-    @contextlib.contextmanager
-    def stance(skip_guard_eval_unsafe=False):
-        skipped.append(skip_guard_eval_unsafe)
-        yield
-
-    monkeypatch.setattr(nvil.backend.accel.torch.compiler, "set_stance", stance)
-    calls = []
-    step = nvil.backend.accel.guards_checked_once(lambda x, us, offset=None: calls.append(len(skipped)) or x.shape[0])
-    x8, x5 = torch.zeros(8, 3), torch.zeros(5, 3)
-    expected = []
-    for args, kwargs, skips in [
-        ((x8, [x8]), {}, False), ((x8.clone(), [x8.clone()]), {}, True),  # the same kind: skipped
-        ((x5, [x5]), {}, False), ((x5, [x5]), {}, True), ((x8, [x8]), {}, True),
-        ((torch.zeros(3, 8).t(), [x8]), {}, False),  # other strides
-        ((x8, [x8.double()]), {}, False),            # another dtype inside the list
-        ((x8, [x8]), {"offset": x8[0]}, False),      # an offset where there was none
-        ((torch.zeros(8, 3, requires_grad=True), [x8]), {}, False),
-    ]:
-        before = len(skipped)
-        assert step(*args, **kwargs) == args[0].shape[0]
-        expected.append(skips)
-        assert (len(skipped) > before) == skips, (args[0].shape, kwargs)
-    with torch.no_grad():  # another grad mode: through the guards once, then skipped
-        step(x5, [x5]), step(x5, [x5])
-    assert skipped[-1] is True and len(calls) == len(expected) + 2
-
-
-def test_a_compiled_fused_step_takes_new_shapes_after_skipping_guards():
-    """NVIL's compiled fused step (guards checked once per kind of call) against the eager learner over minibatches of
-    8, then 5, then 8 rows again: each new shape goes through the guards (and gets its graph), the repeats skip them."""
+def test_a_compiled_fused_step_takes_new_shapes():
+    """NVIL's compiled fused step against the eager learner over minibatches of 8, then 5, then 8 rows again: each
+    new shape gets its graph and the repeats reuse them."""
     learners = nvil_learners()
     for rows in (8, 8, 8, 5, 5, 8, 5):
         out = {mode: learner.step(data(rows)) for mode, learner in learners.items()}
@@ -203,13 +166,13 @@ def mcem_steps(name: str, mode: str, device: str = "cpu") -> tuple[int, list[tor
     """(frames Dynamo compiled, [chains, *parameters]) after three iterations of ``learner=name`` (MCEM or
     MAP-latents) on a GBN 12-3-2 with ``trainer.accel=mode``, from one seed."""
     from conftest import make_cfg
-    from nvil.learners.mcem import MAPLatents, MCEM
+    from nvil.learners import build_learner
 
     cfg = make_cfg("train", ["model=gbn", f"learner={name}", "learner.adapt=dual_averaging"]).learner
     x, rows = data(8, device=device), torch.arange(8, device=device)
     torch.manual_seed(0)
     net = GaussianBeliefNet(12, [3, 2]).to(device)
-    learner = (MAPLatents if name == "map_latents" else MCEM)(net, None, cfg, torch.device(device), seed=0)
+    learner = build_learner(cfg, net, None, torch.device(device), seed=0)
     learner.accelerate(mode, device)
     learner.bind_data(x)
     torch._dynamo.reset()  # compiled afresh here, whichever test compiled these functions before

@@ -12,6 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from nvil.backend import native
+from nvil.backend.native.bernoulli_log_prob import in_c
+from nvil.core.ops import bernoulli_log_prob
 from nvil.estimators.ais import base_rate, rbm_log_z, schedule
 from nvil.estimators.ais_rbm import RBMPath, ordered, softplus_difference
 from nvil.models.rbm import BoltzmannMachine
@@ -221,21 +223,21 @@ def test_one_seed_for_every_sweep_fails(monkeypatch):
 
 
 @pytest.mark.usefixtures("native_kernels")
-def test_the_c_draws_do_not_depend_on_the_threads():
-    """``native.bernoulli_`` (the K-sample bounds' seeded draws) splits its work over torch's OpenMP threads (one
-    runtime in the process: the library links the one torch loaded); 1, 2 and 3 threads give the same draws bit for
-    bit."""
-    p = torch.rand(3000, 200, generator=gen(1))
+def test_the_c_kernels_do_not_depend_on_the_threads():
+    """The C kernels split their rows over torch's OpenMP threads (one runtime in the process: the library links
+    the one torch loaded); 1, 2 and 3 threads give the same Bernoulli log-probabilities bit for bit."""
+    logits = torch.randn(3000, 200, generator=gen(1))
+    value = (torch.rand(3000, 200, generator=gen(2)) < 0.5).float()
     threads, results = torch.get_num_threads(), []
     try:
         for t in (1, 2, 3):
             torch.set_num_threads(t)
-            results.append(native.bernoulli_(p.clone(), 7, 11))
+            results.append(in_c(logits, value))
     finally:
         torch.set_num_threads(threads)
-    for draws in results[1:]:
-        assert torch.equal(draws, results[0])
-    assert 0.3 < results[0].mean() < 0.7
+    for out in results[1:]:
+        assert torch.equal(out, results[0])
+    assert torch.allclose(results[0], bernoulli_log_prob(logits, value), rtol=1e-5, atol=1e-3)
     with open("/proc/self/maps") as maps:
         runtimes = {line.split()[-1] for line in maps if "libgomp" in line or "libiomp" in line}
     assert len(runtimes) <= 1, runtimes

@@ -16,12 +16,13 @@ import nvil.backend.accel
 from conftest import make_cfg, tiny_model
 from nvil.backend.accel import AUTO_COMPILE_STEPS, eager_if_uncompilable
 from nvil.app.build import build
+from nvil.learners import build_learner
 from nvil.learners.nvil import NVIL
 
 
 def nvil_learner(autoregressive_q: bool = False) -> NVIL:
     model, inference = tiny_model(n_visible=12, layers=(6,), autoregressive_q=autoregressive_q)
-    return NVIL(model.float(), inference.float(), make_cfg().learner, "cpu", 0)
+    return build_learner(make_cfg().learner, model.float(), inference.float(), "cpu", 0)
 
 
 def data() -> torch.Tensor:

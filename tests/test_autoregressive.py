@@ -139,12 +139,11 @@ def test_native_draw_matches_the_distribution(ar_layer):
 def test_trainer_accel_reaches_the_autoregressive_layers():
     """``trainer.accel`` (the learner's ``accelerate``) reaches fDARN's prior and an autoregressive q."""
     from conftest import make_cfg
-    from nvil.learners import LEARNERS
+    from nvil.learners import build_learner
 
     for name, q_ar in (("fdarn", False), ("sbn", True)):
         model, inference = tiny_model(layers=(4,), name=name, autoregressive_q=q_ar)
-        learner = LEARNERS["nvil"](model, inference, make_cfg("train", ["learner=nvil"]).learner,
-                                   torch.device("cpu"), 0)
+        learner = build_learner(make_cfg("train", ["learner=nvil"]).learner, model, inference, torch.device("cpu"), 0)
         learner.accelerate("auto")
         layers = [m for m in (*model.modules(), *inference.modules()) if isinstance(m, AutoregressiveLinear)]
         assert layers and all(m.sample_mode == "auto" for m in layers)

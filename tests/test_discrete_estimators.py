@@ -19,7 +19,7 @@ from omegaconf import OmegaConf
 
 from conftest import enumerated_elbo, make_cfg, tiny_model
 from nvil.estimators.exact import enumerate_states, split_layers
-from nvil.learners import LEARNERS
+from nvil.learners import LEARNERS, learner_settings
 from nvil.learners.baselines import layerwise_signals
 from nvil.learners.discrete import ARM, REBAR, RELAX, RLOO, VIMCO, DisARM
 from nvil.learners.discrete.relaxed import _cat_broadcast, conditional_logistic, conditional_uniform, mlp, on_parts
@@ -34,7 +34,7 @@ PASS_Z, FAIL_Z = 4.0, 8.0
 def learner(name: str, layers=(4, 3), cls=None, **overrides):
     model, inference = tiny_model(layers=layers, seed=5, scale=1.0, q_scale=0.8)
     cfg = OmegaConf.merge(make_cfg("train", [f"learner={name}"]).learner, overrides)
-    return (cls or LEARNERS[name])(model, inference, cfg, torch.device("cpu"), 0)
+    return (cls or LEARNERS[name])(model, inference, device=torch.device("cpu"), seed=0, **learner_settings(cfg))
 
 
 def exact_elbo_gradient(lrn) -> dict[str, torch.Tensor]:

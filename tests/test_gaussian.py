@@ -15,7 +15,7 @@ from nvil.estimators.ais import schedule
 from nvil.estimators.ais_hmc import ContinuousLatent, ais_hmc_log_w
 from nvil.estimators.chib import chib_log_p, climb_to_mode
 from nvil.models.gaussian import DynamicBayesNet, GaussianBeliefNet, gaussian_log_prob
-from nvil.learners.mcem import MCEM
+from nvil.learners import build_learner
 from nvil.mcmc.mh import MetropolisHastings
 
 DT = torch.float64
@@ -219,7 +219,7 @@ def test_mcem_increases_the_exact_factor_analysis_likelihood_towards_its_maximum
                             learn_sigma=False, init_scale=0.3).double()
     cfg = make_cfg("train", ["model=gbn", "learner=mcem_hmc", "learner.adapt=dual_averaging", "learner.lr=0.1",
                              "learner.prior_std=null", "learner.step_size=0.3"]).learner
-    learner = MCEM(net, None, cfg, torch.device("cpu"), seed=0)
+    learner = build_learner(cfg, net, None, torch.device("cpu"), seed=0)
     learner.bind_data(x)
     before = fa_log_likelihood(net, x)
     rows = torch.arange(n)

@@ -18,6 +18,7 @@ import torch
 from omegaconf import OmegaConf
 
 from conftest import assert_same_parameters, assert_same_step, make_cfg, tiny_model
+from nvil.learners import learner_settings
 from nvil.learners.discrete.antithetic import ARM, DisARM
 from nvil.learners.discrete.rloo import RLOO
 from nvil.learners.discrete.vimco import VIMCO
@@ -38,7 +39,8 @@ def pair(layers=(4, 3), k=5, optimizer="sgd", name="sbn", autoregressive_q=False
     model, inference = tiny_model(layers=layers, seed=5, q_scale=0.5, name=name, autoregressive_q=autoregressive_q)
     samples = {"num_samples": k} if learner in ("vimco", "rloo") else {}  # ARM / DisARM: n + 1 paths, no K
     cfg = OmegaConf.merge(learner_cfg(learner), dict(optimizer=optimizer, lr=0.05, **samples))
-    fast = LEARNERS[learner](model, inference, cfg, torch.device("cpu"), seed=3).to(torch.float64)
+    fast = LEARNERS[learner](model, inference, device=torch.device("cpu"), seed=3, **learner_settings(cfg))
+    fast = fast.to(torch.float64)
     slow = copy.deepcopy(fast)
     slow.generator.set_state(fast.generator.get_state())
     slow.fused = None

@@ -10,6 +10,7 @@ from omegaconf import OmegaConf
 
 from conftest import enumerated_elbo, make_cfg, tiny_model
 from nvil.learners.baselines import layerwise_signals
+from nvil.learners import learner_settings
 from nvil.learners.nvil import NVIL
 
 ALL_ON = dict(input_baseline=True, constant_baseline=True, variance_normalisation=True, layerwise=True)
@@ -28,7 +29,7 @@ MODELS = {
 def make_learner(switches: dict, seed: int = 0, model: str = "sbn") -> NVIL:
     model, inference = tiny_model(seed=5, scale=1.0, q_scale=0.5, **MODELS[model])
     cfg = OmegaConf.merge(make_cfg("train").learner, switches)
-    return NVIL(model, inference, cfg, torch.device("cpu"), seed)
+    return NVIL(model, inference, device=torch.device("cpu"), seed=seed, **learner_settings(cfg))
 
 
 def train_baselines(learner: NVIL, steps: int = 1500) -> None:

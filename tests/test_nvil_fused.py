@@ -20,7 +20,7 @@ from omegaconf import OmegaConf
 from conftest import assert_same_parameters, assert_same_step, make_cfg, tiny_model
 from nvil.models.sbn import SBN
 from nvil.models.inference import LayeredInference
-from nvil.learners import fused, weight_steps
+from nvil.learners import fused, learner_settings, weight_steps
 from nvil.learners.nvil import NVIL
 from nvil.core.ops import RunningMoments, sigmoid_and_softplus_sum
 
@@ -44,7 +44,7 @@ def pair(layers=(4, 3), switches=ALL_ON, optimizer="sgd", name="sbn", autoregres
     """Two NVIL learners with identical parameters, baselines and generators: (fused path, autograd path)."""
     model, inference = tiny_model(layers=layers, seed=5, q_scale=0.5, name=name, autoregressive_q=autoregressive_q)
     cfg = OmegaConf.merge(learner_cfg(), dict(switches, optimizer=optimizer, lr=0.05, baseline_hidden=7))
-    fast = NVIL(model, inference, cfg, torch.device("cpu"), seed=3).to(dtype)
+    fast = NVIL(model, inference, device=torch.device("cpu"), seed=3, **learner_settings(cfg)).to(dtype)
     with torch.no_grad():  # a nonzero output layer, so every baseline parameter has a gradient that can be wrong
         for p in fast.baselines.parameters():
             p.normal_(0.0, 0.3)

@@ -117,10 +117,10 @@ def same_value(composed, given: str) -> bool:
 
 def build_protocol_learner(estimator: str, extra: list[str]):
     import torch
-    from nvil.learners import LEARNERS
+    from nvil.learners import build_learner
     cfg = make_cfg("train", ["model=sbn", "model.layers=[4]", f"learner={estimator}", *extra])
     model, inference = build_model(cfg.model, 6)
-    return cfg, LEARNERS[estimator](model, inference, cfg.learner, torch.device("cpu"), 0)
+    return cfg, build_learner(cfg.learner, model, inference, torch.device("cpu"), 0)
 
 
 @pytest.mark.parametrize("protocol", ["relax", "disarm", "vimco"])

@@ -23,6 +23,7 @@ from conftest import ROOT, SYNTHETIC, make_cfg, run_script
 from nvil.estimators.exact import enumerate_states
 from nvil.models.rbm import BoltzmannMachine, State
 from nvil.core.checkpoint import load_checkpoint
+from nvil.learners import build_learner
 from nvil.learners.sap import SAP
 from nvil.app.main import train
 
@@ -87,7 +88,7 @@ def learner_for(m, mode: str, seed: int = 0, **options) -> SAP:
     OmegaConf.set_struct(cfg, False)
     for key, value in options.items():
         OmegaConf.update(cfg, key, value)
-    return SAP(m, None, cfg, CPU, seed)
+    return build_learner(cfg, m, None, CPU, seed)
 
 
 def surrogate_gradient(learner: SAP, x: torch.Tensor) -> torch.Tensor:
@@ -336,13 +337,12 @@ def test_train_rbm_with_sap_then_evaluate_exactly(tmp_path):
 def test_greedy_per_layer_settings_pick_each_rbms_learner():
     from nvil.models.dbn import DBN
     from nvil.core.errors import ConfigError
-    from nvil.learners.greedy import Greedy
 
     cfg = make_cfg("train", ["model=dbn", "learner=greedy", "learner.layer_steps=3",
                              "learner.per_layer=[{layer_learner: cd, k_final: 4, k_ramp: 2}, {layer_learner: sap, lr: 0.002}]"]).learner
     dbn = DBN(6, [5, 4])
     x = (torch.rand(20, 6, generator=torch.Generator().manual_seed(0)) < 0.5).float()
-    greedy = Greedy(dbn, None, cfg, CPU, 0)
+    greedy = build_learner(cfg, dbn, None, CPU, 0)
     sweeps = []
     for _ in range(3):
         before = greedy.inner.gibbs_sweeps
@@ -353,7 +353,8 @@ def test_greedy_per_layer_settings_pick_each_rbms_learner():
     assert greedy.layer == 1 and greedy.inner.mode == "sap" and greedy.inner.k_final is None
     assert greedy.inner.optimizer.param_groups[0]["lr"] == 0.002 and greedy.inner.particles is not None
     with pytest.raises(ConfigError, match="one entry per RBM"):
-        Greedy(dbn, None, make_cfg("train", ["model=dbn", "learner=greedy", "learner.per_layer=[{k: 2}]"]).learner, CPU, 0)
+        cfg = make_cfg("train", ["model=dbn", "learner=greedy", "learner.per_layer=[{k: 2}]"]).learner
+        build_learner(cfg, dbn, None, CPU, 0)
 
 
 def test_pt_sap_logs_the_swap_rate_of_every_adjacent_pair():

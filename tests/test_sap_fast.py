@@ -20,6 +20,7 @@ from omegaconf import OmegaConf
 
 from nvil.models.rbm_grad import free_energy_grad
 from nvil.core.errors import ConfigError
+from nvil.learners import build_learner
 from nvil.learners.sap import SAP
 from tests.test_rbm import CHI2_999, State, exact_draws, joint_log_p, make_bm, pearson, state_index
 
@@ -144,7 +145,7 @@ PHASE_CFG = {
 def learner(m, mode: str, **extra) -> SAP:
     cfg = OmegaConf.create({"name": mode, "lr": 0.05, "momentum": 0.5, "weight_decay": 1e-3, "num_particles": 6,
                             "k": 1, "schedule": {"t0": 2, "a": 0.2, "b": 4.0}, **PHASE_CFG[mode], **extra})
-    return SAP(m, None, cfg, CPU, seed=5)
+    return build_learner(cfg, m, None, CPU, seed=5)
 
 
 def run(name: str, mode: str, updates: int = 5, **extra):

@@ -10,6 +10,7 @@ from omegaconf import OmegaConf
 
 from conftest import make_cfg, tiny_model
 from nvil.estimators.exact import enumerate_states, split_layers
+from nvil.learners import build_learner
 from nvil.learners.wake_sleep import WakeSleep
 
 
@@ -17,7 +18,7 @@ def test_sleep_gradient_matches_its_exact_expectation():
     """E_{p(x, h)}[grad_phi log q(h | x)], summing over all 2^6 x 2^7 joint states of a 6-4-3 SBN."""
     model, inference = tiny_model(seed=7, scale=1.0, q_scale=0.5)
     cfg = OmegaConf.merge(make_cfg("train", ["learner=wake_sleep"]).learner, {"sleep_batch_size": 1000})
-    learner = WakeSleep(model, inference, cfg, torch.device("cpu"), seed=0)
+    learner = build_learner(cfg, model, inference, torch.device("cpu"), seed=0)
 
     x = enumerate_states(6, 0, 64).repeat_interleave(128, 0)
     hs = split_layers(enumerate_states(7, 0, 128).repeat(64, 1), model.layers)
@@ -48,7 +49,7 @@ def test_wake_phase_is_nvils_model_update():
     """With the same h, wake-sleep's model gradient is grad_theta log p(x, h), as in NVIL."""
     model, inference = tiny_model(seed=8)
     cfg = make_cfg("train", ["learner=wake_sleep"]).learner
-    learner = WakeSleep(model, inference, cfg, torch.device("cpu"), seed=3)
+    learner = build_learner(cfg, model, inference, torch.device("cpu"), seed=3)
     x = torch.bernoulli(torch.full((50, 6), 0.5), generator=torch.Generator().manual_seed(0))
     learner.zero_grad()
     learner.surrogate(x)[0].backward()
@@ -69,7 +70,7 @@ def ws_pair(name: str = "sbn", optimizer: str = "sgd", autoregressive_q: bool = 
 
     model, inference = tiny_model(layers=(4, 3), seed=5, q_scale=0.5, name=name, autoregressive_q=autoregressive_q)
     cfg = OmegaConf.merge(make_cfg("train", ["learner=wake_sleep"]).learner, {"optimizer": optimizer, "lr": 0.05})
-    fast = WakeSleep(model, inference, cfg, torch.device("cpu"), seed=3).double()
+    fast = build_learner(cfg, model, inference, torch.device("cpu"), seed=3).double()
     if model.prior_ar is not None:
         with torch.no_grad():
             model.prior_ar.weight.normal_(0.0, 0.7)

@@ -35,7 +35,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import types
 import warnings
 from typing import Callable
 
@@ -72,22 +71,13 @@ def check_mode(mode: str, device=None, what: str = "accel") -> str:
     return mode
 
 
-def accelerate(fn: Callable, mode: str = "none", device=None, what: str = "accel",
-               fixed_modules: bool = False) -> Callable:
+def accelerate(fn: Callable, mode: str = "none", device=None, what: str = "accel") -> Callable:
     """``fn`` compiled according to ``mode`` (``fn`` itself for ``none``). ``fn`` must be a function of tensors
-    (and Python constants) that draws no random numbers. ``fixed_modules``: the ``nn.Module``s that ``fn`` reaches
-    are never swapped or restructured while it is in use (their parameters change in place only), so ``compile``
-    drops Dynamo's guards on them (``torch.compiler.skip_guard_on_all_nn_modules_unsafe``): on a step of ~1 ms,
-    checking ~400 module guards per call costs ~5%. Without those guards nothing tells two objects' graphs apart
-    (Dynamo caches graphs per code object), so ``fn`` is compiled from a code object of its own (``own_code``); and
-    the guards left, on the arguments, are evaluated once per kind of call (``guards_checked_once``)."""
+    (and Python constants) that draws no random numbers."""
     check_mode(mode, device, what)
     if not compiled(mode):  # native, auto: only the sequential sweeps have C kernels (nvil.backend.native)
         return fn
     if mode == "compile":
-        if fixed_modules:
-            return guards_checked_once(torch.compile(
-                own_code(fn), options={"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}))
         return torch.compile(fn)
     graphed = torch.compile(fn, mode="reduce-overhead")
 
@@ -100,42 +90,6 @@ def accelerate(fn: Callable, mode: str = "none", device=None, what: str = "accel
         return torch.utils._pytree.tree_map(lambda t: t.clone() if torch.is_tensor(t) else t, out)
 
     return replay
-
-
-def guards_checked_once(compiled: Callable) -> Callable:
-    """``compiled`` (a ``fixed_modules`` compilation) with Dynamo's guards evaluated only on calls unlike every earlier
-    one: a call whose arguments have the shapes, strides, dtypes, devices and ``requires_grad`` (other arguments: the
-    values) of an earlier call, under the same grad mode, runs under ``torch.compiler.set_stance(
-    skip_guard_eval_unsafe=True)``, which checks only the guards that tell the cached graphs apart. With the modules'
-    guards dropped, the guards left are these arguments' (and torch's global flags, which the steps do not change):
-    ~0.12 ms of NVIL's compiled 1.46 ms SGD step at batch 20 on a Zen 3 core, 9% (bench/RESULTS.md, twenty-fifth
-    session); the check here costs a few microseconds. A call unlike the earlier ones goes through the guards, and
-    Dynamo compiles it a graph of its own where it needs one."""
-    seen: set = set()
-
-    @functools.wraps(compiled)
-    def call(*args, **kwargs):
-        key = (torch.is_grad_enabled(), _signature(args), _signature(tuple(sorted(kwargs.items()))))
-        if key in seen:
-            with torch.compiler.set_stance(skip_guard_eval_unsafe=True):
-                return compiled(*args, **kwargs)
-        out = compiled(*args, **kwargs)
-        seen.add(key)
-        return out
-
-    return call
-
-
-def _signature(value) -> tuple:
-    """What Dynamo's guards on an argument check, as a hashable key: a tensor's shape, strides, dtype, device and
-    requires_grad; a list or tuple's items; a plain value itself; any other object its identity."""
-    if isinstance(value, torch.Tensor):
-        return (tuple(value.shape), value.stride(), value.dtype, value.device, value.requires_grad)
-    if isinstance(value, (list, tuple)):
-        return (type(value), tuple(_signature(v) for v in value))
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return (type(value), value)
-    return (type(value), id(value))
 
 
 def eager_if_uncompilable(compiled_fn: Callable, eager_fn: Callable, what: str) -> Callable:
@@ -176,18 +130,6 @@ def quiet_cpu_compile():
         yield
     finally:
         logger.setLevel(level)
-
-
-def own_code(fn: Callable) -> Callable:
-    """``fn`` (a function or a bound method) as a function with a copy of its code object. Dynamo keeps its compiled
-    graphs per code object; two learners whose step is one method (two NVIL learners, or NVIL and DisARM, which
-    inherit ``FusedPath.fused_step``) would otherwise share graphs once their module guards are dropped, and one
-    would run a graph traced for the other's modules."""
-    func = getattr(fn, "__func__", fn)
-    copy = types.FunctionType(func.__code__.replace(), func.__globals__, func.__name__, func.__defaults__,
-                              func.__closure__)
-    copy.__kwdefaults__, copy.__qualname__, copy.__doc__ = func.__kwdefaults__, func.__qualname__, func.__doc__
-    return types.MethodType(copy, fn.__self__) if hasattr(fn, "__self__") else copy
 
 
 def accelerate_sampling(mode: str, *modules: torch.nn.Module) -> None:

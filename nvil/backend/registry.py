@@ -7,8 +7,7 @@ run (the README's default job, or a reproduction's), is chosen where its entry s
 definition. ``tests/test_fast_paths.py`` checks that each entry names an existing function and test file and that
 every module of ``nvil/backend/native`` is here. Paths measured under 1.5x were deleted rather than listed
 (``bench/RESULTS.md``, "Fast paths that did not pay": the small-batch product kernel, the centred sparse inputs,
-Adam in C, AIS's weight increment in C, the C draws of AIS and block Gibbs), except ``bernoulli_draws``, whose
-remaining callers (the K-sample bounds' seeded draws) are still to be changed; the oneDNN routing of
+Adam in C, AIS's weight increment in C, the C draws of AIS, block Gibbs and the K-sample bounds); the oneDNN routing of
 ``nvil.backend.gemm`` measured >= 1.5x and stays. Denormal flushing (``nvil.backend.denormals``) is a floating-point
 mode, not another implementation of an algorithm, and is not listed.
 """
@@ -67,18 +66,6 @@ FAST_PATHS: dict[str, FastPath] = {
         gain="1.52x the NVIL step", workload="NVIL (Adam) on an SBN-200 with an autoregressive q, batch 20, one "
                                              "thread (bench/before_after.py --groups autoregressive)",
         test="tests/test_autoregressive.py"),
-    "bernoulli_draws": FastPath(
-        speeds_up="the K-sample bounds' draws of q's factorial layers from counter-based uniforms, without stored "
-                  "uniforms (no longer AIS's or block Gibbs's: there it bought 1.22-1.26x and 1.44x, and was deleted)",
-        function="nvil.backend.native.bernoulli_",
-        definition="nvil.models.inference.LayeredInference.sample",
-        chosen="LayeredInference.sample(seed=...) from estimators/bounds.py log_weights: estimator.accel auto / native "
-               "on a CPU",
-        gain="1.32x the IWAE chunk: under 1.5x, to be deleted with its callers (models/inference.py, "
-             "estimators/bounds.py)",
-        workload="IWAE of an SBN-200, 100 images x 341 samples per chunk, one thread, accel=none against auto "
-                 "alternated in one process (bench/RESULTS.md, \"Fast paths that did not pay\")",
-        test="tests/test_bound_draws.py"),
     "bernoulli_log_prob": FastPath(
         speeds_up="a Bernoulli layer's log-probability per row, the K-sample bounds' largest elementwise pass",
         function="nvil.backend.native.bernoulli_log_prob.bernoulli_log_prob",

@@ -1,24 +1,77 @@
-"""Learner registry: ``learner.name`` in the config picks one."""
+"""Learner registry: ``learner.name`` in the config picks one.
+
+Each class takes its settings as typed keywords, the defaults those of configs/learner/<name>.yaml:
+``SAP(rbm, None, lr=0.01, num_particles=100, k=1).step(x)``, ``NVIL(sbn, q, optimizer="sgd", lr=0.006)``; the
+Boltzmann-machine learners sap, trans_sap, pt_sap, cd and exact_ml are one class, ``SAP(..., mode=name)``.
+``build_learner(cfg, model, inference, device, seed)`` builds one from a config: ``LEARNERS[cfg.name](model,
+inference, device=device, seed=seed, **learner_settings(cfg))``."""
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Mapping, Sequence
+
 from nvil.core.errors import ConfigError
-from nvil.learners.discrete import ESTIMATORS
+from nvil.learners.discrete import ARM, ESTIMATORS, REBAR, RELAX, RLOO, VIMCO, DisARM, GumbelST
 from nvil.learners.greedy import Greedy
 from nvil.learners.mcem import MCEM, MAPLatents
 from nvil.learners.nvil import NVIL
 from nvil.learners.sap import SAP
+from nvil.learners.settings import PTSettings, SAPSettings, ScheduleSettings, TTSettings
 from nvil.learners.wake_sleep import WakeSleep
 
 LEARNERS = {"nvil": NVIL, "wake_sleep": WakeSleep, "greedy": Greedy, "mcem_hmc": MCEM, "map_latents": MAPLatents,
             **{mode: SAP for mode in SAP.MODES}, **ESTIMATORS}
 DIRECTED = ("nvil", "wake_sleep", *ESTIMATORS)
+# Keys of a learner config that are not settings: its name (SAP's ``mode`` for the Boltzmann-machine learners) and
+# Hydra's defaults list (a file loaded without Hydra).
+DRIVER_KEYS = ("name", "defaults")
+# Keywords every constructor takes that come from the run, not the learner's config.
+RUN_KEYWORDS = ("device", "seed", "mode")
 
 
-def build_learner(cfg, model, inference, device, seed: int):
+def parameters(cls) -> list[str]:
+    """The settings ``cls``'s constructor takes as keywords (not the model, inference network, device or seed)."""
+    return [p.name for p in inspect.signature(cls).parameters.values()
+            if p.kind == p.KEYWORD_ONLY and p.name not in RUN_KEYWORDS]
+
+
+def plain(value):
+    """A config value as plain Python: mappings as dicts, lists as lists (an OmegaConf container or a dict)."""
+    if isinstance(value, Mapping):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, Sequence) and not isinstance(value, str):
+        return [plain(v) for v in value]
+    return value
+
+
+def learner_settings(cfg) -> dict:
+    """The keywords ``build_learner`` passes: the config's keys but ``DRIVER_KEYS`` (with ``mode=name`` for SAP's
+    family); a key the class does not take is refused in one line naming its settings."""
     name = cfg.get("name")
     if name not in LEARNERS:
         raise ConfigError(f"unknown learner {name!r}; known learners: {', '.join(sorted(LEARNERS))}")
+    known = parameters(LEARNERS[name])
+    out = {"mode": name} if LEARNERS[name] is SAP else {}
+    for key, value in cfg.items():
+        if key in DRIVER_KEYS:
+            continue
+        if key not in known:
+            raise ConfigError(f"learner.{key} is not a setting of learner={name}; its settings are {', '.join(known)}")
+        out[key] = plain(value)
+    return out
+
+
+def build_learner(cfg, model, inference, device, seed: int):
+    """The learner ``cfg`` (``learner.*``: a Hydra config or any mapping with ``name``) describes, for ``model`` (and
+    its ``inference`` network), drawing from ``seed`` on ``device``."""
+    settings = learner_settings(cfg)
+    name = cfg.get("name")
     if name in DIRECTED and inference is None:
         raise ConfigError(f"learner={name} trains directed models with an inference network (model=sbn or fdarn)")
-    return LEARNERS[name](model, inference, cfg, device, seed)
+    return LEARNERS[name](model, inference, device=device, seed=seed, **settings)
+
+
+__all__ = ["ARM", "DIRECTED", "DisARM", "Greedy", "GumbelST", "LEARNERS", "MAPLatents", "MCEM", "NVIL", "PTSettings",
+           "REBAR", "RELAX", "RLOO", "SAP", "SAPSettings", "ScheduleSettings", "TTSettings", "VIMCO", "WakeSleep",
+           "build_learner", "learner_settings", "parameters"]

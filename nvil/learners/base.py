@@ -84,28 +84,30 @@ def grad_norms(optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
     return out
 
 
-def build_optimizer(params_groups: list[dict], cfg) -> torch.optim.Optimizer:
-    """Adam runs fused (one kernel per parameter instead of a dozen; 1.5x faster NVIL steps at batch 20 on a CPU;
-    a C step of ours over every parameter bought 1.24x more and was deleted, ``bench/RESULTS.md``);
-    ``learner.beta2`` (default 0.999) is its second-moment decay (the REBAR / RELAX authors' code: 0.99999)."""
-    name = cfg.get("optimizer", "adam")
-    if name == "adam":
-        beta2 = float(cfg.get("beta2", 0.999))
+def build_optimizer(params_groups: list[dict], optimizer: str = "adam", lr: float = 0.001, momentum: float = 0.0,
+                    beta2: float = 0.999) -> torch.optim.Optimizer:
+    """``optimizer``: adam | sgd. Adam runs fused (one kernel per parameter instead of a dozen; 1.5x faster NVIL steps
+    at batch 20 on a CPU; a C step of ours over every parameter bought 1.24x more and was deleted,
+    ``bench/RESULTS.md``); ``beta2`` (``learner.beta2``) is its second-moment decay (the REBAR / RELAX authors' code:
+    0.99999); ``momentum`` is SGD's. ``lr`` is the default of groups that set none."""
+    if optimizer == "adam":
+        beta2 = float(beta2)
         if not 0.0 <= beta2 < 1.0:
             raise ConfigError(f"learner.beta2 must be in [0, 1), got {beta2}")
-        return torch.optim.Adam(params_groups, lr=cfg.lr, betas=(0.9, beta2), fused=True)
-    if name == "sgd":
-        return torch.optim.SGD(params_groups, lr=cfg.lr, momentum=float(cfg.get("momentum", 0.0)))
-    raise ConfigError(f"learner.optimizer must be 'adam' or 'sgd', got {name!r}")
+        return torch.optim.Adam(params_groups, lr=lr, betas=(0.9, beta2), fused=True)
+    if optimizer == "sgd":
+        return torch.optim.SGD(params_groups, lr=lr, momentum=float(momentum))
+    raise ConfigError(f"learner.optimizer must be 'adam' or 'sgd', got {optimizer!r}")
 
 
-def directed_groups(model: nn.Module, inference: nn.Module, cfg) -> tuple[float, list[dict]]:
+def directed_groups(model: nn.Module, inference: nn.Module, lr: float, inference_lr_scale: float
+                    ) -> tuple[float, list[dict]]:
     """(lr, the optimiser's parameter groups) of a directed model and its inference network: the model at
-    ``learner.lr``, the inference network at ``lr * inference_lr_scale`` (the paper always makes it five times
-    smaller than the model's)."""
-    lr = positive_float(cfg.get("lr"), "learner.lr")
+    ``lr`` (``learner.lr``), the inference network at ``lr * inference_lr_scale`` (the paper always makes it five
+    times smaller than the model's)."""
+    lr = positive_float(lr, "learner.lr")
     return lr, [{"params": list(model.parameters()), "lr": lr, "name": "model"},
-                {"params": list(inference.parameters()), "lr": lr * float(cfg.inference_lr_scale), "name": "inference"}]
+                {"params": list(inference.parameters()), "lr": lr * float(inference_lr_scale), "name": "inference"}]
 
 
 class DataParallel(Learner):

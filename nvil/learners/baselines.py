@@ -29,11 +29,6 @@ class SignalFlags:
     variance_normalisation: bool = True
     layerwise: bool = True
 
-    @classmethod
-    def from_cfg(cls, cfg) -> "SignalFlags":
-        return cls(bool(cfg.input_baseline), bool(cfg.constant_baseline), bool(cfg.variance_normalisation),
-                   bool(cfg.layerwise))
-
 
 class InputDependentBaseline(nn.Module):
     """b_psi(x): R^d -> R, one hidden layer of ``hidden`` tanh units (the paper uses 100)."""

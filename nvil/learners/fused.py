@@ -227,7 +227,7 @@ def compile_fused(step, fused: LayeredBernoulliGradients, mode: str, device, fal
     ``fallback`` (``auto``'s choice to compile): the eager step where the compilation fails, after one warning."""
     if fused.compilable:
         eager = step
-        step = accelerate(step, mode, device, "trainer.accel", fixed_modules=True)
+        step = accelerate(step, mode, device, "trainer.accel")
         if fallback:
             step = eager_if_uncompilable(step, eager, "trainer.accel")
     accelerate_sampling(mode if fused.compilable else "auto", fused.model, fused.inference)

@@ -16,51 +16,71 @@ pseudo-log-likelihood).
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+
 import torch
-from omegaconf import OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from torch import nn
 
 from nvil.core.config import positive_int
 from nvil.core.errors import ConfigError
 from nvil.estimators.validation import stochastic_pseudo_log_likelihood
 from nvil.learners.base import Learner
 from nvil.learners.sap import SAP, filter_grid
+from nvil.learners.settings import SAPSettings, ScheduleSettings
 
 LAYER_LEARNERS = ("cd", "sap")
 PROPAGATE = ("mean", "sample")
 
 
 class Greedy(Learner):
+    """Greedy layer-wise training of ``model`` (a ``DBN``). ``layer_learner``: cd | sap, each RBM's learner
+    (``SAP``'s mode), with the keywords of ``SAPSettings`` (defaults configs/learner/greedy.yaml, those of
+    learner=sap but k = 1); ``layer_steps``: updates of each RBM below the top (one integer, or one per RBM below
+    the top; the top RBM trains for the rest of the run); ``propagate``: what the next RBM trains on, p(h = 1 | x)
+    (mean) or h ~ p(h | x) (sample); ``per_layer``: None, or one mapping per RBM overriding any of the settings
+    above for it (``layer_learner`` and the ``SAPSettings`` keys), e.g. ``[{"layer_learner": "cd"}, {"k": 5}]``."""
+
     has_own_validation = True  # one RBM at a time: no single score across layers
 
-    def __init__(self, model, inference, cfg, device: torch.device, seed: int) -> None:
+    def __init__(self, model: nn.Module, inference: nn.Module | None = None, *, device: torch.device | str = "cpu",
+                 seed: int = 0, layer_learner: str = "cd", layer_steps: int | Sequence[int] = 25000,
+                 propagate: str = "mean", per_layer: Sequence[Mapping] | None = None, lr: float = 0.01,
+                 momentum: float = 0.0, weight_decay: float = 0.0, num_particles: int = 100, k: int = 1,
+                 closed_form: bool = True, reuse_hidden: bool = False, k_final: int | None = None, k_ramp: int = 1,
+                 k_every: int | None = None, lr_over_k: bool = False, momentum_initial: float | None = None,
+                 momentum_switch: int | None = None,
+                 schedule: ScheduleSettings | Mapping | None = ScheduleSettings()) -> None:
         super().__init__()
         if model.family != "dbn":
             raise ConfigError("learner=greedy trains deep belief nets (model=dbn)")
-        per_layer = cfg.get("per_layer")
         if per_layer is not None and len(per_layer) != len(model.rbms):
-            raise ConfigError(f"learner.per_layer must have one entry per RBM ({len(model.rbms)}), got {len(per_layer)}")
-        try:
-            self.layer_cfgs = [OmegaConf.merge(cfg, per_layer[i] if per_layer is not None else {})
-                               for i in range(len(model.rbms))]
-        except (OmegaConfBaseException, ValueError) as e:
-            raise ConfigError(f"learner.per_layer: {str(e).splitlines()[0]}") from None
-        for layer_cfg in self.layer_cfgs:
-            if layer_cfg.get("layer_learner") not in LAYER_LEARNERS:
-                raise ConfigError(f"learner.layer_learner must be one of {list(LAYER_LEARNERS)}, "
-                                  f"got {layer_cfg.get('layer_learner')!r}")
-        if cfg.get("propagate", "mean") not in PROPAGATE:
-            raise ConfigError(f"learner.propagate must be one of {list(PROPAGATE)}, got {cfg.get('propagate')!r}")
+            raise ConfigError(f"learner.per_layer must have one entry per RBM ({len(model.rbms)}), "
+                              f"got {len(per_layer)}")
+        shared = SAPSettings(lr, momentum, weight_decay, num_particles, k, closed_form, reuse_hidden, k_final, k_ramp,
+                             k_every, lr_over_k, momentum_initial, momentum_switch, schedule)
+        self.layer_learners, self.layer_settings = [], []  # each RBM's: SAP's mode, SAPSettings
+        for i in range(len(model.rbms)):
+            overrides = per_layer[i] if per_layer is not None else {}
+            if not isinstance(overrides, Mapping):
+                raise ConfigError(f"learner.per_layer[{i}] must be a mapping of settings, got {overrides!r}")
+            overrides = dict(overrides)
+            mode = overrides.pop("layer_learner", layer_learner)
+            if mode not in LAYER_LEARNERS:
+                raise ConfigError(f"learner.layer_learner must be one of {list(LAYER_LEARNERS)}, got {mode!r}")
+            self.layer_learners.append(mode)
+            self.layer_settings.append(SAPSettings.with_overrides(shared, overrides, f"learner.per_layer[{i}]"))
+        if propagate not in PROPAGATE:
+            raise ConfigError(f"learner.propagate must be one of {list(PROPAGATE)}, got {propagate!r}")
         n_lower = len(model.rbms) - 1
-        steps = cfg.get("layer_steps")
+        steps = layer_steps
         steps = [steps] * n_lower if isinstance(steps, int) and not isinstance(steps, bool) else list(steps or [])
         if len(steps) != n_lower:
             raise ConfigError(f"learner.layer_steps must be one integer or a list of {n_lower} (one per RBM below "
-                              f"the top), got {cfg.get('layer_steps')!r}")
+                              f"the top), got {layer_steps!r}")
         for s in steps:
             positive_int(s, "learner.layer_steps")
-        self.model, self.cfg, self.device, self.seed = model, cfg, device, seed
-        self.propagate = cfg.get("propagate", "mean")
+        self.model, self.device, self.seed = model, torch.device(device), seed
+        self.propagate = propagate
         self.boundaries = torch.tensor(steps).cumsum(0).tolist()  # update at which layer l + 1 starts
         self.generator = torch.Generator(device=device).manual_seed(seed + 7919)
         self.updates = 0
@@ -68,9 +88,8 @@ class Greedy(Learner):
         self.inner = self._layer_learner(0)
 
     def _layer_learner(self, layer: int) -> SAP:
-        layer_cfg = self.layer_cfgs[layer]
-        inner_cfg = OmegaConf.merge(layer_cfg, {"name": layer_cfg.layer_learner})
-        return SAP(self.model.rbms[layer], None, inner_cfg, self.device, self.seed + layer)
+        return SAP(self.model.rbms[layer], None, device=self.device, seed=self.seed + layer,
+                   mode=self.layer_learners[layer], **self.layer_settings[layer].keywords())
 
     def _layer_at(self, updates: int) -> int:
         return sum(updates >= b for b in self.boundaries)

@@ -30,6 +30,7 @@ ascent on log p(x, s) in s (Kingma 2013, Sec. 4; Neal & Hinton 1998), which opti
 from __future__ import annotations
 
 import torch
+from torch import nn
 
 from nvil.backend.accel import accelerate, check_mode, compiled
 from nvil.core import distributed
@@ -55,25 +56,37 @@ def _set_rows(state, idx, new) -> None:
 class MCEM(DataParallel):
     per_example_state = True  # the loop passes each minibatch's training-row indices
 
-    def __init__(self, model, inference, cfg, device: torch.device, seed: int) -> None:
+    NAME = "mcem_hmc"
+
+    def __init__(self, model: nn.Module, inference: nn.Module | None = None, *, device: torch.device | str = "cpu",
+                 seed: int = 0, lr: float = 0.01, m_steps: int = 5, e_steps: int = 1, num_leapfrog: int = 5,
+                 step_size: float = 0.01, adapt: str = "fixed", target_accept: float = 0.65, adapt_window: int = 100,
+                 prior_std: float | None = 1.0) -> None:
+        """Defaults: configs/learner/mcem_hmc.yaml. ``lr``: Adagrad's initial step size (M-step); ``m_steps``: Adagrad
+        steps per iteration (the paper's 5); ``e_steps``: HMC transitions per chain per iteration; ``num_leapfrog``:
+        leapfrog steps per transition (the paper's 5); ``step_size``: the paper's fixed 0.01, or with
+        ``adapt="dual_averaging"`` the starting one; ``adapt``: fixed | dual_averaging (per chain, towards
+        ``target_accept``; its gain stops falling after ``adapt_window`` updates, so it follows the drifting
+        posterior); ``prior_std``: the N(0, prior_std^2) prior on weights and biases (MAP), None for maximum
+        likelihood. ``device`` and ``seed``: the generator, and the chains' start (``bind_data``)."""
         super().__init__()
         if not model.family == "continuous":
-            raise ConfigError(f"learner={cfg.name} trains Gaussian belief nets (model=gbn or dbn_dynamic), "
+            raise ConfigError(f"learner={self.NAME} trains Gaussian belief nets (model=gbn or dbn_dynamic), "
                               f"not a {type(model).__name__}")
-        self.model, self.cfg, self.device, self.seed = model, cfg, device, seed
+        self.model, self.device, self.seed = model, torch.device(device), seed
         params = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.Adagrad([{"params": params, "name": "model"}], lr=positive_float(cfg.get("lr"), "learner.lr"))
-        self.m_steps = positive_int(cfg.get("m_steps", 5), "learner.m_steps")
-        self.e_steps = positive_int(cfg.get("e_steps", 1), "learner.e_steps")
-        self.num_leapfrog = positive_int(cfg.get("num_leapfrog", 5), "learner.num_leapfrog")
-        self.step_size = positive_float(cfg.get("step_size", 0.01), "learner.step_size")
-        self.adapt = cfg.get("adapt", "fixed")
+        self.optimizer = torch.optim.Adagrad([{"params": params, "name": "model"}],
+                                             lr=positive_float(lr, "learner.lr"))
+        self.m_steps = positive_int(m_steps, "learner.m_steps")
+        self.e_steps = positive_int(e_steps, "learner.e_steps")
+        self.num_leapfrog = positive_int(num_leapfrog, "learner.num_leapfrog")
+        self.step_size = positive_float(step_size, "learner.step_size")
+        self.adapt = adapt
         if self.adapt not in ADAPT:
             raise ConfigError(f"learner.adapt must be one of {list(ADAPT)}, got {self.adapt!r}")
-        prior_std = cfg.get("prior_std", 1.0)
         self.prior_std = None if prior_std is None else positive_float(prior_std, "learner.prior_std")
-        self.dual = DualAveraging(positive_float(cfg.get("target_accept", 0.65), "learner.target_accept"),
-                                  max_count=positive_int(cfg.get("adapt_window", 100), "learner.adapt_window"))
+        self.dual = DualAveraging(positive_float(target_accept, "learner.target_accept"),
+                                  max_count=positive_int(adapt_window, "learner.adapt_window"))
         self.generator = torch.Generator(device=device).manual_seed(seed)
         self.grad_evals = 0  # gradient evaluations of the minibatch log joint, E- and M-steps together
         self.chains: torch.Tensor | None = None
@@ -192,9 +205,18 @@ class MAPLatents(MCEM):
     """``learner=map_latents``: the E-step ascends log p(x, s) in the minibatch's latents, ``e_steps`` gradient
     steps of size ``latent_lr``, instead of sampling; the M-step is MCEM's."""
 
-    def __init__(self, model, inference, cfg, device, seed: int) -> None:
-        super().__init__(model, inference, cfg, device, seed)
-        self.latent_lr = positive_float(cfg.get("latent_lr", 0.01), "learner.latent_lr")
+    NAME = "map_latents"
+
+    def __init__(self, model: nn.Module, inference: nn.Module | None = None, *, device: torch.device | str = "cpu",
+                 seed: int = 0, lr: float = 0.01, m_steps: int = 5, e_steps: int = 1, num_leapfrog: int = 5,
+                 step_size: float = 0.01, adapt: str = "fixed", target_accept: float = 0.65, adapt_window: int = 100,
+                 prior_std: float | None = 1.0, latent_lr: float = 0.01) -> None:
+        """MCEM's keywords (configs/learner/map_latents.yaml includes mcem_hmc.yaml; the HMC ones go unused) and
+        ``latent_lr``, the E-step's gradient-ascent step size."""
+        super().__init__(model, inference, device=device, seed=seed, lr=lr, m_steps=m_steps, e_steps=e_steps,
+                         num_leapfrog=num_leapfrog, step_size=step_size, adapt=adapt, target_accept=target_accept,
+                         adapt_window=adapt_window, prior_std=prior_std)
+        self.latent_lr = positive_float(latent_lr, "learner.latent_lr")
 
     def e_step(self, x: torch.Tensor, idx: torch.Tensor, diagnostics: bool = False) -> tuple[torch.Tensor, dict]:
         s, posterior = self.chains[idx], differentiable(self.model.posterior(x), self.accel)

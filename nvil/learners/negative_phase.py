@@ -1,5 +1,7 @@
 """The negative phase of the Boltzmann-machine learners (``nvil.learners.sap``): where the samples from the
-model that stand in for E_model[dF(x)/dtheta] come from. One class per ``learner.name``, chosen by ``PHASES``:
+model that stand in for E_model[dF(x)/dtheta] come from. One class per ``learner.name``, chosen by ``PHASES``; each
+is built as ``Phase(model, generator, num_particles=..., reuse_hidden=...)``, with ``tt=TTSettings(...)`` for
+trans_sap and ``pt=PTSettings(...)`` for pt_sap:
 
 - ``Persistent`` (``sap``): the stochastic approximation procedure (Younes 1989; Tieleman 2008's persistent
   CD; Salakhutdinov 2009, Algorithm 1). M persistent particles, each moved by k block-Gibbs sweeps per update.
@@ -29,6 +31,7 @@ from __future__ import annotations
 import torch
 
 from nvil.core.config import positive_int
+from nvil.learners.settings import PTSettings, TTSettings
 from nvil.mcmc import BlockGibbs, ParallelTempering, TemperedTransitions, uniform_betas
 from nvil.mcmc.parallel_tempering import SwapRates
 from nvil.models.rbm import State
@@ -41,10 +44,11 @@ class NegativePhase:
     chains' kernel; ``report`` and ``image_grids`` what a logging step shows; ``state_dict`` what a resumed run
     needs; ``accelerate(mode)`` applies ``trainer.accel``."""
 
-    def __init__(self, model, cfg, generator: torch.Generator) -> None:
+    def __init__(self, model, generator: torch.Generator, *, num_particles: int = 100,
+                 reuse_hidden: bool = False) -> None:
         self.model, self.generator = model, generator
-        self.num_particles = positive_int(cfg.get("num_particles", 100), "learner.num_particles")
-        self.reuse_hidden = bool(cfg.get("reuse_hidden", False))
+        self.num_particles = positive_int(num_particles, "learner.num_particles")
+        self.reuse_hidden = bool(reuse_hidden)
         self.gibbs = BlockGibbs(model, reverse=self.reuse_hidden)
         self.chains: State | None = None
         self.hidden_input: torch.Tensor | None = None  # a(x) of target(chains).x after a reverse sweep, else None
@@ -128,12 +132,13 @@ class TemperedPersistent(Persistent):
     """Persistent chains that take one tempered-transitions run (``tt.num_betas`` inverse temperatures from
     ``tt.beta_min`` to 1) before the update's sweeps, every ``tt.every`` updates from update ``tt.start_step``."""
 
-    def __init__(self, model, cfg, generator: torch.Generator) -> None:
-        super().__init__(model, cfg, generator)
-        tt = cfg.tt
+    def __init__(self, model, generator: torch.Generator, *, num_particles: int = 100, reuse_hidden: bool = False,
+                 tt: TTSettings = TTSettings()) -> None:
+        super().__init__(model, generator, num_particles=num_particles, reuse_hidden=reuse_hidden)
+        tt = TTSettings.of(tt)
         self.tt = TemperedTransitions(model, uniform_betas(tt.num_betas, tt.beta_min))
-        self.every = positive_int(tt.every, "learner.tt.every")
-        self.start_step = int(tt.get("start_step", 0))
+        self.every = tt.every
+        self.start_step = tt.start_step
         self.last_run: tuple[torch.Tensor, torch.Tensor] | None = None  # x before and after (the paper's Fig. 2)
         self.last_accept: torch.Tensor | None = None  # the last run's acceptance rate
         self.runs = 0  # tempered-transitions runs so far
@@ -186,9 +191,11 @@ class ParallelTemperingPhase(Persistent):
     """Persistent parallel-tempering chains (``pt.num_temps`` replicas, betas from ``pt.beta_min`` to 1); each
     sweep is one PT step, which swaps the even or the odd pairs by the parity of the sweep count."""
 
-    def __init__(self, model, cfg, generator: torch.Generator) -> None:
-        super().__init__(model, cfg, generator)
-        self.pt = ParallelTempering(model, uniform_betas(cfg.pt.num_temps, cfg.pt.beta_min).float())
+    def __init__(self, model, generator: torch.Generator, *, num_particles: int = 100, reuse_hidden: bool = False,
+                 pt: PTSettings = PTSettings()) -> None:
+        super().__init__(model, generator, num_particles=num_particles, reuse_hidden=reuse_hidden)
+        pt = PTSettings.of(pt)
+        self.pt = ParallelTempering(model, uniform_betas(pt.num_temps, pt.beta_min).float())
         self.swap_rates = SwapRates(self.pt.num_temps - 1)  # every pair's rate over the steps between logs
 
     def init(self, start: torch.Tensor) -> State:
@@ -216,8 +223,9 @@ class ExactGradient(NegativePhase):
     """No negatives: E_model[dF/dtheta] is the gradient of log Z, summed exactly (models with <= 20 units to sum;
     others are refused here, not at the first step)."""
 
-    def __init__(self, model, cfg, generator: torch.Generator) -> None:
-        super().__init__(model, cfg, generator)
+    def __init__(self, model, generator: torch.Generator, *, num_particles: int = 100,
+                 reuse_hidden: bool = False) -> None:
+        super().__init__(model, generator, num_particles=num_particles, reuse_hidden=reuse_hidden)
         model.log_z_exact()
 
     def sample(self, x: torch.Tensor, k: int, updates: int) -> None:

@@ -47,20 +47,33 @@ class NVIL(FusedPath, GradientDiagnostics, SurrogateLearner):
     Data parallelism (whose gradients DDP averages during ``backward``) runs the autograd path; ``trainer.accel=compile``
     compiles whichever path runs (``FusedPath.accelerate``)."""
 
-    def __init__(self, model: nn.Module, inference: nn.Module, cfg, device: torch.device, seed: int) -> None:
+    def __init__(self, model: nn.Module, inference: nn.Module, *, device: torch.device | str = "cpu", seed: int = 0,
+                 optimizer: str = "adam", lr: float = 0.001, momentum: float = 0.0, beta2: float = 0.999,
+                 inference_lr_scale: float = 0.2, baseline_lr_scale: float = 1.0, baseline_hidden: int = 100,
+                 smoothing: float = 0.8, input_baseline: bool = True, constant_baseline: bool = True,
+                 variance_normalisation: bool = True, layerwise: bool = True) -> None:
+        """Defaults: configs/learner/nvil.yaml. ``optimizer``: adam | sgd (the paper: plain SGD at a fixed rate);
+        ``lr``: the model's rate; ``momentum``: SGD's; ``beta2``: Adam's second-moment decay (the REBAR authors'
+        code: 0.99999); ``inference_lr_scale``: the inference network's rate relative to lr (five times smaller, as
+        in the paper); ``baseline_lr_scale``: the input-dependent baseline's; ``baseline_hidden``: its tanh units
+        (one hidden layer); ``smoothing``: of the running mean / variance of the centred signal (c and v). The
+        switches of the Fig. 1 ablation: ``input_baseline``, ``constant_baseline``, ``variance_normalisation``,
+        ``layerwise`` (Sec. 2.3.1-2.3.3). ``device`` and ``seed``: the learner's generator."""
         super().__init__()
-        self.model, self.inference, self.cfg = model, inference, cfg
-        self.flags = SignalFlags.from_cfg(cfg)
+        self.model, self.inference = model, inference
+        self.flags = SignalFlags(bool(input_baseline), bool(constant_baseline), bool(variance_normalisation),
+                                 bool(layerwise))
         in_dims = [model.n_visible] + model.layers[:-1]
         self.baselines = nn.ModuleList(
-            InputDependentBaseline(d, int(cfg.baseline_hidden)) for d in in_dims
+            InputDependentBaseline(d, int(baseline_hidden)) for d in in_dims
         ) if self.flags.input_baseline else nn.ModuleList()
-        self.moments = nn.ModuleList(RunningMoments(float(cfg.smoothing)) for _ in range(len(model.layers)))
+        self.moments = nn.ModuleList(RunningMoments(float(smoothing)) for _ in range(len(model.layers)))
         self.to(device)
-        lr, groups = directed_groups(model, inference, cfg)
+        lr, groups = directed_groups(model, inference, lr, inference_lr_scale)
         if self.flags.input_baseline:
-            groups.append({"params": list(self.baselines.parameters()), "lr": lr * float(cfg.baseline_lr_scale), "name": "baseline"})
-        self.optimizer = build_optimizer(groups, cfg)
+            groups.append({"params": list(self.baselines.parameters()), "lr": lr * float(baseline_lr_scale),
+                           "name": "baseline"})
+        self.optimizer = build_optimizer(groups, optimizer, lr, momentum, beta2)
         self.generator = torch.Generator(device=device).manual_seed(seed)
         self.fused = fused_gradients(model, inference, self.baselines)
 

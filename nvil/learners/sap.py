@@ -30,15 +30,17 @@ data-parallel runs (whose gradients DistributedDataParallel averages in backward
 from __future__ import annotations
 
 import warnings
+from collections.abc import Mapping
 
 import torch
+from torch import nn
 
 from nvil.backend.accel import check_mode
 from nvil.core import distributed
-from nvil.core.config import positive_float, positive_int
 from nvil.core.errors import ConfigError
 from nvil.learners.base import DataParallel, grad_norms
 from nvil.learners.negative_phase import PHASES
+from nvil.learners.settings import PTSettings, SAPSettings, ScheduleSettings, TTSettings
 from nvil.models.rbm import State
 
 
@@ -60,41 +62,47 @@ def filter_grid(w: torch.Tensor, n: int = 64) -> torch.Tensor:
 
 
 class SAP(DataParallel):
+    """Maximum likelihood for a Boltzmann machine (``model.family == "boltzmann"``: model=rbm or srbm); ``mode`` picks
+    the negative phase (``MODES``: sap, trans_sap, pt_sap, cd, exact_ml; the module's docstring). The keywords are
+    those of ``SAPSettings`` (``nvil.learners.settings``, where each is documented), defaults configs/learner/sap.yaml:
+    ``SAP(rbm, None, lr=0.01, num_particles=100, k=1)``, ``SAP(rbm, None, mode="cd", k=25)``. ``device`` and
+    ``seed``: the learner's generator."""
+
     MODES = tuple(PHASES)
 
-    def __init__(self, model, inference, cfg, device: torch.device, seed: int) -> None:
+    def __init__(self, model: nn.Module, inference: nn.Module | None = None, *, device: torch.device | str = "cpu",
+                 seed: int = 0, mode: str = "sap", lr: float = 0.01, momentum: float = 0.0, weight_decay: float = 0.0,
+                 num_particles: int = 100, k: int = 1, closed_form: bool = True, reuse_hidden: bool = False,
+                 k_final: int | None = None, k_ramp: int = 1, k_every: int | None = None, lr_over_k: bool = False,
+                 momentum_initial: float | None = None, momentum_switch: int | None = None,
+                 schedule: ScheduleSettings | Mapping | None = ScheduleSettings(),
+                 tt: TTSettings | Mapping | None = TTSettings(),
+                 pt: PTSettings | Mapping | None = PTSettings()) -> None:
         super().__init__()
+        if mode not in PHASES:
+            raise ConfigError(f"SAP's mode must be one of {list(PHASES)}, got {mode!r}")
         if model.family != "boltzmann":
-            raise ConfigError(f"learner={cfg.name} trains Boltzmann machines (model=rbm or srbm), not this model")
-        self.model, self.cfg, self.mode = model, cfg, cfg.name
-        lr = positive_float(cfg.get("lr"), "learner.lr")
-        self.optimizer = torch.optim.SGD([{"params": list(model.parameters()), "name": "model"}], lr=lr,
-                                         momentum=float(cfg.get("momentum", 0.0)))
-        self.weight_cost = float(cfg.get("weight_decay", 0.0))
-        if self.weight_cost < 0:
-            raise ConfigError(f"learner.weight_decay must be >= 0, got {self.weight_cost}")
+            raise ConfigError(f"learner={mode} trains Boltzmann machines (model=rbm or srbm), not this model")
+        s = self.settings = SAPSettings(lr, momentum, weight_decay, num_particles, k, closed_form, reuse_hidden,
+                                        k_final, k_ramp, k_every, lr_over_k, momentum_initial, momentum_switch, schedule,
+                                        tt, pt)
+        self.model, self.mode = model, mode
+        self.optimizer = torch.optim.SGD([{"params": list(model.parameters()), "name": "model"}], lr=s.lr,
+                                         momentum=s.momentum)
+        self.weight_cost = s.weight_decay
         self.weights = [p for p in model.parameters() if p.dim() >= 2]  # W, U, L: the biases take no weight cost
-        self.momentum = float(cfg.get("momentum", 0.0))
-        self.momentum_initial = cfg.get("momentum_initial")  # rbm.m: 0.5 for the first 5 epochs, then momentum
-        self.momentum_switch = positive_int(cfg.get("momentum_switch"), "learner.momentum_switch", allow_none=True)
-        if (self.momentum_initial is None) != (self.momentum_switch is None):
-            raise ConfigError("learner.momentum_initial and learner.momentum_switch go together (the momentum for the "
-                              "first momentum_switch updates)")
+        self.momentum, self.momentum_initial, self.momentum_switch = s.momentum, s.momentum_initial, s.momentum_switch
         self.generator = torch.Generator(device=device).manual_seed(seed)
-        self.k = positive_int(cfg.get("k", 1), "learner.k")
-        self.k_final = positive_int(cfg.get("k_final"), "learner.k_final", allow_none=True)
-        self.k_ramp = positive_int(cfg.get("k_ramp", 1), "learner.k_ramp")
-        self.k_every = positive_int(cfg.get("k_every"), "learner.k_every", allow_none=True)
-        if self.k_every is not None and self.k_final is None:
-            raise ConfigError("learner.k_every steps k up to learner.k_final, which is not set")
-        self.lr_over_k = bool(cfg.get("lr_over_k", False))
-        sched = cfg.get("schedule") or {}
-        paper = paper_schedule(lr, sched.get("t0"), sched.get("a"), sched.get("b"))
+        self.k, self.k_final, self.k_ramp, self.k_every = s.k, s.k_final, s.k_ramp, s.k_every
+        self.lr_over_k = s.lr_over_k
+        paper = paper_schedule(s.lr, s.schedule.t0, s.schedule.a, s.schedule.b)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, (lambda t: paper(t) / self.sweeps_at(t)) if self.lr_over_k else paper)
-        self.phase = PHASES[self.mode](model, cfg, self.generator)
+        extra = {"trans_sap": {"tt": s.tt}, "pt_sap": {"pt": s.pt}}.get(mode, {})
+        self.phase = PHASES[mode](model, self.generator, num_particles=s.num_particles, reuse_hidden=s.reuse_hidden,
+                                  **extra)
         self.updates = 0  # parameter updates so far (the schedule's t and the TT clock)
-        self.closed_form = bool(cfg.get("closed_form", True)) and model.closed_form_grad
+        self.closed_form = s.closed_form and model.closed_form_grad
         self.sgd_in_products = True  # plain SGD applied by the gradient's GEMMs (tests switch it off to compare)
 
     def sweeps_now(self) -> int:
@@ -240,7 +248,7 @@ class SAP(DataParallel):
             for p in self.weights:
                 p.grad.add_(p, alpha=self.weight_cost)
         if self.momentum_switch is not None:
-            momentum = float(self.momentum_initial) if self.updates < self.momentum_switch else self.momentum
+            momentum = self.momentum_initial if self.updates < self.momentum_switch else self.momentum
             for group in self.optimizer.param_groups:
                 group["momentum"] = momentum
         self.optimizer.step()

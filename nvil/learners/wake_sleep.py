@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from nvil.core.config import positive_int
 from nvil.learners.base import SurrogateLearner, build_optimizer, directed_groups
 from nvil.learners.fused import fused_gradients
 from nvil.learners.fused_path import FusedPath
@@ -23,13 +24,22 @@ from nvil.learners.weight_steps import apply_update, plain_sgd_rates
 
 
 class WakeSleep(FusedPath, SurrogateLearner):
-    def __init__(self, model: nn.Module, inference: nn.Module, cfg, device: torch.device, seed: int) -> None:
+    """Wake-sleep for a directed binary model and its inference network. Defaults: configs/learner/wake_sleep.yaml.
+    ``optimizer``: adam | sgd; ``lr``: the model's rate; ``momentum``: SGD's; ``beta2``: Adam's second-moment decay;
+    ``inference_lr_scale``: the recognition network's rate relative to lr (as NVIL's, for a like-for-like
+    comparison); ``sleep_batch_size``: dreams per update (None: the minibatch size). ``device`` and ``seed``: the
+    learner's generator."""
+
+    def __init__(self, model: nn.Module, inference: nn.Module, *, device: torch.device | str = "cpu", seed: int = 0,
+                 optimizer: str = "adam", lr: float = 0.001, momentum: float = 0.0, beta2: float = 0.999,
+                 inference_lr_scale: float = 0.2, sleep_batch_size: int | None = None) -> None:
         super().__init__()
-        self.model, self.inference, self.cfg = model, inference, cfg
+        self.model, self.inference = model, inference
         self.to(device)
-        self.optimizer = build_optimizer(directed_groups(model, inference, cfg)[1], cfg)
+        lr, groups = directed_groups(model, inference, lr, inference_lr_scale)
+        self.optimizer = build_optimizer(groups, optimizer, lr, momentum, beta2)
         self.generator = torch.Generator(device=device).manual_seed(seed)
-        self.sleep_batch = cfg.get("sleep_batch_size")
+        self.sleep_batch = positive_int(sleep_batch_size, "learner.sleep_batch_size", allow_none=True)
         self.fused = fused_gradients(model, inference)
 
     def surrogate(self, x: torch.Tensor, diagnostics: bool = True) -> tuple[torch.Tensor, dict]:

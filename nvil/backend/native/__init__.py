@@ -120,8 +120,6 @@ def _signatures(real) -> dict:
                                                                            + [ptr, u64])
     return {**ranged, **drivers,
             "uniforms": (None, [i64, i64, u64, ptr]),
-            "bernoulli": (None, [i64, i64, u64, ptr]),
-            "bernoulli_threads": (None, [i64, i64, u64, ptr, i32]),
             "bernoulli_log_prob": (None, [i64] * 3 + [ptr, i64, ptr, i64, ptr, ptr]),
             "bernoulli_log_prob_threads": (None, [i64] * 2 + [ptr, i64, ptr, i64, ptr, ptr, i32])}
 
@@ -233,17 +231,6 @@ def uniforms(chains: int, units: int, seed: int, dtype: torch.dtype = torch.floa
     out = torch.empty(chains, units, dtype=dtype)
     _kernel("uniforms", dtype)(0, out.numel(), seed, _ptr(out))
     return out
-
-
-def bernoulli_(p: torch.Tensor, seed: int, offset: int = 0) -> torch.Tensor:
-    """p <- [u < p] in place (1. or 0.), u the counter-based uniforms of draws offset .. offset + p.numel() - 1 under
-    ``seed`` (``uniforms``: the draw for entry [r, j] is offset + r * width + j). One pass, no stored uniforms, in
-    torch.get_num_threads() OpenMP threads over ranges of entries; the values never depend on the threads."""
-    fn = _kernel("bernoulli_threads", p.dtype)
-    _checked(p, p.dtype, "p")
-    n = p.numel()
-    fn(offset, n, seed, p.data_ptr(), threads_for(n, 32768))
-    return p
 
 
 def autoregressive(base: torch.Tensor, wt: torch.Tensor, u: torch.Tensor) -> torch.Tensor:

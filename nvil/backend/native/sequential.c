@@ -202,22 +202,6 @@ void uniforms_f32(int64_t i0, int64_t n, uint64_t seed, float *out) { uniforms_i
 
 void uniforms_f64(int64_t i0, int64_t n, uint64_t seed, double *out) { uniforms_into_f64(seed, i0, n, out); }
 
-/* Bernoulli draws in place: p[k] <- 1 where uniform draw i0 + k (as uniforms_*) is below p[k], else 0, in chunks of
-   256 uniforms on the stack (a block-Gibbs half-sweep's u < sigmoid(field), without a pass to store the uniforms). */
-#define DEFINE_BERNOULLI(REAL, SUFFIX)                                                                             \
-void bernoulli_##SUFFIX(int64_t i0, int64_t n, uint64_t seed, REAL *p) {                                           \
-    REAL u[256];                                                                                                    \
-    for (int64_t s = 0; s < n; s += 256) {                                                                          \
-        int64_t m = n - s < 256 ? n - s : 256;                                                                      \
-        uniforms_into_##SUFFIX(seed, i0 + s, m, u);                                                                 \
-        _Pragma("omp simd")                                                                                         \
-        for (int64_t k = 0; k < m; k++) p[s + k] = u[k] < p[s + k] ? (REAL)1 : (REAL)0;                             \
-    }                                                                                                               \
-}
-
-DEFINE_BERNOULLI(float, f32)
-DEFINE_BERNOULLI(double, f64)
-
 /* Autoregressive Bernoulli units (models/autoregressive.py): per chain, unit j on where u_j < sigmoid(l_j), in index
    order, l the base logits plus W h over the units drawn so far, kept current by adding row j of wt (column j of the
    strictly lower-triangular W) to the logits of the units after j when unit j comes on. The same operations in the

@@ -69,10 +69,6 @@ int lateral_tiled_threads_##S(int64_t n, int threads, int64_t M, REAL *v, const 
         free(panel), free(dummy);                                                                                   \
     })                                                                                                              \
     return failed;                                                                                                  \
-}                                                                                                                   \
-                                                                                                                    \
-void bernoulli_threads_##S(int64_t i0, int64_t n, uint64_t seed, REAL *p, int threads) {                            \
-    FOR_RANGES(n, bernoulli_##S(i0 + begin, end - begin, seed, p + begin))                                          \
 }
 
 DEFINE_THREADS(float, f32)

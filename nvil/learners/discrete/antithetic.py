@@ -25,6 +25,7 @@ grad_theta log p, q's layer i gets dL/d alpha_i = -g_alpha / N on the main path.
 from __future__ import annotations
 
 import torch
+from torch import nn
 
 from nvil.backend.native.bernoulli_log_prob import bernoulli_log_prob
 from nvil.learners.discrete.common import DiscreteLearner, bernoulli_path, elbo_integrand, repeat
@@ -33,10 +34,16 @@ from nvil.learners.fused_path import FusedPath
 
 
 class ARM(FusedPath, DiscreteLearner):
-    needs_bernoulli_q = True
+    """ARM; the keywords are ``DiscreteLearner``'s (defaults: configs/learner/arm.yaml, disarm.yaml)."""
 
-    def __init__(self, model, inference, cfg, device, seed) -> None:
-        super().__init__(model, inference, cfg, device, seed)
+    needs_bernoulli_q = True
+    NAME = "arm"
+
+    def __init__(self, model: nn.Module, inference: nn.Module, *, device: torch.device | str = "cpu", seed: int = 0,
+                 optimizer: str = "adam", lr: float = 0.001, momentum: float = 0.0, beta2: float = 0.999,
+                 inference_lr_scale: float = 0.2) -> None:
+        super().__init__(model, inference, device=device, seed=seed, optimizer=optimizer, lr=lr, momentum=momentum,
+                         beta2=beta2, inference_lr_scale=inference_lr_scale)
         self.evaluations_per_example = len(inference.encoders) + 1
         self.fused = fused_gradients(model, inference)
 
@@ -107,6 +114,8 @@ class ARM(FusedPath, DiscreteLearner):
 
 
 class DisARM(ARM):
+    NAME = "disarm"
+
     def logit_gradient(self, f, f_anti, u, b, b_anti, prob) -> torch.Tensor:
         """DisARM's g_alpha: 1/2 (f(b) - f(b~)) (-1)^{b~} 1[b != b~] sigmoid(|alpha|), with sigmoid(|alpha|) =
         max(p, 1 - p)."""

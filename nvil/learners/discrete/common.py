@@ -37,21 +37,28 @@ class DiscreteLearner(GradientDiagnostics, SurrogateLearner):
 
     evaluations_per_example: int = 1
     needs_bernoulli_q: bool = False
+    NAME: str = ""  # the learner's name in the registry (``learner=NAME``), for error messages
 
-    def __init__(self, model: nn.Module, inference: nn.Module, cfg, device: torch.device, seed: int,
-                 control_variate: nn.Module | None = None) -> None:
+    def __init__(self, model: nn.Module, inference: nn.Module, *, device: torch.device | str = "cpu", seed: int = 0,
+                 optimizer: str = "adam", lr: float = 0.001, momentum: float = 0.0, beta2: float = 0.999,
+                 inference_lr_scale: float = 0.2, control_variate: nn.Module | None = None,
+                 cv_lr_scale: float = 1.0) -> None:
+        """The settings every estimator here shares (configs/learner/<name>.yaml): ``optimizer`` (adam | sgd),
+        ``lr`` (the model's rate), ``momentum`` (SGD's), ``beta2`` (Adam's second-moment decay),
+        ``inference_lr_scale`` (q's rate relative to lr); ``control_variate`` trains at ``lr * cv_lr_scale``.
+        ``device`` and ``seed``: the learner's generator."""
         super().__init__()
-        self.model, self.inference, self.cfg = model, inference, cfg
+        self.model, self.inference = model, inference
         if self.needs_bernoulli_q and not inference.factorial:
-            raise ConfigError(f"learner={cfg.name} needs factorial Bernoulli inference layers "
+            raise ConfigError(f"learner={self.NAME} needs factorial Bernoulli inference layers "
                               "(model.inference.autoregressive=false)")
         self.control_variate = control_variate
         self.to(device)
-        lr, groups = directed_groups(model, inference, cfg)
+        lr, groups = directed_groups(model, inference, lr, inference_lr_scale)
         if control_variate is not None:
-            groups.append({"params": list(control_variate.parameters()), "lr": lr * float(cfg.cv_lr_scale),
+            groups.append({"params": list(control_variate.parameters()), "lr": lr * float(cv_lr_scale),
                            "name": "control_variate"})
-        self.optimizer = build_optimizer(groups, cfg)
+        self.optimizer = build_optimizer(groups, optimizer, lr, momentum, beta2)
         self.generator = torch.Generator(device=device).manual_seed(seed)
 
     def extra_state(self) -> dict[str, nn.Module]:
@@ -66,13 +73,17 @@ class DiscreteLearner(GradientDiagnostics, SurrogateLearner):
 
 
 class MultiSample(DiscreteLearner):
-    """K = ``learner.num_samples`` samples per example (at least 2: a leave-one-out baseline needs another)."""
+    """K = ``num_samples`` samples per example (at least 2: a leave-one-out baseline needs another)."""
 
-    def __init__(self, model, inference, cfg, device, seed) -> None:
-        super().__init__(model, inference, cfg, device, seed)
-        self.k = positive_int(cfg.get("num_samples"), "learner.num_samples")
+    def __init__(self, model: nn.Module, inference: nn.Module, *, device: torch.device | str = "cpu", seed: int = 0,
+                 optimizer: str = "adam", lr: float = 0.001, momentum: float = 0.0, beta2: float = 0.999,
+                 inference_lr_scale: float = 0.2, num_samples: int = 5) -> None:
+        """``DiscreteLearner``'s settings and ``num_samples``, K (defaults: configs/learner/vimco.yaml, rloo.yaml)."""
+        super().__init__(model, inference, device=device, seed=seed, optimizer=optimizer, lr=lr, momentum=momentum,
+                         beta2=beta2, inference_lr_scale=inference_lr_scale)
+        self.k = positive_int(num_samples, "learner.num_samples")
         if self.k < 2:
-            raise ConfigError(f"learner.num_samples must be at least 2 for learner={cfg.name}, got {self.k}")
+            raise ConfigError(f"learner.num_samples must be at least 2 for learner={self.NAME}, got {self.k}")
         self.evaluations_per_example = self.k
 
 
@@ -81,8 +92,11 @@ class FusedMultiSample(FusedPath, MultiSample):
     q draws for K copies of the minibatch, sample k of example n in row k N + n (``repeat``'s order, so the same
     draws as the autograd path); the learner defines ``fused_signals`` (``nvil.learners.fused_path``)."""
 
-    def __init__(self, model, inference, cfg, device, seed) -> None:
-        super().__init__(model, inference, cfg, device, seed)
+    def __init__(self, model: nn.Module, inference: nn.Module, *, device: torch.device | str = "cpu", seed: int = 0,
+                 optimizer: str = "adam", lr: float = 0.001, momentum: float = 0.0, beta2: float = 0.999,
+                 inference_lr_scale: float = 0.2, num_samples: int = 5) -> None:
+        super().__init__(model, inference, device=device, seed=seed, optimizer=optimizer, lr=lr, momentum=momentum,
+                         beta2=beta2, inference_lr_scale=inference_lr_scale, num_samples=num_samples)
         self.fused = fused_gradients(model, inference)
 
     def fused_rows(self, x: torch.Tensor) -> torch.Tensor:

@@ -10,6 +10,7 @@ the gradient of the ELBO: the estimator is biased (the reference users ask about
 from __future__ import annotations
 
 import torch
+from torch import nn
 
 from nvil.backend.native.bernoulli_log_prob import bernoulli_log_prob
 from nvil.core.config import positive_float
@@ -17,11 +18,18 @@ from nvil.learners.discrete.common import DiscreteLearner
 
 
 class GumbelST(DiscreteLearner):
-    needs_bernoulli_q = True
+    """``DiscreteLearner``'s keywords and ``temperature``, tau of sigmoid(z / tau) (defaults:
+    configs/learner/gumbel_st.yaml)."""
 
-    def __init__(self, model, inference, cfg, device, seed) -> None:
-        super().__init__(model, inference, cfg, device, seed)
-        self.temperature = positive_float(cfg.get("temperature"), "learner.temperature")
+    needs_bernoulli_q = True
+    NAME = "gumbel_st"
+
+    def __init__(self, model: nn.Module, inference: nn.Module, *, device: torch.device | str = "cpu", seed: int = 0,
+                 optimizer: str = "adam", lr: float = 0.001, momentum: float = 0.0, beta2: float = 0.999,
+                 inference_lr_scale: float = 0.2, temperature: float = 1.0) -> None:
+        super().__init__(model, inference, device=device, seed=seed, optimizer=optimizer, lr=lr, momentum=momentum,
+                         beta2=beta2, inference_lr_scale=inference_lr_scale)
+        self.temperature = positive_float(temperature, "learner.temperature")
 
     def surrogate(self, x: torch.Tensor, diagnostics: bool = True) -> tuple[torch.Tensor, dict]:
         hs, log_q, below = [], 0.0, x

@@ -29,8 +29,6 @@ SBN-200 update at batch 24 takes 8.1 ms instead of 11.3 (1.4x, one CPU thread, m
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -41,6 +39,9 @@ from nvil.core.config import positive_float, positive_int
 from nvil.core.errors import ConfigError
 from nvil.learners.base import grad_norms
 from nvil.learners.discrete.common import EPS, DiscreteLearner
+from nvil.learners.discrete.control_variate import (CV_ACTIVATIONS, CV_INPUTS, CV_NOISE, CV_OBJECTIVES, ControlVariate,
+                                                    _cat_broadcast, on_parts)
+from nvil.learners.discrete.control_variate import mlp  # noqa: F401 (re-exported: tests import it from here)
 
 
 def conditional_logistic(alpha: torch.Tensor, b: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -56,12 +57,6 @@ def conditional_logistic(alpha: torch.Tensor, b: torch.Tensor, v: torch.Tensor) 
     return torch.where(b > 0, on, off)
 
 
-CV_INPUTS = ("relaxed", "x_z")
-CV_ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU}
-CV_OBJECTIVES = ("parameters", "logits")
-CV_NOISE = ("independent", "common")
-
-
 def conditional_uniform(u: torch.Tensor, b: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
     """The uniform v that gives z~ = z through ``conditional_logistic`` when b = H(z), z = alpha + logit u: given b, u
     is uniform on (u', 1) (b = 1) or (0, u') (b = 0), u' = sigmoid(-alpha), so v = (u - u') / (1 - u') or u / u' is
@@ -72,64 +67,44 @@ def conditional_uniform(u: torch.Tensor, b: torch.Tensor, alpha: torch.Tensor) -
     return v.clamp(EPS, 1 - EPS).detach()
 
 
-def mlp(n_in: int, hidden: int, depth: int, activation: str) -> nn.Sequential:
-    """``depth`` hidden layers of ``hidden`` units, then one output, the output layer started at zero (so RELAX
-    starts as REBAR)."""
-    layers, width = [], n_in
-    for _ in range(depth):
-        layers += [nn.Linear(width, hidden), CV_ACTIVATIONS[activation]()]
-        width = hidden
-    layers.append(nn.Linear(width, 1))
-    nn.init.zeros_(layers[-1].weight)
-    nn.init.zeros_(layers[-1].bias)
-    return nn.Sequential(*layers)
-
-
-class ControlVariate(nn.Module):
-    """eta, the temperature lambda (as its log) and, for RELAX, r_rho (``hidden`` units per layer, ``depth`` layers),
-    either one net on every layer's relaxed (or, below the relaxed one, hard) units (``inputs="relaxed"``), or, as in
-    the RELAX authors' code, one net per latent layer i on (x - mean, z_i, 2 b_<i - 1): the centred input, layer i's
-    logistic sample before the sigmoid, and the hard layers below (``inputs="x_z"``)."""
-
-    def __init__(self, eta: float, temperature: float, sizes: list[int], hidden: int | None, n_visible: int = 0,
-                 inputs: str = "relaxed", depth: int = 1, activation: str = "tanh") -> None:
-        super().__init__()
-        self.eta = nn.Parameter(torch.tensor(float(eta)))
-        self.log_temperature = nn.Parameter(torch.tensor(math.log(float(temperature))))
-        self.net, self.nets = None, None
-        if hidden and inputs == "relaxed":
-            self.net = mlp(sum(sizes), int(hidden), depth, activation)
-        elif hidden:
-            self.nets = nn.ModuleList(mlp(n_visible + sum(sizes[:i + 1]), int(hidden), depth, activation)
-                                      for i in range(len(sizes)))
-
-    def networks(self) -> list[nn.Module]:
-        """r_rho's networks (none for REBAR)."""
-        return [self.net] if self.net is not None else list(self.nets or [])
-
-
 class REBAR(DiscreteLearner):
+    """REBAR. Keywords (defaults: configs/learner/rebar.yaml): ``DiscreteLearner``'s, and ``eta`` (the control
+    variate's initial scale), ``temperature`` (the initial lambda of sigmoid(z / lambda)), ``cv_lr_scale`` (the
+    control variate's rate relative to lr; the authors' code: 10), ``cv_objective`` (what eta, lambda (and r_rho)
+    descend: ``parameters``, the second moment of the inference weights' estimate; ``logits``, the mean square of the
+    per-example logit-space estimate, the RELAX authors' code), ``cv_noise`` (``independent``: z~ from its own
+    uniform v; ``common``: v from z's u, so z~ = z in value, the RELAX authors' ``v_from_u``)."""
+
     needs_bernoulli_q = True
     supports_data_parallel = False  # the update is set by hand (two backward passes), not through DDP's backward
     neural = False                  # RELAX: add r_rho to the control variate
+    NAME = "rebar"
 
-    def __init__(self, model, inference, cfg, device, seed) -> None:
-        hidden = positive_int(cfg.get("cv_hidden"), "learner.cv_hidden") if self.neural else None
-        inputs, activation = cfg.get("cv_inputs", "relaxed"), cfg.get("cv_activation", "tanh")
-        self.objective = cfg.get("cv_objective", "parameters")
-        self.noise = cfg.get("cv_noise", "independent")
+    def __init__(self, model: nn.Module, inference: nn.Module, *, device: torch.device | str = "cpu", seed: int = 0,
+                 optimizer: str = "adam", lr: float = 0.001, momentum: float = 0.0, inference_lr_scale: float = 0.2,
+                 eta: float = 1.0, temperature: float = 0.5, cv_lr_scale: float = 1.0, cv_objective: str = "parameters",
+                 beta2: float = 0.999, cv_noise: str = "independent") -> None:
+        self._build(model, inference, dict(device=device, seed=seed, optimizer=optimizer, lr=lr, momentum=momentum,
+                                           beta2=beta2, inference_lr_scale=inference_lr_scale, cv_lr_scale=cv_lr_scale),
+                    eta, temperature, cv_objective, cv_noise)
+
+    def _build(self, model: nn.Module, inference: nn.Module, learner: dict, eta: float, temperature: float,
+               objective: str, noise: str, hidden: int | None = None, depth: int = 1, activation: str = "tanh",
+               inputs: str = "relaxed", weight_decay: float = 0.0) -> None:
+        """The control variate (r_rho: ``hidden`` units, ``depth`` layers, for RELAX), then ``DiscreteLearner``'s
+        setup with the keywords ``learner``."""
+        self.objective, self.noise = objective, noise
         for key, value, allowed in (("cv_inputs", inputs, CV_INPUTS), ("cv_activation", activation, CV_ACTIVATIONS),
-                                    ("cv_objective", self.objective, CV_OBJECTIVES), ("cv_noise", self.noise, CV_NOISE)):
+                                    ("cv_objective", objective, CV_OBJECTIVES), ("cv_noise", noise, CV_NOISE)):
             if value not in allowed:
                 raise ConfigError(f"learner.{key} must be one of {list(allowed)}, got {value!r}")
-        self.weight_decay = float(cfg.get("cv_weight_decay", 0.0))
+        self.weight_decay = float(weight_decay)
         if not self.weight_decay >= 0:
             raise ConfigError(f"learner.cv_weight_decay must be >= 0, got {self.weight_decay}")
         sizes = [enc.out_features for enc in inference.encoders]
-        cv = ControlVariate(float(cfg.eta), positive_float(cfg.get("temperature"), "learner.temperature"), sizes,
-                            hidden, model.n_visible, inputs,
-                            positive_int(cfg.get("cv_depth", 1), "learner.cv_depth") if self.neural else 1, activation)
-        super().__init__(model, inference, cfg, device, seed, control_variate=cv)
+        cv = ControlVariate(float(eta), positive_float(temperature, "learner.temperature"), sizes, hidden,
+                            model.n_visible, inputs, depth, activation)
+        DiscreteLearner.__init__(self, model, inference, control_variate=cv, **learner)
         self.evaluations_per_example = 1 + 2 * len(inference.encoders)  # f(b); the relaxed f at z_i and z~_i
 
     def relaxed_f(self, x: torch.Tensor, soft: list[torch.Tensor], logits: list[torch.Tensor]) -> torch.Tensor:
@@ -255,23 +230,22 @@ class REBAR(DiscreteLearner):
         return self
 
 
-def on_parts(net: nn.Sequential, parts: list[torch.Tensor]) -> torch.Tensor:
-    """net(cat(parts, -1)), the first Linear applied part by part on the weight's column blocks: a part without the
-    stacked (z, z~) dimension (x - mean, the hard layers below) is multiplied once per example, not once per stacked
-    copy, and the sum broadcasts. The same function as concatenating the parts (tests/test_discrete_estimators.py)."""
-    first = net[0]
-    blocks = first.weight.split([t.shape[-1] for t in parts], dim=1)
-    pre = first.bias
-    for t, w in zip(parts, blocks):
-        pre = pre + F.linear(t, w)
-    return net[1:](pre)
-
-
-def _cat_broadcast(parts: list[torch.Tensor]) -> torch.Tensor:
-    """``parts`` concatenated along the last dimension, their leading dimensions broadcast (z and z~ stacked)."""
-    lead = torch.broadcast_shapes(*(t.shape[:-1] for t in parts))
-    return torch.cat([t.expand(*lead, t.shape[-1]) for t in parts], -1)
-
-
 class RELAX(REBAR):
+    """RELAX: REBAR's keywords (defaults: configs/learner/relax.yaml) and r_rho's: ``cv_hidden`` units in each of
+    ``cv_depth`` hidden layers (the authors' code: 2 or 4), ``cv_activation`` (tanh | relu), ``cv_inputs``
+    (``relaxed``: one r_rho on every layer's relaxed units; ``x_z``: the authors' code, one r_rho per latent layer i
+    on (x - mean, z_i, 2 b_<i - 1)), ``cv_weight_decay`` (L2 on r_rho, added to the variance objective)."""
+
     neural = True
+    NAME = "relax"
+
+    def __init__(self, model: nn.Module, inference: nn.Module, *, device: torch.device | str = "cpu", seed: int = 0,
+                 optimizer: str = "adam", lr: float = 0.001, momentum: float = 0.0, inference_lr_scale: float = 0.2,
+                 eta: float = 1.0, temperature: float = 0.5, cv_lr_scale: float = 1.0, cv_objective: str = "parameters",
+                 beta2: float = 0.999, cv_hidden: int = 200, cv_depth: int = 1, cv_activation: str = "tanh",
+                 cv_inputs: str = "relaxed", cv_weight_decay: float = 0.0, cv_noise: str = "independent") -> None:
+        hidden = positive_int(cv_hidden, "learner.cv_hidden")
+        self._build(model, inference, dict(device=device, seed=seed, optimizer=optimizer, lr=lr, momentum=momentum,
+                                           beta2=beta2, inference_lr_scale=inference_lr_scale, cv_lr_scale=cv_lr_scale),
+                    eta, temperature, cv_objective, cv_noise, hidden, positive_int(cv_depth, "learner.cv_depth"),
+                    cv_activation, cv_inputs, cv_weight_decay)

@@ -20,6 +20,8 @@ from nvil.learners.discrete.common import FusedMultiSample, elbo_integrand, repe
 
 
 class RLOO(FusedMultiSample):
+    NAME = "rloo"
+
     @staticmethod
     def baseline(f: torch.Tensor) -> torch.Tensor:
         """b_k = the mean of the other K - 1 samples' f [K, batch]."""

@@ -24,6 +24,8 @@ from nvil.learners.discrete.common import FusedMultiSample, repeat
 
 
 class VIMCO(FusedMultiSample):
+    NAME = "vimco"
+
     @staticmethod
     def leave_one_out(log_w: torch.Tensor) -> torch.Tensor:
         """log w^_-k [K, batch]: the mean of the other samples' log weights (Eq. 10)."""
