@@ -32,7 +32,8 @@ def spin(stop) -> None:
             x = (x * 1_103_515_245 + 12_345) % 2_147_483_648
 
 
-def timed(cmd: list[str], busy: bool) -> float:
+def timed(cmd: list[str], busy: bool) -> tuple[float, str]:
+    """(wall seconds, the command's last line on stdout) of one run, with or without the neighbour."""
     stop = multiprocessing.Event()
     neighbour = multiprocessing.Process(target=spin, args=(stop,), daemon=True) if busy else None
     if neighbour:
@@ -40,9 +41,9 @@ def timed(cmd: list[str], busy: bool) -> float:
     try:
         with tempfile.TemporaryDirectory() as run_dir:
             started = time.perf_counter()
-            subprocess.run([*cmd, f"hydra.run.dir={run_dir}"] if "train.py" in " ".join(cmd) else cmd, cwd=ROOT,
-                           check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            return time.perf_counter() - started
+            out = subprocess.run([*cmd, f"hydra.run.dir={run_dir}"] if "train.py" in " ".join(cmd) else cmd,
+                                 cwd=ROOT, check=True, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+            return time.perf_counter() - started, (out.stdout.strip().splitlines() or [""])[-1]
     finally:
         if neighbour:
             stop.set()
@@ -54,13 +55,14 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("command", nargs="*", default=[sys.executable, "train.py"])
     args = parser.parse_args()
-    idle, busy = [], []
+    idle, busy, last = [], [], ""
     for _ in range(args.repeats):
-        idle.append(timed(args.command, busy=False))
-        busy.append(timed(args.command, busy=True))
+        for times, neighbour in ((idle, False), (busy, True)):
+            seconds, last = timed(args.command, busy=neighbour)
+            times.append(seconds)
     i, b = statistics.median(idle), statistics.median(busy)
     print(json.dumps({"command": " ".join(args.command), "idle_s": round(i, 1), "busy_s": round(b, 1),
-                      "busy_over_idle": round(b / i, 2), "repeats": args.repeats}))
+                      "busy_over_idle": round(b / i, 2), "repeats": args.repeats, "last_line": last}))
 
 
 if __name__ == "__main__":

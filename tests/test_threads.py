@@ -29,6 +29,28 @@ def test_biases_do_not_count_as_work():
     assert model_work([layer, None], 3) == 3 * 40
 
 
+def test_idle_cores_are_read_from_the_cpu_times(monkeypatch):
+    """Two samples of /proc/stat: cpu0 busy all the time, cpu1 idle 3/4 of it -> 0.75 idle cores."""
+    if hasattr(os, "sched_getaffinity"):  # this machine's own file parses: a busy and an idle count per core
+        stat = threads._cpu_times(os.sched_getaffinity(0))
+        assert stat.keys() == os.sched_getaffinity(0) and all(b >= 0 and i >= 0 for b, i in stat.values())
+    samples = iter([{0: (100, 50), 1: (10, 500)}, {0: (200, 50), 1: (35, 575)}])
+    monkeypatch.setattr(threads, "_cpu_times", lambda mask: next(samples))
+    monkeypatch.setattr(threads.time, "sleep", lambda s: None)
+    assert threads.idle_cores() == pytest.approx(0.75)
+
+
+def test_a_busy_neighbour_keeps_its_core(monkeypatch):
+    monkeypatch.setattr(threads, "available_cores", lambda: 2)
+    monkeypatch.setattr(threads, "idle_cores", lambda seconds=0.2: 1.1)   # the other core is taken
+    assert choose_threads("auto", 1e15, "eval.threads") == 1
+    monkeypatch.setattr(threads, "idle_cores", lambda seconds=0.2: 1.9)   # both idle
+    assert choose_threads("auto", 1e15, "eval.threads") == 2
+    monkeypatch.setattr(threads, "idle_cores", lambda seconds=0.2: 0.0)   # all taken: still one thread
+    assert choose_threads("auto", 1e15, "eval.threads") == 1
+    assert choose_threads(2, 1e15, "eval.threads") == 2                   # a number is the user's choice
+
+
 def test_the_cores_are_the_affinity_mask_shared_by_local_ranks(monkeypatch):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4, 5}, raising=False)
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
