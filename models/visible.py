@@ -153,16 +153,15 @@ def blocked_sweep(field, v, thresholds, lateral, beta, block=lateral_block, size
     return v
 
 
-def native_sweep(field, v, lateral, beta, reverse: bool = False, seed: int = 0) -> torch.Tensor:
+def native_sweep(field, v, thresholds, lateral, beta, reverse: bool = False) -> torch.Tensor:
     """The same sweep as one C call (``nvil.backend.native.lateral_sweep``, ``accel=native``): per block of units their fields
     field + beta v L from the current v (a register-tiled product over chains where the CPU has AVX-512, else sums of
-    the rows of L of the units that are on), then the block's decisions in order; ``reverse``: units in the opposite
-    order. The thresholds are drawn inside the call, the logits of ``nvil.backend.native.uniforms(chains, M, seed)``
-    (counter-based: the C loop draws them with no pass over memory and no serial generator). Writes into and
-    returns v."""
+    the rows of L of the units that are on), then the block's decisions in order, unit j on where its field exceeds
+    ``thresholds[:, j]`` (the eager sweep's, so the same chain up to rounding); ``reverse``: units in the opposite
+    order. Writes into and returns v."""
     chains = field.shape[0]
     jscale = torch.as_tensor(beta, dtype=field.dtype).reshape(-1).expand(chains).contiguous()
-    native.lateral_sweep(v, field.contiguous(), None, jscale, reverse, lateral.contiguous(), seed)
+    native.lateral_sweep(v, field.contiguous(), thresholds.contiguous(), jscale, reverse, lateral.contiguous())
     return v
 
 
@@ -177,10 +176,9 @@ class LateralBernoulli(Bernoulli):
     The sweep is blocked (``blocked_sweep``): one matmul per ``BLOCK`` pixels instead of one matvec per pixel,
     and all uniforms drawn first, as their logits. ``accelerate("compile")`` compiles the in-block updates
     (``nvil.backend.accel``; a few seconds' compilation per chain count, so opt-in); ``accelerate("native")`` runs the whole
-    sweep as one C call on the CPU (``native_sweep``), which draws its uniforms itself from one seed taken from the
-    generator (a different stream from the eager sweep's for the same seed, the same kernel p_beta(v | h)). On CUDA,
-    ``accel=auto`` runs the sweep as one Triton kernel (``nvil.backend.native.triton_sweep.lateral_sweep``) on the eager
-    sweep's uniforms: the same chain up to rounding."""
+    sweep as one C call on the CPU (``native_sweep``), and on CUDA ``accel=auto`` runs it as one Triton kernel
+    (``nvil.backend.native.triton_sweep.lateral_sweep``), both on the eager sweep's uniforms from the generator: one
+    chain for a seed on every path, up to rounding."""
 
     fused_gibbs = False
 
@@ -202,10 +200,10 @@ class LateralBernoulli(Bernoulli):
                 mu = 0.2 * mu + 0.8 * torch.sigmoid(field + beta * (mu @ lateral))
             return mu
         v = (start if start is not None else torch.zeros_like(field)).clone()
-        if native.wanted(self.sweep_mode, field.device):
-            return native_sweep(field, v, lateral, beta, reverse, native.seed_from(generator))
         u = torch.rand(field.shape, generator=generator, device=field.device, dtype=field.dtype)
         thresholds = log_odds(u)  # u < sigmoid(x) where x > logit(u)
+        if native.wanted(self.sweep_mode, field.device):
+            return native_sweep(field, v, thresholds, lateral, beta, reverse)  # in C, on the same thresholds
         if triton_sweep.wanted(self.sweep_mode, field.device) and triton_sweep.lateral_sweep(
                 v, field, thresholds, beta, reverse, lateral):
             return v  # the whole sweep as one Triton kernel on CUDA (the eager sweep's uniforms and chain)

@@ -349,8 +349,11 @@ def test_native_pixel_sweep_matches_the_per_pixel_loop(reverse, beta, mode):
     layer = LateralBernoulli().accelerate(mode, "cpu")
     fast = layer.sample_field(field, torch.Generator().manual_seed(5), beta=beta, lateral=lateral, start=s0,
                               reverse=reverse)
-    u = native.uniforms(*field.shape, native.seed_from(torch.Generator().manual_seed(5)), DT)  # the C sweep's own
+    u = torch.rand(field.shape, generator=torch.Generator().manual_seed(5), dtype=DT)  # the eager sweep's uniforms
     assert torch.equal(fast, reference_pixel_sweep(field, s0, u, lateral, beta, reverse))
+    eager = LateralBernoulli().sample_field(field, torch.Generator().manual_seed(5), beta=beta, lateral=lateral,
+                                            start=s0, reverse=reverse)
+    assert torch.equal(fast, eager)  # one chain for a seed, in C or eagerly
 
 
 @pytest.mark.parametrize("kernel", ["list", "tiled"])
