@@ -41,8 +41,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     model, _, payload = load_model(Path(args.checkpoint), device)
-    data = build_model_data(OmegaConf.create(payload["config"]["data"]), OmegaConf.create(payload["config"]["model"]),
-                            device)
+    data = build_model_data(OmegaConf.create(payload["config"]["data"]), device,
+                            labels=bool(payload["config"]["model"].get("labels", False)))
     rbm, rows = (model.top, propagate_up(model, data.split("train"))) if isinstance(model, DBN) else \
         (model, data.split("train"))
     particles = stored_particles(payload, rbm.n_visible)

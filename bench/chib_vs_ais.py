@@ -70,7 +70,8 @@ def main() -> None:
                                                f"trainer.device={args.device}", "print_config=false"])
         train.train(cfg, out / "dbn")
     model, _, payload = load_model(checkpoint, device)
-    data = build_model_data(OmegaConf.create(payload["config"]["data"]), OmegaConf.create(payload["config"]["model"]), device)
+    data = build_model_data(OmegaConf.create(payload["config"]["data"]), device,
+                            labels=bool(payload["config"]["model"].get("labels", False)))
     x50, train_rows = first_per_class(data.split("test"), data, "test", 5, "chib"), data.split("train")
 
     shared = {"log_z": {"num_betas": args.log_z_betas, "schedule": args.log_z_schedule, "num_chains": args.log_z_chains}}

@@ -162,8 +162,8 @@ def scored_before(ckpt: Path, step: int, name: str, settings: dict, spec: EvalSp
 def split_size(ckpt: Path, split: str) -> int:
     """The number of examples in the checkpoint's data split ``split``."""
     payload = torch.load(ckpt, map_location="cpu", weights_only=True)
-    data = build_model_data(OmegaConf.create(payload["config"]["data"]),
-                            OmegaConf.create(payload["config"]["model"]), "cpu")
+    data = build_model_data(OmegaConf.create(payload["config"]["data"]), "cpu",
+                            labels=bool(payload["config"]["model"].get("labels", False)))
     return data.splits[split].shape[0]
 
 

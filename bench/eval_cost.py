@@ -112,8 +112,8 @@ class Checkpoint:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.model, self.inference, self.payload = load_model(path, torch.device("cpu"))
-        self.data = build_model_data(OmegaConf.create(self.payload["config"]["data"]),
-                                     OmegaConf.create(self.payload["config"]["model"]), torch.device("cpu"))
+        self.data = build_model_data(OmegaConf.create(self.payload["config"]["data"]), torch.device("cpu"),
+                                     labels=bool(self.payload["config"]["model"].get("labels", False)))
 
 
 def time_row(name: str, ckpt: Checkpoint, model, overrides: dict, examples: int, seed: int) -> dict:

@@ -55,8 +55,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def images(path: Path, payload: dict, split: str, num_examples: int | None) -> torch.Tensor:
     """The first ``num_examples`` images of ``split`` of the checkpoint's own data config."""
-    data = build_model_data(OmegaConf.create(payload["config"]["data"]), OmegaConf.create(payload["config"]["model"]),
-                            torch.device("cpu"))
+    data = build_model_data(OmegaConf.create(payload["config"]["data"]), torch.device("cpu"),
+                            labels=bool(payload["config"]["model"].get("labels", False)))
     x = data.split(split)
     if num_examples is not None and num_examples > x.shape[0]:
         raise SystemExit(f"{path}: its {split} split has {x.shape[0]} images, fewer than --num-examples "

@@ -56,8 +56,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 def load(path: Path):
     """(model, checkpoint payload, the run's dataset with one-hot labels) of a checkpoint, read once."""
     model, _, payload = load_model(path, torch.device("cpu"))
-    data = build_model_data(OmegaConf.create(payload["config"]["data"]), OmegaConf.create(payload["config"]["model"]),
-                            torch.device("cpu"))
+    data = build_model_data(OmegaConf.create(payload["config"]["data"]), torch.device("cpu"),
+                            labels=bool(payload["config"]["model"].get("labels", False)))
     return model, payload, data
 
 

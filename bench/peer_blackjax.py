@@ -159,7 +159,7 @@ def build_target(args, device, dtype):
         data_cfg, model_cfg = cfg.data, cfg.model
         model = None
         what = f"random parameters (N(0, {model_cfg.init_scale}^2) under seed {args.seed})"
-    data = build_model_data(data_cfg, model_cfg, torch.device("cpu"))
+    data = build_model_data(data_cfg, torch.device("cpu"), labels=bool(model_cfg.get("labels", False)))
     if model is None:
         torch.manual_seed(args.seed)
         model, _ = build_model(model_cfg, data.dim)

@@ -89,6 +89,9 @@ SCORE = {  # tag -> the scores logged under it
 @torch.no_grad()
 def validate(model, inference, valid: torch.Tensor, train_subset: torch.Tensor, num_samples: int, seed: int,
              ais_betas: int = 100) -> dict:
+    """The scores ``score_tag`` names, on the rows ``valid`` (and ``train_subset``, for exact scores) with
+    ``num_samples`` samples (or AIS-HMC chains) per example and ``ais_betas`` temperatures, drawn from a generator
+    seeded by ``seed``; plain values, so the caller (``nvil.app.loop``) reads the trainer config."""
     g = torch.Generator(device=valid.device).manual_seed(seed + 1_000_003)
     return SCORE[score_tag(model, inference)](Job(model, inference, valid, train_subset, num_samples, ais_betas, g))
 

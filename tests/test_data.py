@@ -120,7 +120,8 @@ def test_synthetic_data_comes_from_the_known_sbn():
 
     cfg = synthetic(num_train=20000, n_visible=4, layers=[2])
     d = build_dataset(cfg)
-    model = data_mod.synthetic_sbn(cfg)
+    model = data_mod.synthetic_sbn(n_visible=cfg.n_visible, layers=cfg.layers, weight_scale=cfg.weight_scale,
+                                   model_seed=cfg.model_seed)
     states = enumerate_states(4, 0, 16)
     expected = exact_log_marginal(model, states).exp()
     codes = (d.splits["train"] * torch.tensor([8.0, 4.0, 2.0, 1.0])).sum(1).long()

@@ -41,7 +41,7 @@ def build(cfg, device: torch.device, check: Callable | None = None) -> Run:
     is built and before it moves to the device (train.py: the final evaluation accepts this model). Under
     torchrun each rank's learner draws from its own stream (``distributed.rank_seed``)."""
     torch.manual_seed(cfg.seed)
-    data = build_model_data(cfg.data, cfg.model, device)
+    data = build_model_data(cfg.data, device, labels=bool(cfg.model.get("labels", False)))
     model, inference = build_model(cfg.model, data.dim)
     check_model_fits_data(model, data)
     if check is not None:

