@@ -1,4 +1,4 @@
-"""The two sequential Gibbs sweeps, timed on the CPU (issue 16), here and in a copy of the code from before:
+"""The two sequential Gibbs sweeps, timed on the CPU, here and in a copy of the code from before:
 
     git worktree add /tmp/before_seq HEAD        # the code to compare with
     python bench/sequential_sweeps.py --before /tmp/before_seq --threads 1,2

@@ -1,4 +1,4 @@
-"""The fast sequential sweeps make the same chains as the per-unit loops they replace (issue 16).
+"""The fast sequential sweeps make the same chains as the per-unit loops they replace.
 
 - The semi-RBM's pixel sweep (``nvil.models.visible.blocked_sweep``: one matmul per block, then the in-block
   updates with L's [B, B] block) against the per-pixel loop (one matvec per pixel), reproduced here as

@@ -1,4 +1,4 @@
-"""The CUDA whole-sweep kernel (``nvil.backend.native.triton_sweep``) makes the reference's chains (issue 16).
+"""The CUDA whole-sweep kernel (``nvil.backend.native.triton_sweep``) makes the reference's chains.
 
 Without a GPU the kernel runs in Triton's interpreter (``TRITON_INTERPRET=1``, set before the kernel is built) on CPU
 tensors: the same program, so its arithmetic and control flow are checked on every machine. Against the

@@ -43,9 +43,8 @@ import torch
 from nvil.core.errors import ConfigError
 
 MODES = ("none", "compile", "cudagraphs", "native", "auto")
-# The run length from which ``auto`` compiles a CPU step that repays it: the default job's NVIL step (Adam, batch 20)
-# took 3.1-3.6 ms eager and 1.8-1.9 ms compiled on a Zen 3 core, and its compilation 2 s with Inductor's cache warm,
-# ~16 s cold (bench/RESULTS.md, twenty-fifth session): even cold it is repaid after ~10,000 steps.
+# The run length from which ``auto`` compiles a CPU step that repays it: a compiled NVIL step saves roughly half of
+# the eager step, and a cold compilation is repaid after ~10,000 steps (bench/RESULTS.md).
 AUTO_COMPILE_STEPS = 20_000
 
 

@@ -4,10 +4,8 @@
        softplus(a) = max(a, 0) + log1p(exp(-|a|)),
 
    the form of log sigmoid(+-a) that neither overflows nor cancels. exp(-|a|) in (0, 1] and log1p of it from the
-   polynomials below: no calls into libm, so the loop vectorises
-   (torch's float32 softplus took ~6 ns per element on a Zen 3 core, scalar log1p; this pass with the dot
-   product ~2.4, measured beside another job: bench/RESULTS.md, twenty-third session). log1p(y) for y in
-   (0, 1] as 2 atanh(s), s = y / (2 + y) in (0, 1/3], to s^15: truncation below 1e-9. Either operand's rows may
+   polynomials below: no calls into libm, so the loop vectorises (torch's float32 softplus calls a scalar log1p).
+   log1p(y) for y in (0, 1] as 2 atanh(s), s = y / (2 + y) in (0, 1/3], to s^15: truncation below 1e-9. Either operand's rows may
    repeat (the K-sample bounds' x, and q's first logits, the same for every sample: no K copies of them). Each block
    of 128 terms is summed in float32 (in the vector lanes), the blocks of a row in double; out is float32, rows
    r0 .. r1 - 1; a [a_period, width] and value [v_period, width] row-major. A NaN in a row gives NaN, as torch's
@@ -16,8 +14,8 @@
 /* a * b + c as one fused multiply-add where the CPU has one (every AVX2 machine): with -ffp-contract=off (-std=c11)
    the compiler contracts nothing else. Written out, the polynomials below are Estrin's scheme (pairs, then pairs of
    pairs) rather than Horner's: a chain of ~4 dependent FMAs per polynomial instead of ~14 multiplies and adds. These
-   loops are latency bound (each vector's terms one long chain), so the shorter chains are the speed: 1.5-2.5x per
-   term on a Zen 3 core (bench/RESULTS.md, twenty-fifth session). The same Taylor coefficients; values within an ulp
+   loops are latency bound (each vector's terms one long chain), so the shorter chains are the speed. The same
+   Taylor coefficients; values within an ulp
    or two of the Horner forms'. */
 #ifdef __FMA__
 #define SD_FMA(a, b, c) __builtin_fmaf((a), (b), (c))
