@@ -24,13 +24,15 @@ from pathlib import Path
 from common import ROOT, markdown_table  # noqa: I001
 
 CHILD = r'''
-import json, sys, time
-import torch
+import json, os, sys, time
 root, threads, groups = sys.argv[1], int(sys.argv[2]), set(sys.argv[3].split(","))
 sys.path.insert(0, root)
+if os.path.isdir(f"{root}/nvil/backend"):  # the entry points' kernel set (older revisions chose it on import)
+    from nvil.backend.cpu_kernels import choose_kernels
+    choose_kernels()
+import torch
 torch.set_num_threads(threads)
 from omegaconf import OmegaConf
-import os
 if os.path.isdir(f"{root}/nvil/core"):  # the floors' names (an older revision: models/, estimators/ at the top)
     from nvil.models import build_model
     from nvil.models.rbm import BoltzmannMachine

@@ -20,6 +20,10 @@ from omegaconf import OmegaConf
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from nvil.backend.cpu_kernels import choose_kernels  # noqa: E402
+
+choose_kernels()  # as the entry points do, before torch's first operation
+
 from nvil.estimators.ais import base_rate  # noqa: E402
 from nvil.estimators.certify import certified_log_z, certify_settings, stored_particles  # noqa: E402
 from nvil.estimators.log_z import propagate_up  # noqa: E402

@@ -24,6 +24,10 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from nvil.backend.cpu_kernels import choose_kernels  # noqa: E402
+
+choose_kernels()  # as the entry points do, before torch's first operation (trainer.cpu_kernels=auto)
+
 import torch  # noqa: E402
 from hydra import compose, initialize_config_dir  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402

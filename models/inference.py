@@ -17,6 +17,14 @@ from nvil.models.autoregressive import AutoregressiveLinear
 from nvil.models.binary_density import BinaryDensity, DensityBuilder, layer_slices
 
 
+def sigmoid_once(logits: torch.Tensor) -> torch.Tensor:
+    """sigmoid(logits); logits repeated along a stride-0 leading dimension (the K-sample bounds' first layer, the
+    same for every sample) pass through the sigmoid once per distinct row and are expanded back."""
+    if logits.dim() == 3 and logits.stride(0) == 0:
+        return torch.sigmoid(logits[0]).expand(logits.shape)
+    return torch.sigmoid(logits)
+
+
 class LayeredInference(nn.Module):
     def __init__(self, n_visible: int, layers: list[int], autoregressive: bool = False) -> None:
         super().__init__()
@@ -76,7 +84,7 @@ class LayeredInference(nn.Module):
                     h = self.within[i].sample(base, generator)
                 else:
                     u = torch.rand(base.shape, generator=generator, device=base.device, dtype=base.dtype)
-                    h = (u < torch.sigmoid(base)).to(base.dtype)
+                    h = (u < sigmoid_once(base)).to(base.dtype)
             hs.append(h)
             log_qs.append(self._layer_log_prob(i, base, h))
         return hs, log_qs
