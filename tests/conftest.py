@@ -145,7 +145,13 @@ def run_script(script: str, *args: str, cwd=ROOT, env: dict | None = None) -> su
     tests are for."""
     out, err = io.StringIO(), io.StringIO()
     with IN_PROCESS:
-        saved = sys.argv, os.getcwd(), dict(os.environ), list(logging.getLogger().handlers)
+        root = logging.getLogger()
+        saved = sys.argv, os.getcwd(), dict(os.environ), list(root.handlers), root.level
+        root.handlers = []  # handlers bound to streams the run does not own (pytest's, absl's) stay out of it
+        # Hydra configures logging with dictConfig, which closes every handler the process holds; absl's (jax
+        # imports it) would close the stream it holds, pytest's capture: the run sees none of them
+        kept = logging._handlerList[:]
+        del logging._handlerList[:]
         try:
             os.chdir(cwd)
             os.environ.update(env or {})
@@ -168,8 +174,9 @@ def run_script(script: str, *args: str, cwd=ROOT, env: dict | None = None) -> su
             os.environ.clear()
             os.environ.update(saved[2])
             GlobalHydra.instance().clear()
-            root = logging.getLogger()
             for h in [h for h in root.handlers if h not in saved[3]]:
-                root.removeHandler(h)
                 h.close()
+            root.handlers = saved[3]
+            root.setLevel(saved[4])
+            logging._handlerList[:0] = kept
     return subprocess.CompletedProcess([script, *args], code, out.getvalue(), err.getvalue())
