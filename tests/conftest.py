@@ -138,7 +138,7 @@ IN_PROCESS = threading.Lock()  # one script at a time: a run changes sys.argv, t
 def run_script(script: str, *args: str, cwd=ROOT, env: dict | None = None) -> subprocess.CompletedProcess:
     """``python SCRIPT *args`` (``train.py``, ``evaluate.py``, or ``-m nvil.app.merge``) as its process would run
     it, in this one: through the function the script and its console script call (``nvil.app.main.train_main``
-    ...), its arguments in ``sys.argv``, ``cwd`` as the working directory, ``env`` added to ``os.environ``,
+    ...), its arguments in ``sys.argv``, ``cwd`` as the working directory, ``env`` added to ``os.environ`` (and HYDRA_FULL_ERROR=0),
     stdout and stderr captured, the exit code from ``SystemExit`` (an uncaught exception: 1, its traceback on
     stderr). Hydra's global state, the root logger's handlers and the environment are put back afterwards. The
     process itself (start-up, signals, the CPU kernel set chosen before torch starts) is what the few subprocess
@@ -154,7 +154,7 @@ def run_script(script: str, *args: str, cwd=ROOT, env: dict | None = None) -> su
         del logging._handlerList[:]
         try:
             os.chdir(cwd)
-            os.environ.update(env or {})
+            os.environ.update({"HYDRA_FULL_ERROR": "0", **(env or {})})  # Hydra's errors as the scripts print them
             sys.argv = [script, *args]
             with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
                 try:

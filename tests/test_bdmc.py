@@ -25,13 +25,12 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
 
 import pytest
 import torch
 from omegaconf import OmegaConf
 
-from conftest import ROOT, SYNTHETIC, make_cfg, run_script, tiny_model
+from conftest import SYNTHETIC, make_cfg, run_script, tiny_model
 from nvil.estimators import build_estimator
 from nvil.estimators.ais import PosteriorPath, ais
 from nvil.estimators.reverse_ais import BDMC
@@ -179,9 +178,7 @@ def test_linear_gaussian_net_is_bracketed_and_certified_with_enough_betas():
 # ---- 5. evaluate.py --------------------------------------------------------------------------------------
 
 
-def run(script: str, *args: str, cwd=ROOT) -> subprocess.CompletedProcess:
-    """``python SCRIPT *args``, in this process (``conftest.run_script``)."""
-    return run_script(script, *args, cwd=cwd, env={"HYDRA_FULL_ERROR": "0"})
+run = run_script  # ``python SCRIPT *args``, in this process
 
 
 def test_cli_reports_the_certificate_and_refuses_boltzmann_machines(tmp_path):

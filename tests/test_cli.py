@@ -15,9 +15,7 @@ from conftest import ROOT, SYNTHETIC, run_script
 from nvil.data import MNIST_PACKAGE
 
 
-def run(script: str, *args: str, cwd=ROOT) -> subprocess.CompletedProcess:
-    """``python SCRIPT *args``, in this process (``conftest.run_script``)."""
-    return run_script(script, *args, cwd=cwd, env={"HYDRA_FULL_ERROR": "0"})
+run = run_script  # ``python SCRIPT *args``, in this process
 
 
 def run_process(script: str, *args: str, cwd=ROOT) -> subprocess.CompletedProcess:

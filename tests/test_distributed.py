@@ -45,7 +45,7 @@ def torchrun(script: str, *args: str, nproc: int = 2, cwd=ROOT) -> subprocess.Co
 
 def single(script: str, *args: str) -> subprocess.CompletedProcess:
     """One process's run of ``SCRIPT *args``, in this process (``conftest.run_script``)."""
-    return run_script(script, *args, cwd=ROOT, env={"HYDRA_FULL_ERROR": "0"})
+    return run_script(script, *args, cwd=ROOT)
 
 
 def ok(proc: subprocess.CompletedProcess) -> subprocess.CompletedProcess:

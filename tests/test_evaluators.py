@@ -19,13 +19,12 @@ from __future__ import annotations
 import copy
 import json
 import math
-import subprocess
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import CHI2_999, ROOT, SYNTHETIC, chi_square, run_script
+from conftest import CHI2_999, SYNTHETIC, chi_square, run_script
 from nvil.estimators.ais import base_rate, rbm_log_z, rbm_log_z_reverse, schedule
 from nvil.estimators.bounds import importance_sampled_bound
 from nvil.estimators.chib import Chib
@@ -413,9 +412,7 @@ def test_dbn_latent_densities_equal_log_joint_and_recognition(sizes):
 # ---- 6-7. evaluate.py ------------------------------------------------------------------------------------
 
 
-def run(script: str, *args: str, cwd=ROOT, module: bool = False) -> subprocess.CompletedProcess:
-    """``python SCRIPT *args`` (``module``: ``python -m SCRIPT``), in this process (``conftest.run_script``)."""
-    return run_script(f"-m {script}" if module else script, *args, cwd=cwd, env={"HYDRA_FULL_ERROR": "0"})
+run = run_script  # ``python SCRIPT *args`` (or ``-m nvil.app.merge``), in this process
 
 
 def json_lines(text: str) -> list[dict]:
@@ -479,7 +476,7 @@ def test_cli_dbn_chib_log_z_cache_and_sharding(tmp_path):
         proc = run("evaluate.py", *chib, "eval.num_shards=2", f"eval.shard={shard}", f"eval.output={shards}",
                    cwd=tmp_path)
         assert proc.returncode == 0, proc.stderr
-    proc = run("nvil.app.merge", str(shards), module=True)
+    proc = run("-m nvil.app.merge", str(shards))
     assert proc.returncode == 0, proc.stderr
     (merged,) = json_lines(proc.stdout)
     assert merged["num_examples"] == 20 and merged["seed"] == 3

@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
 
 import pytest
 import torch
 from omegaconf import OmegaConf
 
-from conftest import ROOT, SYNTHETIC, make_cfg, run_script
+from conftest import SYNTHETIC, make_cfg, run_script
 from nvil.estimators.exact import enumerate_states
 from nvil.models.rbm import BoltzmannMachine, State
 from nvil.core.checkpoint import load_checkpoint
@@ -298,9 +297,7 @@ def test_resume_gives_identical_parameters_and_particles(tmp_path, learner):
 # ---- end to end ---------------------------------------------------------------------------------------------------
 
 
-def run(script: str, *args: str, cwd=ROOT) -> subprocess.CompletedProcess:
-    """``python SCRIPT *args``, in this process (``conftest.run_script``)."""
-    return run_script(script, *args, cwd=cwd, env={"HYDRA_FULL_ERROR": "0"})
+run = run_script  # ``python SCRIPT *args``, in this process
 
 
 def json_lines(text: str) -> list[dict]:

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from nvil.backend import threads
-from nvil.backend.threads import WORK_PER_THREAD, choose_threads, model_work, threads_for_work, using_threads
+from nvil.backend.threads import WORK_PER_THREAD, choose_threads, model_work, restored_threads, threads_for_work
 from nvil.core.errors import ConfigError
 
 
@@ -69,8 +69,8 @@ def test_a_bad_setting_is_one_line_naming_the_key(bad):
 
 def test_the_previous_count_comes_back():
     before = torch.get_num_threads()
-    with using_threads(1):
-        torch.set_num_threads(2)
+    with restored_threads():
+        torch.set_num_threads(2 if before == 1 else 1)
     assert torch.get_num_threads() == before
 
 

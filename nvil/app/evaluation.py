@@ -19,7 +19,7 @@ from nvil.backend import gemm
 from nvil.backend.accel import accelerate_sampling
 from nvil.backend.cpu_kernels import capability
 from nvil.backend.denormals import flushed_denormals
-from nvil.backend.threads import choose_threads, model_work, using_threads
+from nvil.backend.threads import choose_threads, model_work, restored_threads
 from nvil.core import distributed
 from nvil.core.checkpoint import load_checkpoint, load_module_state
 from nvil.core.config import positive_int, resolve_device
@@ -99,7 +99,7 @@ class EvalSpec:
 def evaluate_checkpoint(path, estimator_cfg, spec: EvalSpec = EvalSpec()) -> Result:
     """Estimate log p(v) of ``spec.split`` under the checkpoint at ``path`` with the estimator ``estimator_cfg``
     describes; print the JSON line, append it to the output file and return the ``Result``."""
-    with flushed_denormals(spec.flush_denormal, "eval.flush_denormal"), using_threads(torch.get_num_threads()):
+    with flushed_denormals(spec.flush_denormal, "eval.flush_denormal"), restored_threads():
         return _evaluate_checkpoint(Path(path), estimator_cfg, spec)
 
 

@@ -32,7 +32,7 @@ from nvil.app.resume import restore, resumes
 from nvil.backend import gemm
 from nvil.backend.cpu_kernels import capability
 from nvil.backend.denormals import flushed_denormals
-from nvil.backend.threads import using_threads
+from nvil.backend.threads import restored_threads
 from nvil.core import distributed
 from nvil.core.checkpoint import save_checkpoint
 from nvil.core.config import positive_float, positive_int, resolve_device
@@ -77,7 +77,7 @@ def fit(cfg, run_dir: Path, check=None) -> dict:
     """Train the configured model and learner in ``run_dir``; return the final metrics. ``check(model,
     inference, data)``, if given, runs once the model is built and before any step (train.py: the final evaluation
     accepts this model). Denormals are flushed from the start (``trainer.flush_denormal``, nvil/backend/denormals.py)."""
-    with flushed_denormals(cfg.trainer.get("flush_denormal", True)), using_threads(torch.get_num_threads()):
+    with flushed_denormals(cfg.trainer.get("flush_denormal", True)), restored_threads():
         return _fit(cfg, run_dir, check)
 
 

@@ -13,6 +13,7 @@ idle when the run starts (``idle_cores``: a neighbour already running keeps its 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 
@@ -94,16 +95,11 @@ def model_work(modules, rows: int) -> float:
     return float(rows) * weights
 
 
-class using_threads:
-    """``torch.set_num_threads(n)`` while the block runs, the previous count restored after it."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __enter__(self) -> int:
-        self.previous = torch.get_num_threads()
-        torch.set_num_threads(self.n)
-        return self.n
-
-    def __exit__(self, *exc) -> None:
-        torch.set_num_threads(self.previous)
+@contextlib.contextmanager
+def restored_threads():
+    """torch's intra-op thread count as it was before the block, whatever the block sets."""
+    previous = torch.get_num_threads()
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
