@@ -146,7 +146,8 @@ class CertifiedLogZ(Certificate):
 
     @classmethod
     def from_dict(cls, d: dict) -> "CertifiedLogZ":
-        """Rebuild a cached certificate; ``ValueError`` when its digest does not match its contents."""
+        """Rebuild a cached certificate; ``ValueError`` when its digest does not match its contents. The digest is
+        unkeyed, so it catches damage, not forgery: the cache's HMAC does that (``nvil.estimators.log_z_cache``)."""
         d = dict(d)
         if d.pop("digest", None) != digest(d):
             raise ValueError("its digest does not match its contents")

@@ -2,19 +2,21 @@
 
 Murray & Salakhutdinov 2009 (Fig. 2): the bound, AIS over h_1, and the Chib-style estimator "shared the same
 AIS estimate of a single global normalization constant Z". It is computed once per checkpoint and AIS
-settings, and kept in ``<checkpoint>.log_z.json`` under a key that holds the settings, the seed and a
-fingerprint of the top RBM's parameters, so an overwritten checkpoint never reuses a stale value, together with
-its certificate (``nvil.estimators.certify``) and a digest of both, so a hand-edited or stale entry is recomputed.
+settings, and kept in ``<checkpoint>.log_z.json`` (``nvil.estimators.log_z_cache``) under a key that holds the
+settings, the seed, digests of the top RBM's and the whole model's parameters and the nvil version, so an
+overwritten checkpoint never reuses a stale value, together with its certificate (``nvil.estimators.certify``) and
+an HMAC under the user's secret key. On reading, an entry must carry a valid HMAC and finite, ordered numbers; its
+checks are run again from its numbers, and its hard lower bound against a fresh probe of the model (``verify``);
+otherwise a warning names the problem and log Z is computed again.
 The base-rate model takes its marginals from the training data passed up through the RBMs below the top.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
-import os
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, replace
+from importlib import metadata
 from pathlib import Path
 
 import torch
@@ -22,18 +24,31 @@ import torch
 from nvil.backend.accel import check_mode
 from nvil.core.ops import chunks
 from nvil.estimators.ais_rbm import base_rate
-from nvil.estimators.certify import CertifiedLogZ, certified_log_z
+from nvil.estimators.certify import CertifiedLogZ, certified_log_z, run_checks
 from nvil.estimators.hard_bound import hard_lower_bound
+from nvil.estimators.log_z_cache import LogZCache, Untrusted
 from nvil.estimators.partition import log_p_extras
-from nvil.estimators.settings import LogZSettings
+from nvil.estimators.settings import CertifySettings, LogZSettings
 
 
-def fingerprint(module: torch.nn.Module) -> str:
+def parameter_digest(module: torch.nn.Module) -> str:
+    """sha256 of every named parameter and buffer of ``module``, in name order."""
     h = hashlib.sha256()
     for name, t in sorted(module.state_dict().items()):
         h.update(name.encode())
         h.update(t.detach().cpu().contiguous().numpy().tobytes())
-    return h.hexdigest()[:16]
+    return h.hexdigest()
+
+
+def fingerprint(module: torch.nn.Module) -> str:
+    return parameter_digest(module)[:16]
+
+
+def nvil_version() -> str:
+    try:
+        return metadata.version("nvil")
+    except metadata.PackageNotFoundError:
+        return "unknown"
 
 
 @torch.no_grad()
@@ -61,8 +76,9 @@ def top_log_z(dbn, train: torch.Tensor, settings: LogZSettings, checkpoint=None,
     ``progress``: inner bars for the AIS runs; ``phase(text)`` names each phase on the evaluation bar (the caller's
     ``nvil.estimators.base.phase_namer``), and ``phase(None)`` once log Z is known.
 
-    A cache entry is reused only when its digest matches its contents and its hard lower bound survives a fresh
-    probe of the top RBM (``verify``); otherwise a warning names the problem and log Z is computed again."""
+    A cache entry is reused only when its HMAC and numbers check out (``nvil.estimators.log_z_cache``), its checks
+    follow from its numbers and its hard lower bound survives a fresh probe of the top RBM (``verify``); otherwise
+    a warning names the problem and log Z is computed again."""
     phase = phase or (lambda text: None)
     try:
         return _top_log_z(dbn, train, LogZSettings.of(settings), checkpoint, progress, particles, phase)
@@ -73,21 +89,16 @@ def top_log_z(dbn, train: torch.Tensor, settings: LogZSettings, checkpoint=None,
 def _top_log_z(dbn, train, log_z: LogZSettings, checkpoint, progress, particles,
                phase) -> tuple[CertifiedLogZ, bool]:
     settings, cert, seed = log_z.ais, log_z.cert, log_z.seed
-    key = {**asdict(settings), **asdict(cert), "seed": seed, "params": fingerprint(dbn.top)}
-    path = cache_path(checkpoint) if log_z.cache else None
-    entries = _read(path)
+    key = {**asdict(settings), **asdict(cert), "seed": seed, "params": fingerprint(dbn.top),
+           "model": parameter_digest(dbn), "nvil": nvil_version()}
+    cache = LogZCache(cache_path(checkpoint)) if log_z.cache and checkpoint is not None else None
     phase("log Z (training data up to the top RBM)")
     top_data = propagate_up(dbn, train)
-    for entry in entries:
-        if entry.get("key") == key:
-            phase("log Z (checking the cached value)")
-            try:
-                c = CertifiedLogZ.from_dict(entry["certificate"])
-                verify(c, dbn.top, top_data)
-                return c, True
-            except (KeyError, TypeError, ValueError) as e:
-                print(f"warning: the log Z cache {path} holds an entry for these settings that fails its certificate "
-                      f"({e}); computing log Z again", file=sys.stderr)
+    if cache is not None:
+        phase("log Z (checking the cached value)")
+        cached = _cached(cache, key, dbn.top, top_data, cert)
+        if cached is not None:
+            return cached, True
     device = dbn.top.W.device
     base = base_rate(dbn.top, top_data, settings.base_smoothing)
     generator = torch.Generator(device=device).manual_seed(seed)
@@ -95,28 +106,56 @@ def _top_log_z(dbn, train, log_z: LogZSettings, checkpoint, progress, particles,
     c = certified_log_z(dbn.top, base, settings, cert, generator, data_rows=top_data, particles=particles,
                         progress=progress, accel=check_mode(log_z.accel, device, "estimator.log_z.accel"),
                         phase=phase)
-    if path is not None:
-        kept = [e for e in entries if e.get("key") != key]
-        _write(path, kept + [{"key": key, "certificate": c.to_dict()}])
+    if cache is not None:
+        cache.store(key, c.to_dict())
     return c, False
+
+
+def _cached(cache: LogZCache, key: dict, top, top_data: torch.Tensor, cert: CertifySettings) -> CertifiedLogZ | None:
+    """The cache's entry for ``key`` once it checks out; None (after a warning for each entry that does not)."""
+    for entry in cache.entries():
+        if entry.get("key") != key:
+            continue
+        try:
+            c = recheck(CertifiedLogZ.from_dict(cache.trusted(entry)), cert)
+            verify(c, top, top_data)
+            return c
+        except (KeyError, TypeError, ValueError) as e:  # Untrusted is a ValueError
+            what = "cannot be trusted" if isinstance(e, Untrusted) else "fails its certificate"
+            print(f"warning: the log Z cache {cache.path} holds an entry for these settings that {what} ({e}); "
+                  "computing log Z again", file=sys.stderr, flush=True)
+    return None
+
+
+def recheck(c: CertifiedLogZ, cert: CertifySettings) -> CertifiedLogZ:
+    """``c`` with its checks run again from its numbers (``certify.run_checks``); ``ValueError`` when they differ
+    from the ones it lists."""
+    fresh = replace(c, checks=[], failed=[], warnings=[])
+    if cert.certify:
+        run_checks(fresh, cert)
+    if (set(fresh.checks), set(fresh.failed)) != (set(c.checks), set(c.failed)):
+        raise ValueError(f"its checks {sorted(c.checks)} (failed {sorted(c.failed)}) do not follow from its "
+                         f"numbers, which give {sorted(fresh.checks)} (failed {sorted(fresh.failed)})")
+    return fresh
 
 
 def verify(c: CertifiedLogZ, top, top_data: torch.Tensor) -> None:
     """Raise ``ValueError`` unless a cached certificate agrees with a fresh probe of the model: the hard lower bound
     from the deterministic probes (training rows, corners, hill-climbing from a fixed seed) may not exceed the
-    stored bound, and a stored estimate that passed its hard-bound check must still pass it."""
+    stored bound, and each estimate whose hard-bound check passed must pass it again against the fresh bound."""
     if c.bound is None:
         return
     g = torch.Generator(device=top.W.device).manual_seed(0)
     fresh = hard_lower_bound(top, {"training rows": top_data[:1000]}, g, num_climb=64)
     tol = 1e-3 + 1e-5 * abs(fresh.value)
-    if fresh.value > c.bound.value + tol:
+    if not fresh.value <= c.bound.value + tol:
         raise ValueError(f"a fresh probe gives a hard lower bound {fresh.value:.3f} above the stored "
                          f"{c.bound.value:.3f}")
-    passed = "hard_lower_bound" in c.checks and "hard_lower_bound" not in c.failed
-    if passed and c.forward.log_z + 3 * c.forward.stderr < fresh.value - tol:
-        raise ValueError(f"the stored log Z {c.forward.log_z:.3f} is below a fresh hard lower bound {fresh.value:.3f}, "
-                         "yet its certificate says it passed")
+    for name, est in (("hard_lower_bound", c.forward), ("reverse_hard_lower_bound", c.reverse)):
+        passed = est is not None and name in c.checks and name not in c.failed
+        if passed and not est.log_z + 3 * est.stderr >= fresh.value - tol:
+            raise ValueError(f"the stored {est.direction} log Z {est.log_z:.3f} is below a fresh hard lower bound "
+                             f"{fresh.value:.3f}, yet its certificate says it passed")
 
 
 def apply_log_z(result, c: CertifiedLogZ, cached: bool) -> None:
@@ -125,20 +164,3 @@ def apply_log_z(result, c: CertifiedLogZ, cached: bool) -> None:
     statistical SE; the log Z checks and warnings join the result's own."""
     result.extras.update({**c.extras(), "log_z_cached": cached, **log_p_extras(result.mean, c, c.log_z)})
     result.carry(c)
-
-
-def _read(path: Path | None) -> list:
-    if path is None or not path.exists():
-        return []
-    try:
-        entries = json.loads(path.read_text())
-        return entries if isinstance(entries, list) else []
-    except (OSError, ValueError):
-        print(f"warning: ignoring unreadable log Z cache {path}; it will be rewritten", file=sys.stderr)
-        return []
-
-
-def _write(path: Path, entries: list) -> None:
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(entries, indent=1))
-    os.replace(tmp, path)

@@ -131,6 +131,19 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def cache_key(tmp_path_factory):
+    """The log Z cache's secret key (``nvil.core.userkey``) in the session's temporary directory rather than the
+    user's ~/.cache; the scripts the tests start inherit it."""
+    saved = os.environ.get("NVIL_CACHE_KEY_FILE")
+    os.environ["NVIL_CACHE_KEY_FILE"] = str(tmp_path_factory.mktemp("cache_key") / "log_z.key")
+    yield
+    if saved is None:
+        os.environ.pop("NVIL_CACHE_KEY_FILE", None)
+    else:
+        os.environ["NVIL_CACHE_KEY_FILE"] = saved
+
+
 # ---- the scripts, run in this process ------------------------------------------------------------------------
 IN_PROCESS = threading.Lock()  # one script at a time: a run changes sys.argv, the directory, stdout and stderr
 

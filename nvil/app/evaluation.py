@@ -2,11 +2,17 @@
 print one JSON line and append it to ``<checkpoint>.eval.jsonl`` beside the checkpoint.
 
 Under torchrun every rank evaluates its shard of the examples (whole estimator batches, as ``eval.shard`` does
-for separate jobs); rank 0 gathers the per-example estimates and reports the result of the whole set."""
+for separate jobs); rank 0 gathers the per-example estimates and reports the result of the whole set.
+
+The result is printed before it is recorded: a record beside the checkpoint that cannot be written (a read-only
+directory, a full disk) is one warning and the estimate stands; an ``eval.output`` that cannot be written is a
+one-line ``StorageError`` after the printed line. An estimate that asks for more memory than there is becomes a
+one-line ``OutOfMemory`` naming the settings to lower."""
 
 from __future__ import annotations
 
 import math
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +29,8 @@ from nvil.backend.threads import choose_threads, model_work, restored_threads
 from nvil.core import distributed
 from nvil.core.checkpoint import load_checkpoint, load_module_state
 from nvil.core.config import positive_int, resolve_device
-from nvil.core.errors import CertificateFailed, CheckpointError, ConfigError, DataError
+from nvil.core.errors import CertificateFailed, CheckpointError, ConfigError, DataError, OutOfMemory, StorageError
+from nvil.core.files import append_line, describe_write_failure
 from nvil.core.ops import mean_and_stderr
 from nvil.data import build_model_data, take_rows
 from nvil.estimators import build_estimator
@@ -134,7 +141,12 @@ def _evaluate_checkpoint(path: Path, estimator_cfg, spec: EvalSpec) -> Result:
     inputs = estimator.dataset_inputs(model, data, spec.split, (start, stop), checkpoint=path, payload=payload)
     if estimator.row_offset_aware:
         inputs["row_offset"] = start
-    result = _estimate(estimator, model, inference, x, inputs, spec, dev, d)
+    try:
+        result = _estimate(estimator, model, inference, x, inputs, spec, dev, d)
+    except (MemoryError, RuntimeError) as e:  # torch.OutOfMemoryError is a RuntimeError
+        if not out_of_memory(e):
+            raise
+        raise OutOfMemory(memory_advice(estimator.name, estimator_cfg, e)) from None
     # Word counts (documents: the data of multinomial-visible models) are also scored per word.
     lengths = doc_lengths(x) if data.binarize == "counts" else None
     if d.enabled:
@@ -147,7 +159,8 @@ def _evaluate_checkpoint(path: Path, estimator_cfg, spec: EvalSpec) -> Result:
     if spec.num_shards is not None:
         result.extras.update(shard_sums(result, spec.shard, spec.num_shards, (start, stop)))
     if d.is_main:
-        _report(result, estimator.name, Path(spec.output) if spec.output else path.with_name(path.name + ".eval.jsonl"))
+        _report(result, estimator.name, Path(spec.output) if spec.output else path.with_name(path.name + ".eval.jsonl"),
+                explicit=bool(spec.output))
     if spec.strict and result.certified is False:
         raise CertificateFailed(f"estimator={estimator.name} is not certified: {result.warnings[0]}")
     return result
@@ -168,15 +181,52 @@ def _estimate(estimator, model, inference, x: torch.Tensor, inputs: dict, spec: 
                                   **inputs)
 
 
-def _report(result: Result, name: str, out: Path) -> None:
-    """The JSON line on stdout and appended to ``out``; each warning of estimator ``name``, loud, as one line on
-    stderr (the JSON keeps every number either way)."""
+def _report(result: Result, name: str, out: Path, explicit: bool = False) -> None:
+    """The JSON line on stdout, then appended to ``out`` as one whole line (``nvil.core.files.append_line``); each
+    warning of estimator ``name``, loud, as one line on stderr (the JSON keeps every number either way). An ``out``
+    that cannot be written is a warning, or with ``explicit`` (the user's ``eval.output``) a ``StorageError``."""
     line = result.to_json()
     print(line, flush=True)
-    with open(out, "a") as f:
-        f.write(line + "\n")
     for warning in result.warnings:
         print(f"warning: {name}: {warning}", file=sys.stderr, flush=True)
+    try:
+        append_line(out, line)
+    except OSError as e:
+        problem = describe_write_failure(e, out, "the evaluation record")
+        if explicit:
+            raise StorageError(f"{problem}; the result is the JSON line printed above") from None
+        print(f"warning: {problem}; the result is the JSON line on stdout", file=sys.stderr, flush=True)
+
+
+# Settings that size an estimator's tensors, in the order to lower them.
+SIZE_SETTINGS = ("num_chains", "num_samples", "num_runs", "batch_size", "max_elements", "log_z.num_chains")
+ALLOCATOR_FAILURES = ("can't allocate memory", "out of memory", "not enough memory", "overflow when unpacking long",
+                      "storage size calculation overflowed")
+
+
+def out_of_memory(e: BaseException) -> bool:
+    """An allocation the allocator refused: ``MemoryError``, torch's ``OutOfMemoryError``, or a ``RuntimeError``
+    whose message says so (the CPU allocator's "can't allocate memory", a size beyond any allocation)."""
+    if isinstance(e, MemoryError) or isinstance(e, getattr(torch, "OutOfMemoryError", MemoryError)):
+        return True
+    return isinstance(e, RuntimeError) and any(f in str(e).lower() for f in ALLOCATOR_FAILURES)
+
+
+def memory_advice(name: str, estimator_cfg, e: BaseException) -> str:
+    """One line: which estimator ran out of memory, how much it asked for, and the settings to lower."""
+    values = {k: _setting(estimator_cfg, k) for k in SIZE_SETTINGS}
+    lower = ", ".join(f"estimator.{k}={v}" for k, v in values.items() if v is not None)
+    asked = re.search(r"allocate (\d+) bytes", str(e))
+    size = f" (it asked for {int(asked.group(1)) / 2**30:.1f} GiB at once)" if asked else ""
+    return (f"estimator={name} needs more memory than this machine has{size}; "
+            + (f"lower {lower}" if lower else "evaluate fewer examples or a smaller model"))
+
+
+def _setting(cfg, dotted: str):
+    """``cfg``'s value at a dotted key (a dict or a DictConfig), None where it has none."""
+    for part in dotted.split("."):
+        cfg = cfg.get(part) if hasattr(cfg, "get") else None
+    return cfg
 
 
 def gather_result(result: Result, lengths: torch.Tensor | None) -> tuple[Result, torch.Tensor | None]:

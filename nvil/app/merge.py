@@ -5,7 +5,9 @@
     python -m nvil.app.merge shards.jsonl            # prints one JSON line, as an unsharded run would
 
 Each shard's line carries its sums (``sum_log_p``, ``sum_sq_log_p``, per-run sums); the merge checks that the
-lines come from one estimator, checkpoint, split and seed, and that every shard appears exactly once.
+lines come from one estimator, checkpoint, split and seed, and that every shard appears exactly once. A line that
+is not a JSON object (torn by a writer killed mid-line) is skipped, all of them named in one warning; a file with no
+JSON line at all (not UTF-8, not JSON lines), a directory or a missing file is a one-line error.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import sys
 
 from nvil.app.cli import guarded
 from nvil.core.errors import ConfigError
+from nvil.core.files import read_json_lines
 
 SAME = ("estimator", "checkpoint", "split", "seed", "num_shards", "step")
 
@@ -68,18 +71,35 @@ def merge(lines: list[dict]) -> dict:
     return out
 
 
+def load(path: str) -> tuple[list[dict], list[int]]:
+    """(the JSON objects of the file's lines, the numbers of its torn lines); ``ConfigError`` for a file that
+    cannot be read or holds no JSON line at all."""
+    try:
+        records, torn = read_json_lines(path)
+    except OSError as e:
+        raise ConfigError(f"cannot read {path}: {e.strerror or e}") from None
+    if torn and not records:
+        try:
+            with open(path, encoding="utf-8") as f:
+                f.read()
+            why = f"line {torn[0]} is not a JSON object"
+        except UnicodeDecodeError as e:
+            why = f"it is not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start})"
+        raise ConfigError(f"{path} is not JSON lines: {why}")
+    return records, torn
+
+
 def main(argv: list[str]) -> None:
     if not argv:
         raise ConfigError("usage: python -m nvil.app.merge SHARDS.jsonl [MORE.jsonl ...]")
-    lines = []
+    lines, skipped = [], []
     for path in argv:
-        try:
-            with open(path) as f:
-                lines += [json.loads(line) for line in f if line.strip()]
-        except OSError as e:
-            raise ConfigError(f"cannot read {path}: {e.strerror}") from None
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"{path} is not JSON lines: {e.msg} at line {e.lineno}") from None
+        records, torn = load(path)
+        lines += records
+        skipped += [f"{path}:{n}" for n in torn]
+    if skipped:
+        print(f"warning: skipped {len(skipped)} torn line{'s' if len(skipped) > 1 else ''} that are not JSON objects "
+              f"({', '.join(skipped[:5])}{', ...' if len(skipped) > 5 else ''})", file=sys.stderr, flush=True)
     print(json.dumps(merge(lines)), flush=True)
 
 

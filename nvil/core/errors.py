@@ -37,3 +37,13 @@ class CertificateFailed(UserError):
     """An estimate failed its certificate under ``estimator.strict=true``: exit code 3, after the JSON line."""
 
     exit_code = 3
+
+
+class StorageError(UserError):
+    """A write the storage refused (a full disk, a read-only file system, no permission): one line naming the path
+    (``nvil.core.files.writing``); whatever was written before it is kept."""
+
+
+class OutOfMemory(UserError):
+    """An estimate that asked for more memory than the machine has: one line naming the estimator and the settings
+    to lower (``nvil.app.evaluation``)."""
