@@ -135,3 +135,19 @@ def test_unknown_dataset_and_binarisation():
         build_dataset(OmegaConf.create({"name": "cifar"}))
     with pytest.raises(ConfigError, match="data.binarize must be one of"):
         build_dataset(synthetic(binarize="sometimes"))
+
+
+@pytest.mark.parametrize("kind, value, rule", [
+    ("fixed", 2.0, "must lie in [0, 1]"), ("dynamic", float("nan"), "must lie in [0, 1]"),
+    ("continuous", 1e16, "|x| at most 1e+15"), ("continuous", float("-inf"), "must be finite"),
+    ("counts", 1e30, "at most 2**24"), ("counts", 0.5, "non-negative integers")])
+def test_a_split_holding_values_its_kind_may_not_is_refused(kind, value, rule):
+    """nvil/data/values.py: checked when the dataset is made, naming the split and the first bad row and column."""
+    valid = torch.zeros(3, 4)
+    valid[1, 2], valid[2, 0] = value, value
+    splits = {"train": torch.zeros(3, 4), "valid": valid, "test": torch.zeros(3, 4)}
+    for layout in (lambda x: x, lambda x: x.to_sparse()):
+        with pytest.raises(DataError) as e:
+            data_mod.Dataset("handmade", {k: layout(v) for k, v in splits.items()}, {}, kind, 0)
+        assert str(e.value).startswith("data=handmade's valid split has the value ") and "\n" not in str(e.value)
+        assert "at row 1, column 2" in str(e.value) and rule in str(e.value)

@@ -156,7 +156,7 @@ def test_ctrl_c_saves_a_checkpoint_and_exits_with_one_line(tmp_path):
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
-    assert err.strip().startswith("error: interrupted at step") and "\n" not in err.strip() and "Traceback" not in err
+    assert err.strip().startswith("error: stopped by Ctrl-C at step") and "\n" not in err.strip() and "Traceback" not in err
     step = load_checkpoint(run_dir / "checkpoints" / "last.pt")["step"]
     assert 0 < step < 1000000 and f"step {step}" in err
 

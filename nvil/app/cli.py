@@ -22,6 +22,7 @@ from nvil.backend.accel import quiet_cpu_compile
 from nvil.core import distributed
 from nvil.core.config import CONFIG_DIR, check_group_choices
 from nvil.core.errors import ConfigError, UserError
+from nvil.core.files import check_writable
 
 LAUNCHERS_NEEDING_SUBMITIT = ("local", "slurm", "submitit_local", "submitit_slurm")
 
@@ -36,7 +37,10 @@ def run_task(hydra_main: Callable, config_name: str, run_dir_root: str | None = 
         argv = sys.argv[1:]
         check_group_choices(argv)
         check_launcher(argv)
-        check_composes(config_name, argv)
+        composed = check_composes(config_name, argv)
+        if run_dir_root is not None and composed is not None and not multirun(argv):
+            check_writable(OmegaConf.select(composed, "hydra.run.dir"), "the run directory",
+                           "choose a writable hydra.run.dir")
         gemm.choose_backend()  # NVIL_GEMM, a bad value reported here
         if "WORLD_SIZE" in os.environ and distributed.launched_world_size() > 1:  # torchrun
             sys.argv += torchrun_overrides(argv, run_dir_root)
@@ -67,9 +71,14 @@ def check_launcher(argv: list[str]) -> None:
                                   "install it with: pip install -e '.[cluster]'")
 
 
-def check_composes(config_name: str, argv: list[str]) -> None:
+def multirun(argv: list[str]) -> bool:
+    return any(a in ("-m", "--multirun") for a in argv)
+
+
+def check_composes(config_name: str, argv: list[str]):
     """Compose the config as Hydra is about to (a sweep's first value for each swept key), so that Hydra's
-    own errors become one line here instead of its multi-line report with exit code 1."""
+    own errors become one line here instead of its multi-line report with exit code 1; the composed config (with
+    Hydra's own), or None where Hydra's flags or a caller's Hydra context leave it to Hydra."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -77,7 +86,7 @@ def check_composes(config_name: str, argv: list[str]) -> None:
     from omegaconf.errors import OmegaConfBaseException
 
     if any(a.startswith("-") and a not in ("-m", "--multirun") for a in argv):
-        return  # Hydra's own flags (--cfg job, --info, --config-name ...): Hydra reads the rest itself
+        return None  # Hydra's own flags (--cfg job, --info, --config-name ...): Hydra reads the rest itself
     args = [a for a in argv if not a.startswith("-")]
     try:
         parsed = OverridesParser.create().parse_overrides(args)
@@ -93,11 +102,11 @@ def check_composes(config_name: str, argv: list[str]) -> None:
         else:
             overrides.append(o.input_line)
     if GlobalHydra.instance().is_initialized():  # a caller (tests) composing configs of its own
-        return
+        return None
     try:
         with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
             try:
-                compose(config_name, overrides=overrides, return_hydra_config=True)
+                return compose(config_name, overrides=overrides, return_hydra_config=True)
             except (HydraException, OmegaConfBaseException) as e:
                 raise ConfigError(explain(e, compose, config_name, overrides)) from None
     except (HydraException, OmegaConfBaseException) as e:

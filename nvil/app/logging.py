@@ -5,35 +5,93 @@
 from __future__ import annotations
 
 import json
+import logging
+import sys
+import threading
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 from torch.utils.tensorboard import SummaryWriter
 
+from nvil.core.files import describe_write_failure, is_write_failure, writing
+
+
 
 class RunLogger:
+    """``metrics.jsonl`` and TensorBoard's event files in the run directory; a write the storage refuses is a
+    ``StorageError`` naming the file (TensorBoard's writes happen on its own thread and surface at the next call)."""
+
     def __init__(self, run_dir: Path, enabled: bool = True) -> None:
         self.run_dir = Path(run_dir)
-        self.writer = SummaryWriter(str(self.run_dir / "tb")) if enabled else None
-        self.jsonl = open(self.run_dir / "metrics.jsonl", "a")
+        with writing(self.run_dir, "the run's logs in", self.advice):
+            self.writer = SummaryWriter(str(self.run_dir / "tb")) if enabled else None
+            self.jsonl = open(self.run_dir / "metrics.jsonl", "a")
+
+    def advice(self) -> str:
+        last = self.run_dir / "checkpoints" / "last.pt"
+        kept = f"the last good checkpoint is kept at {last}" if last.exists() else "no checkpoint was written yet"
+        return f"{kept}; free space or make the directory writable, then resume with trainer.resume=true"
 
     def scalars(self, step: int, metrics: dict[str, float]) -> None:
-        if self.writer is not None:
-            for tag, value in metrics.items():
-                self.writer.add_scalar(tag, value, step)
-        self.jsonl.write(json.dumps({"step": step, **{k: round(v, 6) for k, v in metrics.items()}}) + "\n")
-        self.jsonl.flush()
+        with writing(self.run_dir / "tb", "TensorBoard's log", self.advice):
+            if self.writer is not None:
+                for tag, value in metrics.items():
+                    self.writer.add_scalar(tag, value, step)
+        with writing(self.run_dir / "metrics.jsonl", "the metrics log", self.advice):
+            self.jsonl.write(json.dumps({"step": step, **{k: round(v, 6) for k, v in metrics.items()}}) + "\n")
+            self.jsonl.flush()
 
     def image_grid(self, tag: str, images: torch.Tensor, step: int, image_shape: tuple[int, ...]) -> None:
         """``images`` [n, prod(image_shape)] in [0, 1], shown as one grid of 8 columns (``tile``)."""
         if self.writer is None:
             return
-        self.writer.add_image(tag, tile(images.detach().float().cpu().reshape(-1, *image_shape)), step)
+        with writing(self.run_dir / "tb", "TensorBoard's log", self.advice):
+            self.writer.add_image(tag, tile(images.detach().float().cpu().reshape(-1, *image_shape)), step)
 
     def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
-        self.jsonl.close()
+        """Flush and close; a refused write is raised only when no other error is on its way out."""
+        failing = sys.exc_info()[0] is not None
+        try:
+            with writing(self.run_dir, "the run's logs in", self.advice):
+                if self.writer is not None:
+                    self.writer.close()
+                self.jsonl.close()
+        except Exception:
+            if not failing:
+                raise
+
+
+@contextmanager
+def storage_faults_reported():
+    """While the block runs, a refused write on TensorBoard's writer thread is not printed as a thread's traceback
+    (``threading.excepthook``): the writer raises it again at its next call, where it becomes one line."""
+    previous = threading.excepthook
+
+    def hook(args) -> None:
+        if not is_write_failure(args.exc_value):
+            previous(args)
+
+    threading.excepthook = hook
+    try:
+        yield
+    finally:
+        threading.excepthook = previous
+
+
+class RunLogFile(logging.FileHandler):
+    """The run's ``train.log`` (Hydra's job logging, configs/hydra/job_logging/nvil.yaml): a write the storage
+    refuses is one warning line on stderr, once, and the run goes on (its checkpoint writes report their own)."""
+
+    warned = False
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        e = sys.exc_info()[1]
+        if not is_write_failure(e):
+            return super().handleError(record)
+        if not self.warned:
+            self.warned = True
+            print(f"warning: {describe_write_failure(e, self.baseFilename, 'the run log')}", file=sys.stderr)
 
 
 class NullLogger:

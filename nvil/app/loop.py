@@ -16,7 +16,6 @@ import logging
 import math
 import time
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
 
@@ -25,18 +24,19 @@ from omegaconf import OmegaConf
 from tqdm import tqdm
 
 from nvil.app.build import Run, build, set_threads
-from nvil.app.divergence import DivergenceMonitor, check_finite, kept
-from nvil.app.interrupt import InterruptFlag
-from nvil.app.logging import NullLogger, RunLogger
-from nvil.app.resume import restore, resumes
+from nvil.app.divergence import DivergenceMonitor, kept, score_floor
+from nvil.app.interrupt import StopRequest, stopped
+from nvil.app.logging import NullLogger, RunLogger, storage_faults_reported
+from nvil.app.resume import remove_orphans, restore, resumes
+from nvil.app.snapshot import LoopState, write_checkpoint
 from nvil.backend import gemm
 from nvil.backend.cpu_kernels import capability
 from nvil.backend.denormals import flushed_denormals
 from nvil.backend.threads import restored_threads
 from nvil.core import distributed
-from nvil.core.checkpoint import save_checkpoint
 from nvil.core.config import positive_float, positive_int, resolve_device
-from nvil.core.errors import ConfigError, Interrupted, TrainingDiverged
+from nvil.core.errors import ConfigError, TrainingDiverged
+from nvil.core.files import writing
 from nvil.core.ops import to_floats
 from nvil.data import MinibatchStream, take_rows
 from nvil.estimators.validation import score_tag, validate
@@ -45,16 +45,6 @@ from nvil.learners.diagnostics import log_gradient_diagnostics
 # What the progress bar shows, the first that the learner reports.
 PROGRESS_KEYS = ("train/elbo", "train/log_p_exact_batch", "train/free_energy_gap", "train/log_joint")
 log = logging.getLogger("nvil")
-
-
-@dataclass
-class LoopState:
-    step: int = 0
-    best_score: float = -math.inf
-    best_step: int = -1
-    evals_without_improvement: int = 0
-    stopped_early: bool = False
-    regressions: int = 0  # validation regression episodes warned of (nvil.app.divergence)
 
 
 def check_trainer_config(t) -> dict:
@@ -73,34 +63,46 @@ def check_trainer_config(t) -> dict:
     return diag  # log_gradient_diagnostics' keywords, as plain values
 
 
-def fit(cfg, run_dir: Path, check=None) -> dict:
+def fit(cfg, run_dir: Path, check=None, accepted=None) -> dict:
     """Train the configured model and learner in ``run_dir``; return the final metrics. ``check(model,
     inference, data)``, if given, runs once the model is built and before any step (train.py: the final evaluation
-    accepts this model). Denormals are flushed from the start (``trainer.flush_denormal``, nvil/backend/denormals.py)."""
+    accepts this model); ``accepted()`` once every check has passed, before anything is written (train.py records
+    the command in ``.hydra/``). Denormals are flushed from the start (``trainer.flush_denormal``,
+    nvil/backend/denormals.py)."""
     with flushed_denormals(cfg.trainer.get("flush_denormal", True)), restored_threads():
-        return _fit(cfg, run_dir, check)
+        return _fit(cfg, run_dir, check, accepted)
 
 
-def _fit(cfg, run_dir: Path, check) -> dict:
+def _fit(cfg, run_dir: Path, check, accepted) -> dict:
     t = cfg.trainer
     diag = check_trainer_config(t)
     d = distributed.setup()
     device = distributed.rank_device(resolve_device(t.device), d)
     rows = distributed.local_rows(t.batch_size, d, "trainer.batch_size")  # this rank's share of each minibatch
     run_dir = Path(run_dir)
-    last_path, best_path = run_dir / "checkpoints" / "last.pt", run_dir / "checkpoints" / "best.pt"
+    last_path = run_dir / "checkpoints" / "last.pt"
     resume = resumes(cfg, run_dir, last_path)
     run = build(cfg, device, check)
     set_threads(run, cfg, rows.stop - rows.start)
     distribute(run, cfg.learner.name, d, device)
-    monitor = DivergenceMonitor(t.get("divergence", 20.0), t.get("regression", 10.0))
+    monitor = DivergenceMonitor(t.get("divergence", 20.0), t.get("regression", 10.0),
+                                floor=score_floor(run.data, t.get("divergence_floor", 10.0)))
     resolved = OmegaConf.to_container(cfg, resolve=True)
     state = LoopState(**restore(last_path, resolved, run, monitor, device, d)) if resume else LoopState()
-    open_run_dir(cfg, run_dir, resume, state.step, d)
+    tag = validation_tag(run, cfg)
+    open_run_dir(cfg, run_dir, resume, state.step, d, accepted, started=time.time())
+    with distributed.collective_timeout(positive_float(t.get("dist_timeout", 300), "trainer.dist_timeout"), d), \
+            storage_faults_reported():
+        return _train(cfg, run, state, monitor, resolved, tag, d, device, rows, diag, run_dir)
+
+
+def _train(cfg, run: Run, state: LoopState, monitor: DivergenceMonitor, resolved: dict, tag: str | None,
+           d: distributed.Dist, device, rows: slice, diag: dict, run_dir: Path) -> dict:
+    t = cfg.trainer
+    last_path, best_path = run_dir / "checkpoints" / "last.pt", run_dir / "checkpoints" / "best.pt"
     stream = MinibatchStream(run.data, t.batch_size, cfg.seed)
     valid = take_rows(run.data.split("valid"), 0, t.val_num_examples)
     train_subset = take_rows(run.data.split("train"), 0, t.val_num_examples)
-    tag = validation_tag(run, cfg)
     logger = RunLogger(run_dir, enabled=bool(t.tensorboard)) if d.is_main else NullLogger()
     checkpoint = partial(write_checkpoint, run=run, state=state, monitor=monitor, resolved=resolved, d=d,
                          last_path=last_path)
@@ -111,14 +113,14 @@ def _fit(cfg, run_dir: Path, check) -> dict:
         int(t[k]) for k in ("max_steps", "log_every", "val_every", "sample_every", "ckpt_every"))
     started, first_step = time.perf_counter(), state.step
     latest: dict[str, float] = {}
-    interrupt = InterruptFlag(enabled=not d.enabled)
+    stop = StopRequest()
     try:
         with torch.autograd.detect_anomaly() if t.get("detect_anomaly", False) else nullcontext():
             while state.step < max_steps and not state.stopped_early:
-                if interrupt.requested:
+                signum = stop.requested(state.step, d)
+                if signum:
                     checkpoint(last_path)
-                    raise Interrupted(f"interrupted at step {state.step}; saved {last_path}; continue with: python "
-                                      f"train.py hydra.run.dir={run_dir} trainer.resume=true")
+                    stopped(stop, signum, state.step, last_path, run_dir, d)
                 log_now = (state.step + 1) % log_every == 0 or state.step == 0  # step 1: the divergence reference
                 metrics = train_step(run.learner, stream, state.step, rows, log_now)
                 state.step += 1
@@ -134,15 +136,15 @@ def _fit(cfg, run_dir: Path, check) -> dict:
                     scores = validation_scores(run, valid, train_subset, t, cfg.seed, d)
                     if keep_best(state, tag, scores, t.patience, monitor, last_path, logger, bar):
                         checkpoint(best_path)
-                last_step = done or state.stopped_early or interrupt.requested
+                last_step = done or state.stopped_early or stop.signum is not None
                 if (state.step % sample_every == 0 or last_step) and run.data.image_shape is not None and d.is_main:
                     log_image_grids(logger, run, cfg.seed, device, state.step)
                 if state.step % ckpt_every == 0 or done or state.stopped_early:
                     checkpoint(last_path)
-            if interrupt.requested:  # Ctrl-C during the last step: the checkpoint above is the run's end
-                raise Interrupted(f"interrupted at step {state.step}, the run's last; saved {last_path}")
+            if stop.signum is not None and not d.enabled:  # a signal during the last step: its checkpoint is saved
+                stopped(stop, stop.signum, state.step, last_path, run_dir, d, last=True)
     finally:
-        interrupt.restore()
+        stop.restore()
         bar.close()
         logger.close()
     if d.enabled:
@@ -162,14 +164,22 @@ def distribute(run: Run, name: str, d: distributed.Dist, device: torch.device) -
     run.learner.distribute(d, device)
 
 
-def open_run_dir(cfg, run_dir: Path, resumed: bool, step: int, d: distributed.Dist) -> None:
-    """Say what runs, and save its resolved config as ``config.yaml`` (rank 0)."""
-    if resumed:
-        log.info("resumed %s from step %d", run_dir, step)
-    else:
-        log.info("new run in %s: model=%s learner=%s data=%s, %d steps", run_dir, cfg.model.name,
-                 cfg.learner.name, cfg.data.name, cfg.trainer.max_steps)
-    if d.is_main:
+def open_run_dir(cfg, run_dir: Path, resumed: bool, step: int, d: distributed.Dist, accepted=None,
+                 started: float = 0.0) -> None:
+    """Once the run is accepted (``accepted()``, rank 0): say what runs, remove the temporary checkpoint files older
+    than ``started`` (left by a writer that was killed), and save the resolved config as ``config.yaml``."""
+    if not d.is_main:
+        return
+    with writing(run_dir, "the run directory", "choose a writable hydra.run.dir"):
+        if accepted is not None:
+            accepted()
+        if resumed:
+            log.info("resumed %s from step %d", run_dir, step)
+            for tmp in remove_orphans(run_dir / "checkpoints", started):
+                log.info("removed %s, left by a writer that was stopped", tmp)
+        else:
+            log.info("new run in %s: model=%s learner=%s data=%s, %d steps", run_dir, cfg.model.name,
+                     cfg.learner.name, cfg.data.name, cfg.trainer.max_steps)
         run_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
 
@@ -207,7 +217,8 @@ def checked_scores(metrics: dict, step: int, monitor: DivergenceMonitor, d: dist
     diverged = monitor.check(latest)
     if diverged:
         raise TrainingDiverged(f"training diverged at step {step}: {diverged}; {kept(last_path)} "
-                               "(try a smaller learner.lr; trainer.divergence=null turns this check off)")
+                               "(try a smaller learner.lr; trainer.divergence_floor=null and trainer.divergence=null "
+                               "turn these checks off)")
     return latest
 
 
@@ -236,6 +247,9 @@ def keep_best(state: LoopState, tag: str, scores: dict[str, float], patience: in
     """Record a validation in ``state`` (best score, early stopping after ``patience`` validations without
     improvement) and in the logs; whether it is the best so far, so the caller saves it."""
     score = scores[tag]
+    if not math.isfinite(score):
+        raise TrainingDiverged(f"training diverged by step {state.step}: the validation score {tag} is {score}; "
+                               f"{kept(last_path)} (try a smaller learner.lr, and check the data for non-finite values)")
     diverged = monitor.check(scores)
     if diverged:
         raise TrainingDiverged(f"training diverged by step {state.step}: {diverged}; "
@@ -264,25 +278,6 @@ def log_image_grids(logger, run: Run, seed: int, device, step: int) -> None:
     runs and filters."""
     for image_tag, images in run.learner.image_grids(seed, device).items():
         logger.image_grid(image_tag, images, step, run.data.image_shape)
-
-
-def write_checkpoint(path: Path, *, run: Run, state: LoopState, monitor: DivergenceMonitor, resolved: dict,
-                     d: distributed.Dist, last_path: Path) -> None:
-    """Everything a resumed run needs, written atomically by rank 0 (``nvil.core.checkpoint``). Under torchrun a
-    collective: every rank comes here, with its own generators and particles."""
-    check_finite(run, state.step, last_path)
-    payload = {"divergence": monitor.state_dict(), "config": resolved, "model_name": resolved["model"]["name"],
-               "n_visible": run.data.dim, "model": run.model.state_dict(),
-               "inference": None if run.inference is None else run.inference.state_dict(),
-               "learner": run.learner.learner_state(), "step": state.step, "best_score": state.best_score,
-               "loop": asdict(state), "rng": {"torch": torch.get_rng_state()}}
-    if d.enabled:
-        payload["world_size"] = d.world_size
-        payload["ranks"] = distributed.gather_objects(
-            {"learner": run.learner.rank_state(), "torch_rng": torch.get_rng_state()})
-    if d.is_main:
-        save_checkpoint(path, payload)
-        log.info("step %d: saved %s", state.step, path)
 
 
 def final_metrics(state: LoopState, tag: str | None, latest: dict[str, float], first_step: int, started: float,

@@ -26,7 +26,8 @@ from nvil.app.loop import fit
 from nvil.app.resume import record_config, run_config
 from nvil.core import distributed
 from nvil.core.config import CONFIG_DIR, estimator_config
-from nvil.core.errors import ConfigError
+from nvil.core.errors import ConfigError, UserError
+from nvil.core.runlock import RunLock
 from nvil.estimators import build_estimator
 from nvil.estimators.base import Result
 
@@ -47,10 +48,11 @@ def final_plan(cfg: DictConfig) -> list[tuple[DictConfig, int | None]]:
     return plan
 
 
-def train(cfg: DictConfig, run_dir: str | Path) -> dict:
+def train(cfg: DictConfig, run_dir: str | Path, accepted=None) -> dict:
     """Train, then (if ``final_eval.enabled``) evaluate the best checkpoint (``final_eval.checkpoint=last``: the
     last) with each estimator of the final evaluation plan. Returns the metrics, with ``final_eval`` (and
-    ``final_eval_then``) holding their lines."""
+    ``final_eval_then``) holding their lines. ``accepted()`` runs once every check has passed, before the run
+    writes anything (``nvil.app.loop.fit``)."""
     started = time.perf_counter()
     plan = final_plan(cfg)
     estimators = [build_estimator(est) for est, _ in plan]
@@ -63,7 +65,7 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict:
                 raise ConfigError(f"final_eval.{key}={num_examples} but the {cfg.final_eval.split} split has "
                                   f"{available} examples; set final_eval.{key}=null for all of them")
 
-    metrics = fit(cfg, Path(run_dir), check=check)
+    metrics = fit(cfg, Path(run_dir), check=check, accepted=accepted)
     if distributed.current().is_main:
         print(json.dumps({"train": metrics}), flush=True)
     scored = metrics["checkpoint"]
@@ -97,15 +99,35 @@ def report_duration(total: float, metrics: dict) -> None:
 
 
 def train_job(cfg: DictConfig, run_dir: str | Path, overrides: list[str], hydra_record: dict | None = None) -> dict:
-    """One training job: settle the run's config (a resume restores the checkpoint's), record it in ``.hydra/``
-    only once accepted, then train."""
+    """One training job, the only writer in ``run_dir`` while it lasts (``nvil.core.runlock``): settle the run's
+    config (a resume restores the checkpoint's), record it in ``.hydra/`` only once every check has passed, then
+    train. A command refused before that leaves the directory as it was."""
     run_dir = Path(run_dir)
-    cfg, resumed = run_config(cfg, run_dir, overrides)
-    if distributed.current().is_main:
-        record_config(run_dir, cfg, hydra_record or {}, overrides, resumed)
-        if cfg.get("print_config", False):
-            print(OmegaConf.to_yaml(cfg, resolve=True), file=sys.stderr)
-    return train(cfg, run_dir)
+    d = distributed.current()
+    lock = RunLock(run_dir)
+    refusal = None
+    if d.is_main:
+        try:
+            lock.acquire()
+        except UserError as e:
+            refusal = e
+    if d.enabled:  # every rank stops on rank 0's refusal
+        refusal = distributed.broadcast(refusal)
+    if refusal is not None:
+        raise refusal
+    written = []
+    try:
+        cfg, resumed = run_config(cfg, run_dir, overrides)
+
+        def accepted() -> None:
+            written.append(True)
+            record_config(run_dir, cfg, hydra_record or {}, overrides, resumed)
+            if cfg.get("print_config", False):
+                print(OmegaConf.to_yaml(cfg, resolve=True), file=sys.stderr)
+
+        return train(cfg, run_dir, accepted)
+    finally:
+        lock.release(remove_dir=not written)
 
 
 def evaluate(cfg: DictConfig) -> Result:

@@ -22,14 +22,16 @@ from omegaconf import DictConfig, OmegaConf
 from nvil.core import distributed
 from nvil.core.checkpoint import load_checkpoint, load_module_state
 from nvil.core.errors import CheckpointError, ConfigError
+from nvil.core.files import append_line, writing
 
 # Sections of the config a resumed run must share with the run that wrote the checkpoint.
 RESUME_MUST_MATCH = ("model", "learner", "data", "seed")
 # Config paths an override may change when a run resumes; everything else is the run's own.
 SAFE_ON_RESUME = ("trainer.max_steps", "trainer.log_every", "trainer.val_every", "trainer.ckpt_every",
                   "trainer.sample_every", "trainer.progress", "trainer.tensorboard", "trainer.device",
-                  "trainer.accel", "trainer.resume", "trainer.patience", "trainer.divergence", "trainer.regression",
-                  "trainer.detect_anomaly", "trainer.flush_denormal", "trainer.cpu_kernels", "trainer.threads", "final_eval",
+                  "trainer.accel", "trainer.resume", "trainer.patience", "trainer.divergence", "trainer.divergence_floor",
+                  "trainer.regression",
+                  "trainer.detect_anomaly", "trainer.dist_timeout", "trainer.flush_denormal", "trainer.cpu_kernels", "trainer.threads", "final_eval",
                   "print_config")
 # Overrides that are not config paths: Hydra's own settings, and presets that set the run's sections.
 NOT_CONFIG = ("hydra", "hydra/")
@@ -155,14 +157,14 @@ def record_config(run_dir: Path, cfg, hydra_cfg, overrides: list[str], resumed: 
     config.yaml, hydra.yaml and overrides.yaml; a resume appends its overrides to resumes.yaml and leaves the
     original record as it was."""
     record = Path(run_dir) / ".hydra"
-    record.mkdir(parents=True, exist_ok=True)
-    if resumed:
-        with open(record / "resumes.yaml", "a") as f:
-            f.write(f"- {json.dumps(list(overrides))}\n")  # a YAML list of each resume's overrides
-        return
-    OmegaConf.save(cfg, record / "config.yaml")
-    OmegaConf.save(OmegaConf.create({"hydra": hydra_cfg}), record / "hydra.yaml")
-    OmegaConf.save(OmegaConf.create(list(overrides)), record / "overrides.yaml")
+    with writing(record, "the run's record"):
+        record.mkdir(parents=True, exist_ok=True)
+        if resumed:
+            append_line(record / "resumes.yaml", f"- {json.dumps(list(overrides))}")  # a YAML list of each resume's overrides
+            return
+        OmegaConf.save(cfg, record / "config.yaml")
+        OmegaConf.save(OmegaConf.create({"hydra": hydra_cfg}), record / "hydra.yaml")
+        OmegaConf.save(OmegaConf.create(list(overrides)), record / "overrides.yaml")
 
 
 def config_conflicts(saved, new, key: str) -> list[str]:
@@ -180,6 +182,11 @@ def restore(path: Path, resolved: dict, run, monitor, device, d: distributed.Dis
     """Load the checkpoint at ``path`` into ``run`` (a ``nvil.app.build.Run``) and ``monitor``, and set the random
     number generators as they were; returns the loop's state (``LoopState`` fields) at that step."""
     payload = load_checkpoint(path, map_location=device)
+    needed = ("loop", "learner", "ranks" if d.enabled else "rng")
+    missing = [k for k in needed if not isinstance(payload.get(k), (dict, list))]
+    if missing:
+        raise CheckpointError(f"cannot resume from {path}: it lacks {', '.join(missing)} (a damaged or hand-made "
+                              "checkpoint; it can still be evaluated)")
     written = int(payload.get("world_size", 1))
     if written != d.world_size:
         raise CheckpointError(f"cannot resume from {path}: it was written by {written} process(es) and this run "
@@ -201,6 +208,21 @@ def restore(path: Path, resolved: dict, run, monitor, device, d: distributed.Dis
     torch.set_rng_state((payload["ranks"][d.rank]["torch_rng"] if d.enabled else payload["rng"]["torch"]).cpu())
     monitor.load_state_dict(payload.get("divergence", {}))
     return resumed_loop(payload["loop"], resolved["trainer"].get("patience"))
+
+
+def remove_orphans(checkpoints: Path, started: float) -> list[Path]:
+    """The temporary files of checkpoint writes (``.NAME.PID.tmp``, ``nvil.core.checkpoint``) older than
+    ``started`` (a time.time()), left by a writer that was killed; removed. Called under the run's lock, when no
+    other writer can be at work in the directory."""
+    removed = []
+    for tmp in checkpoints.glob(".*.tmp"):
+        try:
+            if tmp.stat().st_mtime < started:
+                tmp.unlink()
+                removed.append(tmp)
+        except OSError:
+            pass
+    return removed
 
 
 def resumed_loop(loop: dict, patience: int | None) -> dict:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import gc
 import inspect
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -23,10 +24,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from nvil.core.errors import ConfigError
+from nvil.core.errors import ConfigError, UserError
 
 # Between two collectives a rank may validate or evaluate alone (rank 0) for a while.
 TIMEOUT = timedelta(minutes=60)
+
+
+class RankTimeout(UserError):
+    """A collective waited longer than its timeout for another rank."""
 
 
 @dataclass(frozen=True)
@@ -77,6 +82,30 @@ def setup() -> Dist:
     backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
     dist.init_process_group(backend=backend, timeout=TIMEOUT)
     return current()
+
+
+@contextmanager
+def collective_timeout(seconds: float, d: Dist):
+    """While the block runs, a collective that waits more than ``seconds`` for another rank (one stopped or hung)
+    fails with ``RankTimeout``, instead of after the process group's ``TIMEOUT``."""
+    if not d.enabled:
+        yield
+        return
+    from torch.distributed.distributed_c10d import _set_pg_timeout
+
+    _set_pg_timeout(timedelta(seconds=seconds))
+    try:
+        yield
+    except (RuntimeError, dist.DistError) as e:
+        if "timeout" not in str(e).lower() and "timed out" not in str(e).lower():
+            raise
+        raise RankTimeout(f"rank {d.rank}: another rank did not answer within trainer.dist_timeout={seconds:g} s "
+                          "(a stopped, hung or lost process); the last good checkpoint is kept") from None
+    finally:
+        try:
+            _set_pg_timeout(TIMEOUT)
+        except RuntimeError:  # the group is already broken: the error above says why
+            pass
 
 
 def current() -> Dist:
@@ -145,6 +174,11 @@ def average_metrics(metrics: dict[str, float]) -> dict[str, float]:
     every = gather_objects(metrics)
     keys = sorted(set().union(*every))
     return {k: sum(m[k] for m in every if k in m) / sum(k in m for m in every) for k in keys}
+
+
+def all_reduce_max(tensor: torch.Tensor) -> None:
+    """``tensor`` (on the CPU: the gloo side of the group) replaced in place by its maximum over the ranks."""
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
 
 
 def barrier() -> None:

@@ -27,12 +27,6 @@ class TrainingDiverged(UserError):
     pass
 
 
-class Interrupted(UserError):
-    """Ctrl-C: the run saved a checkpoint (or had nothing to save) and stops with one line, exit code 130."""
-
-    exit_code = 130
-
-
 class CertificateFailed(UserError):
     """An estimate failed its certificate under ``estimator.strict=true``: exit code 3, after the JSON line."""
 

@@ -9,6 +9,8 @@
 - ``synthetic``: data drawn from small known models (``synthetic_data``, ``synthetic_bow_data``,
   ``synthetic_dynamic_data``), so tests can compare estimators with exact enumeration;
 - ``checks``: the checks of the values a builder takes;
+- ``values``: the checks of a dataset's values (no NaN or infinity; binary data in [0, 1], counts whole numbers
+  of at most 2**24, real values of at most 1e15), made when a ``Dataset`` is created;
 - ``build``: the ``DATASETS`` registry behind ``build_dataset``, the one place a data config is read.
 
 Each builder takes typed keywords whose defaults are configs/data/NAME.yaml's, so from a notebook::

@@ -18,6 +18,7 @@ from nvil.core.config import positive_int
 from nvil.core.errors import ConfigError, DataError
 from nvil.data.checks import data_seed, fraction
 from nvil.data.dataset import SPLITS, Dataset
+from nvil.data.values import first_bad, refusal, rule
 
 BOW_FORMATS = ("csr", "coo")
 DENSE_LIMIT = 50_000_000  # a split with at most this many counts is stored dense: faster minibatches
@@ -40,7 +41,7 @@ def load_count_matrix(path) -> torch.Tensor:
         raise DataError(f"{path} must be a scipy.sparse .npz matrix in {BOW_FORMATS} format "
                         f"(keys data, shape and indices/indptr or row/col); it has format {fmt!r}, keys {sorted(arrays)}")
     n_docs, vocab = (int(n) for n in arrays["shape"])
-    values = torch.from_numpy(arrays["data"].astype(np.float32))
+    values = _counts(path, arrays["data"])
     if fmt == "csr":
         lengths = np.diff(arrays["indptr"])
         rows = torch.from_numpy(np.repeat(np.arange(n_docs), lengths))
@@ -48,13 +49,29 @@ def load_count_matrix(path) -> torch.Tensor:
     else:
         rows = torch.from_numpy(arrays["row"].astype(np.int64))
         cols = torch.from_numpy(arrays["col"].astype(np.int64))
-    if values.numel() and (values.min() < 0 or not torch.equal(values, values.round())):
-        raise DataError(f"{path} must hold non-negative integer word counts")
+    check_counts(path, values, rows, cols)
+    values = values.float()  # exact: every count is an integer of at most 2**24
     try:  # a user's file: check the indices against the shape rather than trust them
         return torch.sparse_coo_tensor(torch.stack([rows.long(), cols]), values, (n_docs, vocab),
                                        check_invariants=True).coalesce()
     except RuntimeError as e:
         raise DataError(f"{path} is not a valid sparse matrix ({str(e).splitlines()[0][:120]})") from None
+
+
+def _counts(path: Path, data: np.ndarray) -> torch.Tensor:
+    """A file's stored counts, in float64 (exact for every integer a count may be); numbers only."""
+    if not (data.dtype == bool or np.issubdtype(data.dtype, np.integer) or np.issubdtype(data.dtype, np.floating)):
+        raise DataError(f"{path} must hold non-negative integer word counts, not values of type {data.dtype}")
+    return torch.from_numpy(data.astype(np.float64))
+
+
+def check_counts(path: Path, values: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> None:
+    """``DataError`` naming the file and the first stored count that is not a non-negative integer of at most 2**24
+    (``nvil.data.values``): NaN, infinity, 1e30 and 2.5 are refused here, before anything is rounded to float32."""
+    i = first_bad(values, rule("counts")[0])
+    if i is not None:
+        position = f"row {int(rows[i])}, column {int(cols[i])}" if i < min(len(rows), len(cols)) else f"entry {i}"
+        raise refusal(str(path), float(values[i]), position, "counts")
 
 
 def _select_rows(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:

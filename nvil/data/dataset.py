@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from nvil.core.errors import ConfigError, DataError
+from nvil.data.values import check_values
 
 SPLITS = ("train", "valid", "test")
 BINARIZATIONS = ("fixed", "dynamic", "threshold")
@@ -42,6 +43,12 @@ class Dataset:
     binarize: str
     seed: int
     image_shape: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        """Every split's values are checked once, here (``nvil.data.values``): NaN, infinity or a value its kind of
+        data may not hold is a one-line ``DataError`` naming the split, row and column."""
+        for split, x in self.splits.items():
+            check_values(f"data={self.name}'s {split} split", x, self.binarize)
 
     @property
     def dim(self) -> int:
