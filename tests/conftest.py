@@ -153,7 +153,8 @@ def run_script(script: str, *args: str, cwd=ROOT, env: dict | None = None) -> su
     it, in this one: through the function the script and its console script call (``nvil.app.main.train_main``
     ...), its arguments in ``sys.argv``, ``cwd`` as the working directory, ``env`` added to ``os.environ`` (and HYDRA_FULL_ERROR=0),
     stdout and stderr captured, the exit code from ``SystemExit`` (an uncaught exception: 1, its traceback on
-    stderr). Hydra's global state, the root logger's handlers and the environment are put back afterwards. The
+    stderr). Hydra's global state, the loggers' handlers, levels and disabled flags and the environment are put back
+    afterwards. The
     process itself (start-up, signals, the CPU kernel set chosen before torch starts) is what the few subprocess
     tests are for."""
     out, err = io.StringIO(), io.StringIO()
@@ -165,6 +166,9 @@ def run_script(script: str, *args: str, cwd=ROOT, env: dict | None = None) -> su
         # imports it) would close the stream it holds, pytest's capture: the run sees none of them
         kept = logging._handlerList[:]
         del logging._handlerList[:]
+        # evaluate.py's Hydra logging config (disabled) disables every existing logger, train.py's enables them
+        loggers = {name: (lg.disabled, lg.level, lg.propagate) for name, lg in logging.Logger.manager.loggerDict.items()
+                   if isinstance(lg, logging.Logger)}
         try:
             os.chdir(cwd)
             os.environ.update({"HYDRA_FULL_ERROR": "0", **(env or {})})  # Hydra's errors as the scripts print them
@@ -192,4 +196,8 @@ def run_script(script: str, *args: str, cwd=ROOT, env: dict | None = None) -> su
             root.handlers = saved[3]
             root.setLevel(saved[4])
             logging._handlerList[:0] = kept
+            for name, (disabled, level, propagate) in loggers.items():
+                lg = logging.getLogger(name)
+                lg.disabled, lg.propagate = disabled, propagate
+                lg.setLevel(level)
     return subprocess.CompletedProcess([script, *args], code, out.getvalue(), err.getvalue())

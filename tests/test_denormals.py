@@ -95,6 +95,7 @@ def test_training_loop_and_evaluator_run_flushed(tmp_path, monkeypatch):
     assert not flushing()
 
 
+@pytest.mark.slow
 def test_bench_times_both_modes_and_rejects_bad_options(capsys):
     """``bench/denormals.py`` continues a committed checkpoint in both modes and prints their ratio (3 updates
     here: a smoke run of the README's command); unknown cases are a usage error."""

@@ -380,6 +380,7 @@ def test_r_rho_on_parts_is_the_net_on_the_concatenated_parts():
 
 
 
+@pytest.mark.slow
 def test_the_bench_scores_a_finished_run_without_training_it_again(tmp_path):
     """bench/discrete_estimators.py: a run stopped while it was being scored (its last checkpoint at the row's steps)
     is scored by the same command again, not refused as a resume past its end; with more steps it trains on."""
@@ -455,6 +456,7 @@ def test_the_bench_pairs_estimators_by_seed():
     assert rows == [["sbn200", "arm - disarm", "2", "+1.15 ± 0.35", "+0.25 ± 0.35"]]
 
 
+@pytest.mark.slow
 def test_the_bench_prints_its_tables_again_from_records(tmp_path, monkeypatch, capsys):
     """bench/discrete_estimators.py ``--rows``: every scored run is recorded in <out>/rows.jsonl, and the same command
     with ``--rows`` prints the same figures from those records without training or scoring; a run named but not

@@ -134,6 +134,7 @@ def sweep(sweep_dir: Path, *args: str) -> subprocess.Popen:
 
 
 @needs_submitit
+@pytest.mark.slow
 def test_sigterm_through_submitits_local_executor_saves(tmp_path):
     sweep_dir = tmp_path / "sweep"
     proc = sweep(sweep_dir, "trainer.max_steps=1000000")

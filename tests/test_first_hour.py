@@ -144,6 +144,7 @@ def test_nan_before_the_first_checkpoint_says_none_is_kept(tmp_path, monkeypatch
         train(make_cfg("train", FAST + ["trainer.max_steps=100"]), tmp_path)
 
 
+@pytest.mark.slow
 def test_ctrl_c_saves_a_checkpoint_and_exits_with_one_line(tmp_path):
     run_dir = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *FAST, "trainer.max_steps=1000000",

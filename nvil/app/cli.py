@@ -157,7 +157,8 @@ def torchrun_overrides(argv: list[str], run_dir_root: str | None) -> list[str]:
 
 
 def fail(e: Exception) -> None:
-    print(f"error: {e}", file=sys.stderr)
+    if not getattr(e, "quiet", False):
+        print(f"error: {e}", file=sys.stderr)
     sys.exit(getattr(e, "exit_code", 2))
 
 

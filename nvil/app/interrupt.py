@@ -37,11 +37,13 @@ log = logging.getLogger("nvil")
 
 
 class Stopped(UserError):
-    """A signal stopped training after a checkpoint was saved: exit code 128 + the signal's number."""
+    """A signal stopped training after a checkpoint was saved: exit code 128 + the signal's number. ``quiet``: the
+    line is rank 0's to print (under torchrun the other ranks stop without repeating it)."""
 
-    def __init__(self, message: str, signum: int) -> None:
+    def __init__(self, message: str, signum: int, quiet: bool = False) -> None:
         super().__init__(message)
         self.exit_code = 128 + signum
+        self.quiet = quiet
 
 
 def launcher_signal() -> int | None:
@@ -104,11 +106,12 @@ def stopped(stop: StopRequest, signum: int, step: int, last_path: Path, run_dir:
             last: bool = False) -> None:
     """After a signal's checkpoint: say how to continue, hand the signal to the launcher that asked for it
     (submitit requeues the job and exits), or raise ``Stopped`` (exit code 128 + the signal's number)."""
-    line = (f"stopped by {stop.name(signum)} at step {step}{', the run' + chr(39) + 's last' if last else ''}; "
-            f"saved {last_path}; continue with: python train.py hydra.run.dir={run_dir} trainer.resume=true")
+    where = f"step {step}, the run's last" if last else f"step {step}"
+    line = (f"stopped by {stop.name(signum)} at {where}; saved {last_path}; continue with: python train.py "
+            f"hydra.run.dir={run_dir} trainer.resume=true")
     log.warning(line)
     if signum == launcher_signal():
         if d.is_main:
             print(f"{line} (requeued by the launcher)", file=sys.stderr, flush=True)
         stop.hand_over(signum)
-    raise Stopped(line, signum)
+    raise Stopped(line, signum, quiet=not d.is_main)
