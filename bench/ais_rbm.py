@@ -39,7 +39,7 @@ from nvil.app.evaluation import load_model
 
 def matmul_gflops(device, m: int, k: int, n: int, min_seconds: float = 0.5) -> float:
     """GFLOP/s of an [m x k] @ [k x n] matmul (best of a few timed batches), by the product AIS itself uses
-    (``nvil.backend.gemm``: oneDNN on an AMD CPU with AVX-512, where it is 2.2x MKL's, else torch's)."""
+    (``nvil.backend.gemm``: oneDNN on an AMD CPU with AVX-512, else torch's)."""
     a = torch.randn(m, k, device=device)
     b = torch.randn(k, n, device=device)
     gemm.matmul(a, b)

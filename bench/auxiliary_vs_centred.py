@@ -3,7 +3,7 @@ budget. For each model, log-likelihood against wall time and against gradient ev
 
     python bench/auxiliary_vs_centred.py                                  # mnist2, mnist3, dynamic on the CPU
     python bench/auxiliary_vs_centred.py --models mnist2 --iterations 3000 --device cuda
-    python bench/auxiliary_vs_centred.py --models mnist2,mnist3 --settings paper,equal_accept,sigma1   # issue 17
+    python bench/auxiliary_vs_centred.py --models mnist2,mnist3 --settings paper,equal_accept,sigma1   # three comparisons
 
 Models (presets): ``mnist2`` = experiment=mcem_gbn_mnist (784-64-64, 10,000 training digits), ``mnist3`` the
 same with three latent layers, ``dynamic`` = experiment=mcem_dbn_dynamic (length 10, 10-dim latents, 100
@@ -17,7 +17,7 @@ The curves' evaluator is checked on each trained model: AIS-HMC with ``--check-b
 ``--check-chains`` (default 4x) against the curve's last value on the same rows. AIS is a stochastic lower bound that
 loosens as the posterior sharpens, so a check far above the end (flagged LOOSE, with a warning) means the curve
 understates that run: with the default 100 betas x 4 chains the dynamic net's curves fell after ~3,000 iterations
-while log p by 1,000 betas x 16 chains kept rising (bench/REPRODUCTION.md, row 10).
+while log p by 1,000 betas x 16 chains kept rising (docs/reproductions.md, Kingma 2013).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ MODELS = {"mnist2": ["experiment=mcem_gbn_mnist"],
           "mnist3": ["experiment=mcem_gbn_mnist", "model.layers=[64,64,64]"],
           "dynamic": ["experiment=mcem_dbn_dynamic"]}
 FORMS = ("auxiliary", "centred")
-# How the two forms are compared (issue 17): the paper's one fixed step for both; each form's step adapted to the
+# How the two forms are compared: the paper's one fixed step for both; each form's step adapted to the
 # same acceptance rate (dual averaging per chain, towards learner.target_accept); and sigma = 1, where the auxiliary
 # form's unit-scale eps and the centred z have the same conditional scale.
 SETTINGS = {"paper": [], "equal_accept": ["learner.adapt=dual_averaging"], "sigma1": ["model.sigma=1.0"]}

@@ -1,8 +1,8 @@
 """Before and after: the hot loops of this checkout against another git revision, timed the same way.
 
-    python bench/before_after.py --before 84772de            # the revision before the hot-loop changes
+    python bench/before_after.py --before HEAD~1             # this checkout against its parent commit
     python bench/before_after.py --before HEAD~3 --repeats 9 --threads 1
-    python bench/before_after.py --before b60a82f --groups nvil,sap --threads 2   # some of the loops only
+    python bench/before_after.py --before main --groups nvil,sap --threads 2      # some of the loops only
 
 The older revision is checked out into a temporary git worktree. The same timing code (below, using only APIs
 both revisions have: ``learner.step``, ``log_weights``, ``BlockGibbs.step``, ``TemperedTransitions.step``, ``rbm_log_z``,

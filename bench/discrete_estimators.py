@@ -21,7 +21,7 @@ while it was being scored) is scored without training, and a score the run's ``s
 estimator, settings, examples and step) is read back, not computed again (``--rescore`` computes it), so adding a seed
 to a table costs that seed's runs only. Every scored run is also recorded in ``<out>/rows.jsonl``
 (``discrete_records.py``); ``--rows FILE,...`` prints the tables from such records instead of training, so runs
-trained in other sessions or on other machines (each appending its records) make one table.
+trained at other times or on other machines (each appending its records) make one table.
 
 Each final checkpoint is scored on the test split, so the table ranks estimators by log-likelihood, not by their
 own objective: -ELBO (10 samples, Mnih & Gregor's Table 1 measure), -IWAE(``--iwae-k``) (an upper bound on -log p),
@@ -140,7 +140,7 @@ def scored_before(ckpt: Path, step: int, name: str, settings: dict, spec: EvalSp
     """The evaluator's own record of this score, where a run scored before wrote one to ``spec.output``: the same
     estimator, ``spec``'s split, number of examples (None: the whole split) and seed, the checkpoint's step, and the
     same value of every setting (``settings``: the estimator's config, scalars) that the record states.
-    Scoring the IWAE(5000) of one SBN-200-200-200 on the test set takes ~13 min of a core; a rerun that adds a seed
+    Scoring the IWAE(5000) of a model on the whole test set is the costly part of a row; a rerun that adds a seed
     to a table reuses the seeds already scored (``--rescore`` scores again)."""
     scores = Path(spec.output)
     if not scores.exists():

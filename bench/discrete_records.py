@@ -1,5 +1,5 @@
 """The rows of ``bench/discrete_estimators.py`` kept as records, one JSON line per scored run, so that a table can be
-printed again from runs trained in other sessions or on other machines, without their run directories.
+printed again from runs trained at other times or on other machines, without their run directories.
 
 A record holds the run's figures (each score's mean, standard error and certificate; steps, rate, gradient
 diagnostics) and the settings that make two rows comparable (``settings``: budget, steps, batch, protocol, the scores'

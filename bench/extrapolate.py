@@ -1,5 +1,5 @@
 """A run's validation curve, a fitted power law and the budget it extrapolates to: the "fitted extrapolation" of a
-reproduction row that has not reached the paper in the budget spent (bench/REPRODUCTION.md).
+reproduction row that has not reached the paper in the budget spent (docs/reproductions.md).
 
     python bench/extrapolate.py /work/runs/nvil_fdarn200 --target 92.5
     python bench/extrapolate.py /work/runs/ws_sbn200 --target 120.8 --window 100000 --from 200000
@@ -16,7 +16,7 @@ it). A power law fitted to part of a curve is a guide to the budget, not a resul
 checkpoints (``evaluate.py ... estimator=elbo estimator.num_samples=10`` on the 10,000 test images, the row's own
 measure). The NVIL presets validate on 100 held-out images (the paper's protocol), a curve too noisy to tell a
 plateau from progress of a few tenths of a nat per million updates: row 4's validation windows stayed at 127.7 from
-3.4M to 4.7M updates while its test figure improved from 126.09 to 125.23 (bench/REPRODUCTION.md).
+3.4M to 4.7M updates while its test figure improved from 126.09 to 125.23 (docs/reproductions.md, note 1.2).
 """
 
 from __future__ import annotations

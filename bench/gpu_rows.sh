@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Every GPU row of bench/RESULTS.md ("Sixth stop", 2026-11-24, H100) and REPRODUCTION.md row 9, in one go, each
+# Every GPU row of docs/benchmarks.md ("On a GPU") and the DBN rows of docs/reproductions.md, in one go, each
 # command's table into $OUT (default bench/out/gpu). About 12 minutes on an H100; needs CUDA, and for the peers
 # `pip install -e '.[bench]'` (pyro-ppl, scikit-learn, jax, blackjax). Run from the repository root:
 #     bash bench/gpu_rows.sh

@@ -8,12 +8,11 @@ Each checkpoint gets the per-image bound (``--estimator elbo``: the mean of log 
 ``--num-samples`` draws h ~ q(. | x), the NVIL paper's Table 1 measure with 10; ``iwae``: log of the mean weight)
 on the first ``--num-examples`` images of ``--split``, each batch of images drawing from a generator seeded by
 ``--seed`` and the batch's first row, as ``evaluate.py`` seeds them: two checkpoints of one architecture take the same
-uniforms (common random numbers; torch's generator, where ``evaluate.py`` draws q's factorial layers with the C
-kernels' stream on a CPU, so its figures differ from these by sampling noise, ~0.05 nats). The table gives each
+uniforms (common random numbers). The table gives each
 checkpoint's mean -bound in nats with its standard error over images, and B - A in nats of log p with the standard error of the per-image differences. Two
 checkpoints' means each carry an SE of ~0.3 nats on MNIST's 10,000 test images, but most of it is the images'
-spread, shared by both: the paired SE is 5-10x smaller (row 4 of bench/REPRODUCTION.md: 3.53M -> 4.97M updates,
-+1.14 ± 0.06 nats, where the unpaired SE was 0.42 and the 100-image validation curve showed no change).
+spread, shared by both: the paired SE is 5-10x smaller (the wake-sleep row of docs/reproductions.md: +1.14 ± 0.06
+nats from update 3.53M to 4.97M, where the unpaired SE was 0.42 and the 100-image validation curve showed no change).
 
 The two checkpoints must hold the same images in that split (the same data config); otherwise there is nothing to
 pair and the script says so.

@@ -285,7 +285,7 @@ def main() -> None:
     g = torch.Generator().manual_seed(args.seed + 1)
     pts = torch.cat([s0_cpu[:k], s0_cpu[:k] + 0.3 * torch.randn(k, model.n_latent, generator=g, dtype=tdtype)])
     err = jax_gbn.compare(model, torch.cat([x[:k], x[:k]]), pts.to(device), form)
-    # float32 on a GPU sums in another order than XLA on the CPU: relative gradient errors ~1.5e-4 were seen on an H100
+    # float32 on a GPU sums in another order than XLA on the CPU: relative gradient errors reach ~1.5e-4 there
     tol = (1e-4 if device.type == "cpu" else 1e-3) if args.dtype == "float32" else 1e-9
     print(f"check at {2 * k} points: JAX vs ours, max relative error of log p(x, z) {err['value']:.1e} "
           f"(|log p| up to {err['max_abs_value']:.0f}), of its gradient {err['grad']:.1e} "

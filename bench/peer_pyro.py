@@ -46,8 +46,8 @@ compiled variant, ``JitTraceGraph_ELBO``, stops with "Cannot insert a Tensor tha
 
 ``--isolate R`` runs every side in a fresh process of its own (this script with ``--only``), R rounds with the order
 rotated each round, and reports the median updates per second of each side and the range of the per-round ratios,
-so no side's timing depends on what another side did to the process. (On the 2-core VM of RESULTS.md, issue 16, the
-ratio to Pyro spread as widely this way as in one process.) The bounds come from the first round (every round trains
+so no side's timing depends on what another side did to the process (on a shared machine the ratio to Pyro can
+spread as widely this way as in one process). The bounds come from the first round (every round trains
 the same models from the same seeds); a child that does not time our side skips its compilation and warm-up.
 
 Our side runs ``--warmup`` untimed updates first (compilation with ``--accel compile``, CUDA warm-up), whose effects

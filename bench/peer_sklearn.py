@@ -216,7 +216,7 @@ def main() -> None:
     if min(oz.ess, sz.ess) < min_ess:
         print(f"An AIS ESS below {CERTIFICATE['min_ess_fraction']:.0%} of the {args.ais_chains} chains (the "
               "certificate's floor, estimators/certify.py) leaves that log Z, and the log p difference, uncertified: rerun with more --ais-betas "
-              "or --ais-chains (200 x 10000 kept both models above the floor in the runs of bench/RESULTS.md).")
+              "or --ais-chains (200 x 10000 kept both models above the floor in the runs of docs/benchmarks.md).")
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ runs the checkpoint's own learner for ``--updates`` more updates on fresh miniba
 first ``--examples`` test images every ``--every`` updates. If q were short of budget or at a poor rate, some rate
 would lower -ELBO towards the model's -IWAE (``evaluate.py ... estimator=iwae``); if none does, q sits at the floor
 its estimator's noise sets for this model, and the gap ELBO - IWAE (q's KL to the posterior) is not q's schedule.
-One thread; a diagnostic for bench/REPRODUCTION.md, not a test.
+One thread; a diagnostic for the reproductions (docs/reproductions.md, note 1.2), not a test.
 """
 
 from __future__ import annotations

@@ -34,6 +34,7 @@ from nvil.estimators.base import (
 )
 from nvil.estimators.certify import stored_particles
 from nvil.estimators.log_z import apply_log_z, top_log_z
+from nvil.estimators.per_example import BOLTZMANN_ESTIMATORS
 from nvil.estimators.settings import LOG_Z, LogZSettings
 
 MAX_ELEMENTS = 2**22  # floats per chunk of samples (estimator.max_elements): the logits stay in the caches and heap
@@ -96,6 +97,11 @@ class SampledBound(Estimator):
     - ``log_z``: a DBN's top-RBM log Z (``LogZSettings`` or a mapping of its fields; configs/log_z/ais.yaml)."""
 
     BOUNDS = {"iwae": importance_sampled_bound, "elbo": elbo}
+    # The JSON line's ``bound``: what the number is. Only L_K tightens with more samples (Burda et al. 2016,
+    # Theorem 1); the ELBO's samples only average, so its gap, KL(q(h | v) || p(h | v)), stays whatever their number.
+    WORDING = {"iwae": "stochastic lower bound: E[estimate] <= log p(v), tight as num_samples grows",
+               "elbo": "stochastic lower bound: E[estimate] = ELBO = log p(v) - KL(q(h | v) || p(h | v)); more "
+                       "samples lower its variance, not its gap"}
     row_offset_aware = True  # evaluate_checkpoint passes the first row's index in the whole split
 
     def __init__(self, bound: str = "iwae", *, num_samples: int = 1000, batch_size: int = 100,
@@ -113,6 +119,10 @@ class SampledBound(Estimator):
         self.log_z_settings = LogZSettings.of(log_z)
 
     def check(self, model, inference) -> None:
+        if model.family == "boltzmann":
+            raise ConfigError(f"estimator={self.name} draws h from an inference network q(h | v), which a Boltzmann "
+                              "machine does not have (its hidden units are summed exactly in its free energy); for "
+                              f"model=rbm or srbm use estimator={BOLTZMANN_ESTIMATORS}")
         if inference is None and model.family != "dbn" and not model.family == "continuous":
             raise ConfigError(f"estimator={self.name} needs a model with an inference network (sbn, fdarn), a DBN "
                               "or a Gaussian net (gbn, dbn_dynamic: the prior is the proposal)")
@@ -153,8 +163,8 @@ class SampledBound(Estimator):
                                            progress=progress,
                                            seed=seed, row_offset=row_offset)
         result = Result(self.name, log_p.cpu() - log_z, time.perf_counter() - t0, seed,
-                        {"num_samples": self.num_samples, **extras, "bound": "stochastic lower bound: E[estimate] <= "
-                         "log p(v), tight as num_samples grows"}, shared_stderr=log_z_se)
+                        {"num_samples": self.num_samples, **extras, "bound": self.WORDING[self.name]},
+                        shared_stderr=log_z_se)
         if certificate is not None:
             apply_log_z(result, *certificate)
         return result

@@ -37,7 +37,13 @@ class Harmonic(PerExample):
         self.burn_in = burn_in
 
     def settings(self) -> dict:
-        return {"num_samples": self.num_samples, "burn_in": self.burn_in}
+        out = {"num_samples": self.num_samples, "burn_in": self.burn_in}
+        if self.num_runs > 1:  # replaces the JSON line's note for estimators whose runs estimate p(v) unbiasedly
+            out["mean_log_p_per_run_is"] = (
+                "the mean over runs of each run's own log p(v) estimate, kept for run_spread; it is never below "
+                "mean_log_p, which pools each example's runs (their 1 / p(v) estimates averaged) and so over-estimates "
+                "less (Jensen's inequality): report mean_log_p")
+        return out
 
     def combine(self, per_run: torch.Tensor) -> torch.Tensor:
         """Runs pool their samples: 1 / P_hat is the mean of the runs' 1 / P_hat."""

@@ -8,25 +8,32 @@
     result = nvil.evaluate(run.checkpoint, "estimator=ais")                   # what evaluate.py does
 
 Importing ``nvil`` imports nothing else and changes nothing in the process: ``nvil.train`` and ``nvil.evaluate``
-load the application (``nvil.app.api``) on first use.
+load the application (``nvil.app.api``) on first use, and ``nvil.__version__`` reads the installed distribution's
+version (``importlib.metadata``, from pyproject.toml's ``version``) when first asked for.
 """
 
 from __future__ import annotations
 
 import importlib
 
-__version__ = "0.2.0"
-
 _API = {"train": "nvil.app.api", "evaluate": "nvil.app.api", "Run": "nvil.app.api"}
 
 
 def __getattr__(name: str):
-    """``nvil.train``, ``nvil.evaluate``, ``nvil.Run`` (PEP 562): the application is imported when first asked for,
-    so that ``import nvil.models`` does not import the training loop."""
+    """``nvil.train``, ``nvil.evaluate``, ``nvil.Run`` and ``nvil.__version__`` (PEP 562): each is looked up when
+    first asked for, so that ``import nvil.models`` imports neither the training loop nor package metadata."""
+    if name == "__version__":
+        metadata = importlib.import_module("importlib.metadata")
+        try:
+            version = metadata.version("nvil")
+        except metadata.PackageNotFoundError:  # a checkout on sys.path that was never installed
+            version = "0+unknown"
+        globals()["__version__"] = version
+        return version
     if name in _API:
         return getattr(importlib.import_module(_API[name]), name)
     raise AttributeError(f"module 'nvil' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted([*globals(), *_API])
+    return sorted([*globals(), *_API, "__version__"])

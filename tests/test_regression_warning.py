@@ -61,10 +61,10 @@ def test_the_committed_runs_real_curves_are_not_called_regressions(run):
 
 
 def test_the_wake_sleep_runs_validation_dip_is_said_where_it_is():
-    """ws_sbn200, resumed on 2026-11-28 to 7.05M updates: its 100-image validation score dipped ~0.3 nats below its
-    best around updates 4.0-4.13M (the test figure kept improving: bench/REPRODUCTION.md, rows 4 and 5 on the test
-    measure), more than 10 of the run's median validation-to-validation changes. The rule says so there and only
-    in that stretch; the dip, measured from the data, is that deep."""
+    """ws_sbn200, trained to 7.05M updates: its 100-image validation score dipped ~0.3 nats below its best around
+    updates 4.0-4.13M (the test figure kept improving: docs/reproductions.md, row 4 and note 1.2), more than 10 of
+    the run's median validation-to-validation changes. The rule says so there and only in that stretch; the dip,
+    measured from the data, is that deep."""
     rows = [json.loads(line) for line in (ROOT / "bench" / "checkpoints" / "ws_sbn200.val.jsonl").open()]
     steps, scores = [r["step"] for r in rows], [r["val/elbo"] for r in rows]
     said = [steps[i] for i in warnings_along(DivergenceMonitor(), scores)]

@@ -264,7 +264,7 @@ def test_reuse_hidden_resumes_exactly():
     assert torch.equal(straight.particles.h, resumed.particles.h)
 
 
-# ---- the paper's recipe: the rate schedule and the weight cost (issue 17) ---------------------------------------
+# ---- the paper's recipe: the rate schedule and the weight cost -------------------------------------------------
 def test_the_rate_schedule_counts_t_from_the_switch():
     """0.01 for 10,000 updates then 10 / (1000 + t), and 0.05 then 100 / (2000 + t) (Salakhutdinov 2009): continuous
     at the switch, then decaying as a / (b + t - t0); t counted from 0 would drop the rate 11x and 26x there."""

@@ -37,7 +37,7 @@ from nvil.mcmc.sequential_gibbs import SequentialGibbs
 DT = torch.float64
 
 
-# ---- the per-unit loops (the code before issue 16) ---------------------------------------------------------
+# ---- the per-unit loops (the definitions the fast sweeps are checked against) -----------------------------
 def reference_pixel_sweep(field, start, u, lateral, beta, reverse=False):
     """One matvec per pixel: v_i = [u_i < sigmoid(field_i + beta v L[:, i])], in order or reversed."""
     v = start.clone()

@@ -10,8 +10,18 @@ from __future__ import annotations
 
 import importlib
 import sys
+from importlib import metadata
 
 from nvil.backend.cpu_kernels import CHOICES, choose_kernels, requested
+
+
+def _version() -> bool:
+    """Whether the command line is ``--version`` alone, in which case the package's version is printed (Hydra's
+    own ``--version`` would name Hydra's), before torch or Hydra is imported."""
+    if sys.argv[1:] != ["--version"]:
+        return False
+    print(f"nvil {metadata.version('nvil')}")
+    return True
 
 
 def _choose(key: str) -> None:
@@ -24,11 +34,15 @@ def _choose(key: str) -> None:
 
 def train() -> None:
     """``nvil-train``: the same arguments as ``python train.py``."""
+    if _version():
+        return
     _choose("trainer.cpu_kernels")
     importlib.import_module("nvil.app.main").train_main()
 
 
 def evaluate() -> None:
     """``nvil-evaluate``: the same arguments as ``python evaluate.py``."""
+    if _version():
+        return
     _choose("eval.cpu_kernels")
     importlib.import_module("nvil.app.main").evaluate_main()

@@ -11,6 +11,7 @@ one-line ``OutOfMemory`` naming the settings to lower."""
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import sys
@@ -21,6 +22,7 @@ import torch
 from omegaconf import OmegaConf
 from tqdm import tqdm
 
+from nvil.app.report import headline
 from nvil.backend import gemm
 from nvil.backend.accel import accelerate_sampling
 from nvil.backend.cpu_kernels import capability
@@ -183,8 +185,10 @@ def _estimate(estimator, model, inference, x: torch.Tensor, inputs: dict, spec: 
 
 def _report(result: Result, name: str, out: Path, explicit: bool = False) -> None:
     """The JSON line on stdout, then appended to ``out`` as one whole line (``nvil.core.files.append_line``); each
-    warning of estimator ``name``, loud, as one line on stderr (the JSON keeps every number either way). An ``out``
-    that cannot be written is a warning, or with ``explicit`` (the user's ``eval.output``) a ``StorageError``."""
+    warning of estimator ``name``, loud, as one line on stderr (the JSON keeps every number either way), and last the
+    human line (``nvil.app.report.headline``: the estimate, its examples and its certificate in words). An ``out``
+    that cannot be written is a warning, or with ``explicit`` (the user's ``eval.output``) a ``StorageError``, the
+    command's one error line in place of the human line."""
     line = result.to_json()
     print(line, flush=True)
     for warning in result.warnings:
@@ -196,6 +200,7 @@ def _report(result: Result, name: str, out: Path, explicit: bool = False) -> Non
         if explicit:
             raise StorageError(f"{problem}; the result is the JSON line printed above") from None
         print(f"warning: {problem}; the result is the JSON line on stdout", file=sys.stderr, flush=True)
+    print(headline(json.loads(line)), file=sys.stderr, flush=True)
 
 
 # Settings that size an estimator's tensors, in the order to lower them.

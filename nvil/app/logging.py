@@ -1,11 +1,13 @@
 """Run logging: TensorBoard scalars and image grids under ``tb/``, and one JSON line per event in
 ``metrics.jsonl``. Tags are namespaced by what they measure: ``train/``, ``val/``, ``nvil/``,
-``grad_norm/``, ``samples/``."""
+``grad_norm/``, ``samples/``; at the end, the run's config and its final evaluation (``eval/``) in TensorBoard's
+hparams view (``log_hparams``)."""
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import sys
 import threading
 from contextlib import contextmanager
@@ -13,6 +15,7 @@ from pathlib import Path
 
 import torch
 from torch.utils.tensorboard import SummaryWriter
+from torch.utils.tensorboard.summary import hparams
 
 from nvil.core.files import describe_write_failure, is_write_failure, writing
 
@@ -94,6 +97,53 @@ class RunLogFile(logging.FileHandler):
             print(f"warning: {describe_write_failure(e, self.baseFilename, 'the run log')}", file=sys.stderr)
 
 
+def log_hparams(run_dir: Path, config: dict, metrics: dict) -> None:
+    """The run's resolved ``config`` (flattened: ``learner.lr``, ``model.layers``) as its hyperparameters, and its
+    final scores as the metrics of TensorBoard's hparams view: written into ``tb/`` itself, the run the training
+    scalars are in (not a subdirectory of its own, as ``SummaryWriter.add_hparams`` would make), at the last step.
+    A write the storage refuses is a ``StorageError`` naming the directory."""
+    scores = final_scores(metrics)
+    tb = Path(run_dir) / "tb"
+    with storage_faults_reported(), writing(tb, "TensorBoard's hparams log"):
+        writer = SummaryWriter(str(tb))
+        try:
+            for summary in hparams(flatten(config), scores):
+                writer.file_writer.add_summary(summary, metrics.get("step"))
+            for tag, value in scores.items():
+                writer.add_scalar(tag, value, metrics.get("step"))
+        finally:
+            writer.close()
+
+
+def final_scores(metrics: dict) -> dict[str, float]:
+    """``eval/<estimator>/mean_log_p`` and ``/stderr`` (``/error_rate`` for classify) of each final estimator, and
+    the best validation score under the loop's own tag (``val/elbo_best``): those that are finite numbers."""
+    out = {}
+    for key in ("final_eval", "final_eval_then"):
+        line = metrics.get(key) or {}
+        for name in ("mean_log_p", "stderr", "error_rate"):
+            out[f"eval/{line.get('estimator')}/{name}"] = line.get(name)
+    if metrics.get("val/tag"):
+        out[f"{metrics['val/tag']}_best"] = metrics.get("val/best")
+    return {k: float(v) for k, v in out.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
+
+
+def flatten(config: dict, prefix: str = "") -> dict:
+    """Dotted keys to the values TensorBoard's hparams take (numbers, strings): booleans, null and lists as a
+    command line writes them (``true``, ``null``, ``[200, 200]``); torch would log a boolean as the number 1."""
+    out = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(flatten(value, f"{name}."))
+        elif isinstance(value, (int, float, str)) and not isinstance(value, bool):
+            out[name] = value
+        else:
+            out[name] = json.dumps(value)
+    return out
+
+
 class NullLogger:
     """What ranks other than 0 log under data parallelism: nothing."""
 
@@ -110,7 +160,7 @@ class NullLogger:
 def tile(images: torch.Tensor, nrow: int = 8, padding: int = 2) -> torch.Tensor:
     """[n, C, H, W] -> one [3, rows (H + padding) + padding, cols (W + padding) + padding] image on a black
     background, row-major (one image: itself): what ``torchvision.utils.make_grid(images, nrow, padding)`` draws (a one-channel
-    image repeated to three), without importing torchvision (2.5 s at start-up)."""
+    image repeated to three), without importing torchvision (seconds at start-up)."""
     n, c, height, width = images.shape
     if c == 1:
         images = images.expand(n, 3, height, width)

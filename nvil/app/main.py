@@ -4,14 +4,17 @@ and the checkout's two scripts all land here, with the same arguments.
     nvil-train model=rbm learner=sap trainer.max_steps=1000        # = python train.py ...
     nvil-evaluate checkpoint=outputs/run/checkpoints/best.pt estimator=ais
 
-stdout carries only JSON lines: ``{"train": ...}`` and one line per final estimator. The resolved config is saved
-as ``config.yaml`` in the run directory (and printed on stderr with ``print_config=true``).
+stdout carries only JSON lines: ``{"train": ...}`` and one line per final estimator; stderr, after each estimator's
+line, the estimate in words (``nvil.app.report``). The resolved config is saved as ``config.yaml`` in the run
+directory (and printed on stderr with ``print_config=true``); with ``trainer.tensorboard`` it also goes to
+TensorBoard's hparams view with the final scores.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import sys
 import time
 from pathlib import Path
@@ -22,11 +25,12 @@ from omegaconf import DictConfig, OmegaConf
 
 from nvil.app.cli import guarded, run_task
 from nvil.app.evaluation import EvalSpec, evaluate_checkpoint
+from nvil.app.logging import log_hparams
 from nvil.app.loop import fit
 from nvil.app.resume import record_config, run_config
 from nvil.core import distributed
 from nvil.core.config import CONFIG_DIR, estimator_config
-from nvil.core.errors import ConfigError, UserError
+from nvil.core.errors import ConfigError, StorageError, UserError
 from nvil.core.runlock import RunLock
 from nvil.estimators import build_estimator
 from nvil.estimators.base import Result
@@ -67,7 +71,8 @@ def train(cfg: DictConfig, run_dir: str | Path, accepted=None) -> dict:
 
     metrics = fit(cfg, Path(run_dir), check=check, accepted=accepted)
     if distributed.current().is_main:
-        print(json.dumps({"train": metrics}), flush=True)
+        shown = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in metrics.items()}
+        print(json.dumps({"train": shown}, allow_nan=False), flush=True)  # strict JSON: a run with no score, null
     scored = metrics["checkpoint"]
     if cfg.final_eval.get("checkpoint", "best") == "last":
         scored = str(Path(run_dir) / "checkpoints" / "last.pt")
@@ -78,8 +83,19 @@ def train(cfg: DictConfig, run_dir: str | Path, accepted=None) -> dict:
         metrics["final_eval" if i == 0 else "final_eval_then"] = result.summary()
         log.info("final evaluation: %s", result.to_json())
     if distributed.current().is_main:
+        if cfg.trainer.tensorboard:
+            hparams_view(cfg, Path(run_dir), metrics)
         report_duration(time.perf_counter() - started, metrics)
     return metrics
+
+
+def hparams_view(cfg: DictConfig, run_dir: Path, metrics: dict) -> None:
+    """The run's config and final scores in TensorBoard's hparams view (``nvil.app.logging.log_hparams``); a write
+    the storage refuses is one warning line, the run and its printed results standing."""
+    try:
+        log_hparams(run_dir, OmegaConf.to_container(cfg, resolve=True), metrics)
+    except StorageError as e:
+        print(f"warning: {e}; the run and its results (the JSON lines on stdout) stand", file=sys.stderr, flush=True)
 
 
 def duration(seconds: float) -> str:

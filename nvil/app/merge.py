@@ -3,6 +3,7 @@
     python evaluate.py checkpoint=C estimator=chib eval.shard=0 eval.num_shards=4 eval.output=shards.jsonl
     ... (shards 1-3, on other machines or jobs) ...
     python -m nvil.app.merge shards.jsonl            # prints one JSON line, as an unsharded run would
+                                                     # (and on stderr its human line, nvil.app.report)
 
 Each shard's line carries its sums (``sum_log_p``, ``sum_sq_log_p``, per-run sums); the merge checks that the
 lines come from one estimator, checkpoint, split and seed, and that every shard appears exactly once. A line that
@@ -17,6 +18,7 @@ import math
 import sys
 
 from nvil.app.cli import guarded
+from nvil.app.report import headline
 from nvil.core.errors import ConfigError
 from nvil.core.files import read_json_lines
 
@@ -100,7 +102,9 @@ def main(argv: list[str]) -> None:
     if skipped:
         print(f"warning: skipped {len(skipped)} torn line{'s' if len(skipped) > 1 else ''} that are not JSON objects "
               f"({', '.join(skipped[:5])}{', ...' if len(skipped) > 5 else ''})", file=sys.stderr, flush=True)
-    print(json.dumps(merge(lines)), flush=True)
+    merged = merge(lines)
+    print(json.dumps(merged), flush=True)
+    print(headline(merged), file=sys.stderr, flush=True)  # the human line, as evaluate.py prints it
 
 
 if __name__ == "__main__":

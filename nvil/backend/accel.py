@@ -43,8 +43,8 @@ import torch
 from nvil.core.errors import ConfigError
 
 MODES = ("none", "compile", "cudagraphs", "native", "auto")
-# The run length from which ``auto`` compiles a CPU step that repays it: a compiled NVIL step saves roughly half of
-# the eager step, and a cold compilation is repaid after ~10,000 steps (bench/RESULTS.md).
+# The run length from which ``auto`` compiles a CPU step: long enough for the compiled step's savings to repay the
+# compilation (docs/benchmarks.md, "Measured defaults").
 AUTO_COMPILE_STEPS = 20_000
 
 
@@ -149,10 +149,10 @@ _libraries: dict[str, torch.library.Library] = {}  # one per namespace, kept ali
 def opaque_when_compiled(name: str, fake: Callable) -> Callable:
     """Decorator: ``fn`` called as itself eagerly and, under ``torch.compile``, as the operator ``name``
     (``"namespace::op"``; ``fake`` gives its output's shape), an opaque call inside the graph with no break.
-    Eager callers never go through the operator: its first eager call costs ~2 s of set-up (torch 2.14.1, measured).
+    Eager callers never go through the operator: its first eager call costs seconds of set-up.
     Defined with ``torch.library.Library`` (schema inferred from ``fn``'s type annotations, one implementation for
-    every device): a compiled graph's call then costs ~3.5 us against ~8 us through ``torch.library.custom_op``'s
-    wrappers, which matters at three calls in a 0.4 ms step. Like a ``custom_op`` without a registered backward,
+    every device): a compiled graph's call then skips ``torch.library.custom_op``'s wrappers, which cost more than
+    the call itself in a step this small. Like a ``custom_op`` without a registered backward,
     the operator is for calls outside autograd."""
 
     def wrap(fn: Callable) -> Callable:

@@ -3,13 +3,13 @@ of its own for each set.
 
 torch picks its vectorised CPU kernels once per process, at the first operation, from the CPU's instruction sets
 or the environment variable ``ATEN_CPU_CAPABILITY`` (``default``, ``avx2``, ``avx512``). On a CPU with AVX-512 it
-picks ``avx512``, whose ``softplus``, ``log1p`` and ``expm1`` kernels run 5-9x slower than the AVX2 set's with torch
-2.14.1 (50,000 floats on one thread of an AMD EPYC: log1p 1.04 ms against 0.11, softplus 1.06 against 0.22;
-``python bench/cpu_kernels.py``). Every Bernoulli log-probability (``nvil.core.ops.bernoulli_log_prob``), RBM free
-energy and AIS weight increment goes through them: with the AVX2 set, HMC on a Gaussian belief net runs 1.9x, AIS on
-a 784-500 RBM 1.4x, IWAE(1000) 1.7x faster, with identical estimates. (torch's AVX-512 ``sigmoid`` and ``exp`` are
-the faster ones; block Gibbs comes out even and tempered transitions 2-3% slower. Compiled steps differ: Inductor's
-own AVX-512 code ran the compiled HMC 18% and AIS 5-8% faster, so a compiled job may prefer ``avx512``.)
+picks ``avx512``, whose ``softplus``, ``log1p`` and ``expm1`` kernels are several times slower than the AVX2 set's
+(``python bench/cpu_kernels.py``; figures in docs/benchmarks.md, "Measured defaults"). Every Bernoulli
+log-probability (``nvil.core.ops.bernoulli_log_prob``), RBM free energy and AIS weight increment goes through them,
+so the AVX2 set speeds up eager HMC on a Gaussian belief net, AIS on an RBM and IWAE evaluation, with identical
+estimates. (torch's AVX-512 ``sigmoid`` and ``exp`` are the faster ones; block Gibbs and tempered transitions come out
+about even. Compiled steps differ: Inductor's own AVX-512 code is the faster there, so a compiled job may prefer
+``avx512``.)
 
 So the entry points (``train.py``, ``evaluate.py``, ``nvil-train``, ``nvil-evaluate``: ``nvil.app.entry``) ask for
 ``ATEN_CPU_CAPABILITY=avx2`` where the CPU reports AVX-512 and the variable is unset, before torch's first operation

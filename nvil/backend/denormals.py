@@ -4,9 +4,9 @@
 A float32 below 1.18e-38 in magnitude (1e-308 in float64) is denormal, and x86 cores take one to two orders of
 magnitude longer on arithmetic with it. Training makes such values: a unit whose logit saturates has
 sigmoid(alpha) (1 - sigmoid(alpha)) ~ 1e-40 in every backward pass through it, and REBAR / RELAX's relaxed samples
-sigma(z / lambda) at lambda = 0.5 saturate whenever |z| > 44. Past ~100k updates of RELAX's protocol the
-control variate's double backward met enough of them to run at half speed (43 updates/s against 90 with denormals
-flushed, one thread; REBAR 58 against 150; medians of ``bench/denormals.py``). Flushing (the CPU's FTZ and DAZ modes, which
+sigma(z / lambda) at lambda = 0.5 saturate whenever |z| > 44. Late in RELAX's protocol the control variate's
+double backward meets enough of them to run REBAR and RELAX at half speed or less (``bench/denormals.py``; figures in
+docs/benchmarks.md, "Measured defaults"). Flushing (the CPU's FTZ and DAZ modes, which
 ``torch.set_flush_denormal`` sets) turns them into zeros: a value that small differs from 0 by less than float32
 resolves next to any O(1) quantity, and every log-density here is computed in log space (``logsigmoid``,
 ``softplus``), where nothing that small is formed.

@@ -3,9 +3,9 @@
 torch multiplies float32 CPU matrices with MKL's sgemm. MKL runs its AVX-512 kernels on Intel CPUs only: on an AMD
 CPU with AVX-512 (Zen 4, Zen 5) it takes its AVX2 code, half the vector width. oneDNN, which torch also ships
 (``torch.ops.mkldnn._linear_pointwise``, the op Inductor uses for frozen linear layers), dispatches on the
-instruction sets alone. One thread of an AMD CPU with AVX-512 (``python bench/gemm.py``): MKL
-106-111 GFLOP/s on the AIS and Gibbs products of a 784-500 RBM at 1,000 chains, oneDNN 237-240 (2.2x), 2.1x at 100
-chains; at NVIL's batch of 20 with weights that change every step oneDNN's per-call weight reorder eats the gain.
+instruction sets alone, and on such a CPU runs the AIS and Gibbs products of an RBM about twice as fast
+(``python bench/gemm.py``); at NVIL's batch of 20 with weights that change every step oneDNN's per-call weight
+reorder eats the gain.
 
 So ``backend()`` is ``"onednn"`` where the CPU is AMD's with AVX-512 and torch has oneDNN, else ``"aten"`` (torch's
 own product, MKL on x86), unless the environment variable ``NVIL_GEMM`` says ``onednn`` or ``aten``. ``matmul``,
@@ -15,11 +15,10 @@ torch's product otherwise: the same values up to float32 rounding (tests/test_ge
 oneDNN call is an opaque operator of the graph (``nvil::onednn_linear``: Inductor's own lowering of the oneDNN op
 requires a constant weight).
 
-Products with few rows (NVIL's decoders at batch 20) stay with torch: a register-blocked kernel of ours for them
-bought 1.0x on the NVIL step and was deleted (``bench/RESULTS.md``, "Fast paths that did not pay"). The routing to
-oneDNN stays: on a CPU with AVX-512 whose MKL runs AVX2 it bought 1.6-1.9x on a block-Gibbs sweep of a 784-500 RBM at
-1,000 chains, 1.6-1.7x on a tempered-transitions run (Trans-SAP), 1.4-1.5x on an IWAE chunk and on AIS at 1,000
-chains (``nvil.backend.registry``, entry ``onednn_products``).
+Products with few rows (NVIL's decoders at batch 20) stay with torch: a register-blocked kernel for them did not
+pay and is not kept (docs/benchmarks.md, "Fast paths kept and removed"). The routing to oneDNN is kept for the
+workloads where it pays, block Gibbs, tempered transitions and SAP's gradient on RBMs (``nvil.backend.registry``,
+entry ``onednn_products``, with the measured gains).
 """
 
 from __future__ import annotations
@@ -130,8 +129,7 @@ def addmm_(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, alpha: float = 1
            ) -> torch.Tensor:
     """out = beta out + alpha a b in place, beta 1 or 0 (a weight's SGD step written by the product that computes
     its gradient; a gradient into its buffer): oneDNN writes the result into a new matrix, copied back (one more
-    pass over ``out``; still 1.6x faster than MKL's in-place product on a 784 x 500 weight from 100 rows,
-    ``bench/gemm.py``).
+    pass over ``out``; still faster than MKL's in-place product on an RBM's weight, ``bench/gemm.py``).
     Returns ``out``."""
     if beta not in (0, 1):
         raise ValueError(f"addmm_ takes beta 0 or 1, got {beta}")

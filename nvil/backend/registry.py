@@ -5,10 +5,10 @@ it against the definition.
 The rule: the general path is the definition; a fast path stays only where it buys at least 1.5x on a workload users
 run (the README's default job, or a reproduction's), is chosen where its entry says, and is tested against the
 definition. ``tests/test_fast_paths.py`` checks that each entry names an existing function and test file and that
-every module of ``nvil/backend/native`` is here. Paths measured under 1.5x were deleted rather than listed
-(``bench/RESULTS.md``, "Fast paths that did not pay": the small-batch product kernel, the centred sparse inputs,
-Adam in C, AIS's weight increment in C, the C draws of AIS, block Gibbs and the K-sample bounds); the oneDNN routing of
-``nvil.backend.gemm`` measured >= 1.5x and stays. Denormal flushing (``nvil.backend.denormals``) is a floating-point
+every module of ``nvil/backend/native`` is here. Paths measured under 1.5x are not kept (docs/benchmarks.md, "Fast
+paths kept and removed": the small-batch product kernel, the centred sparse inputs, Adam in C, AIS's weight increment
+in C, the C draws of AIS, block Gibbs and the K-sample bounds); the oneDNN routing of ``nvil.backend.gemm`` measured
+>= 1.5x and is kept. Denormal flushing (``nvil.backend.denormals``) is a floating-point
 mode, not another implementation of an algorithm, and is not listed.
 """
 

@@ -130,7 +130,7 @@ class MinibatchStream:
 
     def batch(self, step: int) -> torch.Tensor:
         idx = self.indices(step)
-        x = self.x.index_select(0, idx)  # not self.x[idx]: advanced indexing costs 4x more per small batch
+        x = self.x.index_select(0, idx)  # not self.x[idx]: advanced indexing costs more per small batch
         if x.is_sparse:
             x = x.to_dense()
         if self.dynamic:

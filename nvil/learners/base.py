@@ -86,9 +86,8 @@ def grad_norms(optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
 
 def build_optimizer(params_groups: list[dict], optimizer: str = "adam", lr: float = 0.001, momentum: float = 0.0,
                     beta2: float = 0.999) -> torch.optim.Optimizer:
-    """``optimizer``: adam | sgd. Adam runs fused (one kernel per parameter instead of a dozen; 1.5x faster NVIL steps
-    at batch 20 on a CPU; a C step of ours over every parameter bought 1.24x more and was deleted,
-    ``bench/RESULTS.md``); ``beta2`` (``learner.beta2``) is its second-moment decay (the REBAR / RELAX authors' code:
+    """``optimizer``: adam | sgd. Adam runs fused (one kernel per parameter instead of a dozen; a C step over every
+    parameter did not pay: docs/benchmarks.md, "Fast paths kept and removed"); ``beta2`` (``learner.beta2``) is its second-moment decay (the REBAR / RELAX authors' code:
     0.99999); ``momentum`` is SGD's. ``lr`` is the default of groups that set none."""
     if optimizer == "adam":
         beta2 = float(beta2)

@@ -26,9 +26,8 @@ an autoregressive layer in index order), so for one seed this path and the autog
 float rounding (tests/test_nvil_fused.py). An autoregressive q's draws are sequential (in C with ``accel=auto`` on a
 CPU), so its step is not compiled (``compilable``).
 
-Measured against autograd's gradients of the same surrogate (the definition), the default job's step (SBN-200, batch
-20, one thread, ``trainer.accel=auto`` in a 50,000-update run, where this step is compiled): 1.6x with Adam, 2.0x with
-SGD (``bench/nvil_step_paths.py``; ``nvil.backend.registry``, entry ``nvil_hand_derived``).
+Its gain over autograd's gradients of the same surrogate (the definition) on the default job's step is measured by
+``bench/nvil_step_paths.py`` and listed in ``nvil.backend.registry`` (entry ``nvil_hand_derived``).
 """
 
 from __future__ import annotations

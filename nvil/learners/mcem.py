@@ -17,8 +17,7 @@ the whole difference between the two forms in training, so they compare directly
 ``nvil.mcmc.hmc.Accelerated``) and the M-step's objective, forward and backward (``nvil.backend.accel.accelerate``); the
 transitions, their random draws and the optimiser stay eager, so the random stream and the chains are the same in
 every mode (up to float rounding). ``auto`` and ``native`` leave both eager: there is no C kernel here, and on a CPU
-the compilation (~35 s) gains little (the preset's iteration at batch 1,000 on one Zen 3 thread: the M-step 91 ->
-78 ms, the E-step's GEMM-bound gradient nothing measurable).
+the compilation costs more than it gains (the E-step's gradient is bound by its products; the M-step gains little).
 
 Under data parallelism each rank moves the chains of its share of the minibatch, then the ranks exchange the
 moved rows, so every rank holds the whole table (and rank 0's checkpoint is complete).

@@ -42,8 +42,8 @@ class NVIL(FusedPath, GradientDiagnostics, SurrogateLearner):
 
     Two gradient paths share the draws, the signals (``signals``) and the optimiser step: autograd through
     ``surrogate`` (every model), and for layered Bernoulli models (``nvil.learners.fused.covers``) the hand-derived
-    gradients of ``nvil.learners.fused`` (1.4x fewer seconds per update than autograd for SBN-200 at the paper's
-    minibatch of 20 on one CPU thread; bench/peer_pyro.py). For one seed both take the same updates.
+    gradients of ``nvil.learners.fused`` (faster than autograd: ``nvil.backend.registry``, entry
+    ``nvil_hand_derived``). For one seed both take the same updates.
     Data parallelism (whose gradients DDP averages during ``backward``) runs the autograd path; ``trainer.accel=compile``
     compiles whichever path runs (``FusedPath.accelerate``)."""
 

@@ -4,9 +4,7 @@ A sweep over M units has M dependent steps, each a few small vector operations p
 rounds of kernel launches, compiled (``accel=compile``) one launch per unit. ``sequential.c`` runs the whole
 sweep in one call, the units in a loop inside, the chains in blocks that share each unit's table rows, the inner
 loops over factor elements at SIMD width. ``accel=native`` selects it (``nvil.backend.accel``); it is CPU only.
-Measured on one thread (``bench/sequential_sweeps.py``): 20-28x the eager sweep over h (SBN-200, DBN
-784-500-2000, 50-500 chains), 12-18x the semi-RBM's pixel sweep at 100 chains (3.3x its SAP update); each kernel's
-entry, gain and test are in ``nvil.backend.registry``.
+Each kernel's entry, measured gain (``bench/sequential_sweeps.py``) and test are in ``nvil.backend.registry``.
 
 The C file is compiled on first use with the system C compiler (``cc``, or ``$CC``) into a cache directory
 (``$NVIL_NATIVE_CACHE``, else ``~/.cache/nvil/native``), keyed by the source, the flags and the CPU, written

@@ -12,10 +12,9 @@
    registers. The same decisions as the eager ``blocked_sweep`` up to rounding (tests compare them in float64).
    v must hold 0 / 1. It does M x WIDTH multiply-adds per chain and block where the list kernel adds only the rows
    of the units that are on, but from registers at full SIMD width instead of one L2 load per add: with 512-bit
-   registers (6 chains x 4 registers of accumulators) it was 1.3-1.5x faster than the list kernel on 100 chains of
-   784 pixels, 15% or half of them on (bench/sequential_sweeps.py, Intel Xeon); an AVX2 build (2 chains x 4 256-bit
-   registers) was 3x slower than the list kernel on the same machine, so without AVX-512 the list kernel is the
-   default.
+   registers (6 chains x 4 registers of accumulators) it is faster than the list kernel on 100 chains of 784
+   pixels, 15% or half of them on (bench/sequential_sweeps.py); an AVX2 build (2 chains x 4 256-bit registers) is
+   slower than the list kernel, so without AVX-512 the list kernel is the default.
 
    thresholds NULL: each block's thresholds are drawn here, log(u / (1 - u)) of the counter-based uniforms of draws
    c M + j (NAME(uniforms_into), sequential.c), in a SIMD loop, instead of read from memory filled by the caller. */

@@ -1,10 +1,9 @@
 """The sequential (single-site) Gibbs sweep of ``sequential.c`` as one Triton kernel launch per sweep, on CUDA.
 
-Measured gain (``nvil.backend.registry``, ``triton_sweep``): 60-117x the eager sweep, on the sweeps over h (SBN-200,
-DBN h1, 500 chains) and a ``sap_srbm500`` update on a GPU (``bench/sequential_sweeps.py``).
+Its measured gain over the eager sweep (``bench/sequential_sweeps.py``) is in ``nvil.backend.registry`` (entry
+``triton_sweep``).
 
-Eagerly a sweep over M units is M rounds of a dozen small kernel launches (0.23 s per sweep of the DBN's 500 h1 units
-on a GPU, launch-bound); here one program per chain runs the units in a loop inside the kernel, with that chain's
+Eagerly a sweep over M units is M rounds of a dozen small kernel launches (launch-bound); here one program per chain runs the units in a loop inside the kernel, with that chain's
 running softplus probabilities p = sigmoid(a), s = sigmoid(-a) of every factor in registers (all factors packed side
 by side into K columns, each column knowing its factor's units lo..hi-1 and coefficient scale_t * sign_f). Unit j's
 log-odds is (``sequential.c``, Murray & Salakhutdinov 2009 Sec. 2.3)
