@@ -30,7 +30,7 @@ one-off input validation and initialisation; CUDA synchronised), and the test lo
 *our* AIS (estimators/ais.py, as ``estimator=ais`` computes it: forward AIS from the base-rate model of the
 training marginals, ``--ais-chains`` chains over ``--ais-betas`` temperatures of the ``--ais-schedule`` spacing,
 then log p(v) = -F(v) - log Z), after loading scikit-learn's ``components_``, ``intercept_hidden_`` and
-``intercept_visible_`` into our ``BoltzmannMachine`` (``bench/peers.py: sklearn_to_rbm``). Both AIS runs use the
+``intercept_visible_`` into our ``BoltzmannMachine`` (``nvil.models.importers.rbm_from_sklearn``). Both AIS runs use the
 same seed. The standard error of the mean test log p(v) combines the spread over test images and log Z's
 standard error in quadrature (as ``evaluate.py`` reports it).
 
@@ -53,7 +53,7 @@ import argparse
 import time
 
 from common import markdown_table, sync  # noqa: I001  (puts the repository root on sys.path)
-from peers import accelerate_ours, compose_train, limit_threads, machine_line, sklearn_to_rbm, warm_up
+from peers import accelerate_ours, compose_train, limit_threads, machine_line, warm_up
 
 import numpy as np
 import torch
@@ -64,6 +64,7 @@ from nvil.estimators.certify import DEFAULTS as CERTIFICATE
 from nvil.app.build import build
 from nvil.core.config import resolve_device
 from nvil.core.ops import mean_and_stderr
+from nvil.models.importers import rbm_from_sklearn
 
 
 def build_ours(args, device: torch.device):
@@ -182,7 +183,7 @@ def main() -> None:
           f"scikit-learn / ours = {sk_s / ours_s:.2f}x (process CPU s / epoch: ours {ours_cpu / args.epochs:.2f}, "
           f"scikit-learn {sk_cpu / args.epochs:.2f}, {sk_cpu / ours_cpu:.2f}x: steadier than wall time on a shared "
           f"machine, with one thread)", flush=True)
-    sk_model = sklearn_to_rbm(sk, device)
+    sk_model = rbm_from_sklearn(sk, device=device)
 
     scores = {}
     for name, m in (("ours", model), ("sklearn", sk_model)):

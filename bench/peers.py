@@ -6,9 +6,7 @@
 - ``PyroSBN``: a Pyro model and guide written over *our* ``nvil.models.sbn.SBN`` and ``nvil.models.inference.LayeredInference``
   modules (registered with ``pyro.module``, so Pyro trains our very ``nn.Parameter`` objects and our estimators
   can score the result), with an NVIL-style neural baseline per latent site.
-- ``sklearn_to_rbm``: load a fitted scikit-learn ``BernoulliRBM``
-  (``components_`` [hidden, visible], ``intercept_hidden_``, ``intercept_visible_``) into our
-  ``nvil.models.rbm.BoltzmannMachine`` (``W`` [visible, hidden], hidden bias ``c``, visible bias ``b``).
+- a fitted scikit-learn ``BernoulliRBM`` loads as our RBM with the package's ``nvil.models.importers.rbm_from_sklearn``.
 - ``limit_threads``, ``machine_line``: the same thread count for torch and for numpy's BLAS, and the
   header line every peer table prints; ``accelerate_ours`` and ``warm_up``: our side's ``nvil.backend.accel`` mode and
   untimed warm-up steps whose effects are undone before the timed run;
@@ -34,7 +32,6 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from common import cpu_name, sync  # noqa: E402  (bench/common.py, beside this file)
-from nvil.models.rbm import BoltzmannMachine  # noqa: E402
 from plain_nvil import Generative, Recognition  # noqa: E402  (bench/plain_nvil.py)
 
 CONFIG_DIR = ROOT / "configs"
@@ -182,20 +179,6 @@ def plain_to_ours(p, q, sbn, inference) -> None:
 
 
 # ---- scikit-learn -------------------------------------------------------------------------------------
-
-def sklearn_to_rbm(sk, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> BoltzmannMachine:
-    """Our binary ``BoltzmannMachine`` with a fitted ``BernoulliRBM``'s parameters: W = components_.T,
-    b = intercept_visible_, c = intercept_hidden_ (sklearn's energy is -v'W'h - b'v - c'h with W' = components_)."""
-    comp = torch.as_tensor(sk.components_)
-    n_hidden, n_visible = comp.shape
-    rbm = BoltzmannMachine(n_visible, n_hidden).to(device=device, dtype=dtype)
-    with torch.no_grad():
-        rbm.W.copy_(comp.T.to(rbm.W))
-        rbm.b.copy_(torch.as_tensor(sk.intercept_visible_).to(rbm.b))
-        rbm.c.copy_(torch.as_tensor(sk.intercept_hidden_).to(rbm.c))
-    return rbm
-
-
 
 # ---- our side's acceleration and warm-up ------------------------------------------------------------------
 

@@ -19,7 +19,8 @@ if str(BENCH) not in sys.path:
     sys.path.insert(0, str(BENCH))
 
 from nvil.models import build_model  # noqa: E402
-from peers import PyroSBN, pyro_param_groups, sklearn_to_rbm  # noqa: E402
+from peers import PyroSBN, pyro_param_groups  # noqa: E402
+from nvil.models.importers import rbm_from_sklearn  # noqa: E402
 
 
 # ---- Pyro ------------------------------------------------------------------------------------------------
@@ -109,7 +110,7 @@ def random_sklearn_rbm(n_visible: int = 9, n_hidden: int = 6, seed: int = 0):
 
 def test_sklearn_rbm_loads_with_the_same_free_energy_and_conditionals():
     sk, rng = random_sklearn_rbm()
-    rbm = sklearn_to_rbm(sk, dtype=torch.float64)
+    rbm = rbm_from_sklearn(sk, dtype=torch.float64)
     v = (rng.rand(30, 9) < 0.5).astype(np.float64)
     h = (rng.rand(30, 6) < 0.5).astype(np.float64)
     vt, ht = torch.from_numpy(v), torch.from_numpy(h)
@@ -125,7 +126,7 @@ def test_sklearn_rbm_loads_with_the_same_free_energy_and_conditionals():
 def test_sklearn_pseudo_likelihood_from_our_free_energy():
     """score_samples flips one random pixel per row; the same flips through our free energy give its value."""
     sk, rng = random_sklearn_rbm()
-    rbm = sklearn_to_rbm(sk, dtype=torch.float64)
+    rbm = rbm_from_sklearn(sk, dtype=torch.float64)
     v = (rng.rand(25, 9) < 0.5).astype(np.float64)
     flip = np.random.RandomState(sk.random_state).randint(0, v.shape[1], v.shape[0])
     v_ = v.copy()
@@ -139,7 +140,7 @@ def test_sklearn_pseudo_likelihood_from_our_free_energy():
 def test_sklearn_rbm_log_z_by_brute_force():
     """Our exact log Z of the loaded RBM equals log sum_v exp(-F(v)) with scikit-learn's own free energy."""
     sk, _ = random_sklearn_rbm(n_visible=9, n_hidden=6)
-    rbm = sklearn_to_rbm(sk, dtype=torch.float64)
+    rbm = rbm_from_sklearn(sk, dtype=torch.float64)
     all_v = ((np.arange(2**9)[:, None] >> np.arange(9)) & 1).astype(np.float64)
     neg_f = -sk._free_energy(all_v)
     log_z_sk = neg_f.max() + np.log(np.exp(neg_f - neg_f.max()).sum())
@@ -155,7 +156,7 @@ def test_sklearn_learning_rate_is_our_sgd_rate_on_the_free_energy_gap():
     sk.learning_rate, sk.batch_size = lr, batch
     sk.h_samples_ = (rng.rand(batch, 6) < 0.5).astype(np.float64)
     v_pos = (rng.rand(batch, 9) < 0.5).astype(np.float64)
-    rbm = sklearn_to_rbm(sk, dtype=torch.float64)
+    rbm = rbm_from_sklearn(sk, dtype=torch.float64)
     state = np.random.RandomState(7)
     v_neg = sk._sample_visibles(sk.h_samples_, np.random.RandomState(7)).astype(np.float64)  # what _fit will draw
     sk._fit(v_pos, state)

@@ -1,0 +1,73 @@
+"""Boltzmann machines trained elsewhere, as this package's ``RBM``, so that its estimators (AIS with its
+certificate, exact enumeration, reverse AIS) score them as they score its own.
+
+The energy of a binary RBM is E(v, h) = -v'Wh - b'v - c'h, W of shape [n_visible, n_hidden] (Salakhutdinov & Murray
+2008, Eq. 1). ``rbm_from_params`` takes (W, b, c) in that convention, or W as [n_hidden, n_visible] with
+``weights="hidden_by_visible"``; ``rbm_from_sklearn`` reads a fitted ``sklearn.neural_network.BernoulliRBM``, whose
+energy is the same with W = ``components_``' transpose, b = ``intercept_visible_``, c = ``intercept_hidden_``.
+
+    from nvil.models.importers import rbm_from_sklearn
+    from nvil.estimators import AIS
+    rbm = rbm_from_sklearn(fitted)                          # any BernoulliRBM after fit()
+    result = AIS(num_chains=1000).estimate(rbm, x_test, train=x_train)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+from nvil.core.errors import ConfigError
+from nvil.models.rbm import BoltzmannMachine
+
+WEIGHT_LAYOUTS = ("visible_by_hidden", "hidden_by_visible")
+
+
+def rbm_from_params(W, b, c, *, weights: str = "visible_by_hidden", dtype: torch.dtype = torch.float32,
+                    device: torch.device | str = "cpu") -> BoltzmannMachine:
+    """A binary ``RBM`` with weights ``W``, visible biases ``b`` and hidden biases ``c`` (arrays or tensors; the
+    energy of the module's docstring). Shapes and finiteness are checked, each problem in one line."""
+    if weights not in WEIGHT_LAYOUTS:
+        raise ConfigError(f"weights must be one of {', '.join(WEIGHT_LAYOUTS)}, got {weights!r}")
+    W, b, c = (_tensor(t, name) for t, name in ((W, "W"), (b, "b"), (c, "c")))
+    if W.dim() != 2:
+        raise ConfigError(f"W must be a matrix, got a tensor of shape {list(W.shape)}")
+    if weights == "hidden_by_visible":
+        W = W.T
+    n_visible, n_hidden = W.shape
+    for name, t, n, side in (("b", b, n_visible, "visible"), ("c", c, n_hidden, "hidden")):
+        if t.shape != (n,):
+            raise ConfigError(f"{name} must hold one bias per {side} unit ({n}, from W of shape "
+                              f"[{n_visible}, {n_hidden}] as [n_visible, n_hidden]), got shape {list(t.shape)}")
+    rbm = BoltzmannMachine(n_visible, n_hidden).to(device=device, dtype=dtype)
+    with torch.no_grad():
+        rbm.W.copy_(W)
+        rbm.b.copy_(b)
+        rbm.c.copy_(c)
+    return rbm
+
+
+def rbm_from_state(state: Mapping, **kwargs) -> BoltzmannMachine:
+    """``rbm_from_params`` from a mapping with keys ``W``, ``b`` and ``c`` (a state dict, an ``.npz``'s arrays)."""
+    missing = [k for k in ("W", "b", "c") if k not in state]
+    if missing:
+        raise ConfigError(f"an RBM's parameters need the keys W, b and c; missing {', '.join(missing)} "
+                          f"(found {', '.join(map(str, state)) or 'none'})")
+    return rbm_from_params(state["W"], state["b"], state["c"], **kwargs)
+
+
+def rbm_from_sklearn(model, **kwargs) -> BoltzmannMachine:
+    """A fitted scikit-learn ``BernoulliRBM`` as an ``RBM`` with the same energy (the module's docstring)."""
+    missing = [a for a in ("components_", "intercept_visible_", "intercept_hidden_") if not hasattr(model, a)]
+    if missing:
+        raise ConfigError(f"{type(model).__name__} has no {', '.join(missing)}: pass a fitted BernoulliRBM")
+    return rbm_from_params(model.components_, model.intercept_visible_, model.intercept_hidden_,
+                           weights="hidden_by_visible", **kwargs)
+
+
+def _tensor(value, name: str) -> torch.Tensor:
+    t = torch.as_tensor(value).detach().cpu().double()
+    if not bool(torch.isfinite(t).all()):
+        raise ConfigError(f"{name} holds non-finite values (NaN or infinity)")
+    return t
