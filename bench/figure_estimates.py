@@ -26,16 +26,9 @@ record file of their own; their tables are in docs/reproductions.md). No trainin
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-ROOT = Path(__file__).resolve().parent.parent
-DPI = 100
+from figure_common import DPI, draw_all, plt
 
 # Murray & Salakhutdinov 2009, Fig. 2: mean log p(v) over the 50 cases (SE over cases ~3.0, shared by every
 # estimator: the same cases; Chib's spread over its 10 runs 0.02-0.08 nats).
@@ -127,13 +120,7 @@ def kingma_figure(path: Path) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default=str(ROOT / "docs" / "figures"), help="folder of the PNGs (default docs/figures)")
-    out = Path(p.parse_args().out)
-    out.mkdir(parents=True, exist_ok=True)
-    for name, draw in (("dbn_fig2.png", dbn_figure), ("kingma_fig3.png", kingma_figure)):
-        draw(out / name)
-        print(f"{out / name}: {(out / name).stat().st_size // 1024} KB")
+    draw_all(__doc__, {"dbn_fig2.png": dbn_figure, "kingma_fig3.png": kingma_figure})
 
 
 if __name__ == "__main__":

@@ -17,18 +17,12 @@ no model loaded, a few seconds.
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
-import matplotlib
+from figure_common import DPI, ROOT, draw_all, plt
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-ROOT = Path(__file__).resolve().parent.parent
 RECORDS = ROOT / "bench" / "checkpoints"
-DPI = 100
 
 # run -> (label, colour, the paper's test -ELBO(10), test -ELBO(10) of checkpoints of the run: {update: nats}),
 # each test figure from ``python evaluate.py checkpoint=<checkpoint> estimator=elbo estimator.num_samples=10``
@@ -159,13 +153,7 @@ def srbm_figure(path: Path) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default=str(ROOT / "docs" / "figures"), help="folder of the PNGs (default docs/figures)")
-    out = Path(p.parse_args().out)
-    out.mkdir(parents=True, exist_ok=True)
-    for name, draw in (("nvil_table1_curves.png", nvil_figure), ("transsap_semi_rbm.png", srbm_figure)):
-        draw(out / name)
-        print(f"{out / name}: {(out / name).stat().st_size // 1024} KB")
+    draw_all(__doc__, {"nvil_table1_curves.png": nvil_figure, "transsap_semi_rbm.png": srbm_figure})
 
 
 if __name__ == "__main__":

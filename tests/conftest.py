@@ -29,6 +29,7 @@ if str(ROOT) not in sys.path:
 
 import nvil.app.main as app_main  # noqa: E402
 from nvil.models import build_model  # noqa: E402
+from nvil.models.dbn import DBN  # noqa: E402
 from nvil.estimators.exact import enumerate_states, split_layers  # noqa: E402
 
 CONFIG_DIR = ROOT / "configs"
@@ -56,6 +57,19 @@ def tiny_model(n_visible: int = 6, layers=(4, 3), seed: int = 0, scale: float = 
         for p in inference.parameters():
             p.normal_(0.0, q_scale)
     return model, inference
+
+
+def tiny_dbn(seed: int = 0):
+    """A 12-6-8 DBN with weights ~ N(0, 1) and biases ~ N(0, 0.25): small enough to enumerate, sharp enough that
+    AIS and its certificate have work to do."""
+    torch.manual_seed(seed)
+    dbn = DBN(12, [6, 8])
+    with torch.no_grad():
+        for rbm in dbn.rbms:
+            rbm.W.normal_(0, 1.0)
+            rbm.b.normal_(0, 0.5)
+            rbm.c.normal_(0, 0.5)
+    return dbn
 
 
 def enumerated_elbo(model, inference, x: torch.Tensor) -> torch.Tensor:

@@ -17,10 +17,11 @@ import math
 import pytest
 import torch
 
+from conftest import tiny_dbn
+
 from nvil.estimators.ais import Ladder, RBMPath, adaptive_ladder, base_rate, schedule
 from nvil.estimators.base import Result
 from nvil.estimators.certify import CertifiedLogZ, certified_log_z, certify_settings, hard_lower_bound
-from nvil.models.dbn import DBN
 from nvil.models.rbm import BoltzmannMachine
 
 CERT = certify_settings({})
@@ -193,17 +194,6 @@ def test_certificate_cache_roundtrip_and_tamper():
     d["forward"]["log_z"] += 5.0  # hand-edited
     with pytest.raises(ValueError, match="digest"):
         CertifiedLogZ.from_dict(d)
-
-
-def tiny_dbn(seed=0) -> DBN:
-    torch.manual_seed(seed)
-    dbn = DBN(12, [6, 8])
-    with torch.no_grad():
-        for rbm in dbn.rbms:
-            rbm.W.normal_(0, 1.0)
-            rbm.b.normal_(0, 0.5)
-            rbm.c.normal_(0, 0.5)
-    return dbn
 
 
 def test_dbn_log_z_cache_refuses_a_tampered_certificate(tmp_path, capsys):

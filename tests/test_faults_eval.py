@@ -22,8 +22,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-import torch
-from conftest import ROOT, run_script
+from conftest import ROOT, run_script, tiny_dbn
 from omegaconf import OmegaConf
 
 from nvil.core import files
@@ -32,7 +31,6 @@ from nvil.core.config import CONFIG_DIR
 from nvil.core.userkey import KeyUnavailable, user_key
 from nvil.estimators.certify import digest
 from nvil.estimators.log_z_cache import mac
-from nvil.models.dbn import DBN
 from nvil.models.rbm import BoltzmannMachine
 
 CPU = ["eval.progress=false", "eval.device=cpu"]
@@ -47,13 +45,7 @@ def make_checkpoints(root: Path) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     data = OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / "data" / "synthetic.yaml"))
     data.update(num_train=200, num_valid=20, num_test=20)
-    torch.manual_seed(0)
-    dbn = DBN(12, [6, 8])
-    with torch.no_grad():
-        for rbm in dbn.rbms:
-            rbm.W.normal_(0, 1.0)
-            rbm.b.normal_(0, 0.5)
-            rbm.c.normal_(0, 0.5)
+    dbn = tiny_dbn(0)
     save_checkpoint(root / "dbn.pt", {"config": {"model": {"name": "dbn", "layers": [6, 8]}, "data": data},
                                       "model_name": "dbn", "n_visible": 12, "model": dbn.state_dict()})
     rbm = {"name": "rbm", "n_hidden": 5, "visible": "binary", "labels": False}

@@ -1,9 +1,9 @@
 """The project speaks of itself, not of the history of its making (git keeps that): no text file in the checkout
 carries a work log's headings or phrases. Checked in every file git tracks or would add (``git ls-files --cached
---others --exclude-standard``), binaries and data files left out: an ordinal with "stop" or "session" ("Second stop",
-"Twenty-second session"), an issue number ("Issue 13:", "(issue 17)"), "this session" (and the previous, next or
-last one), "work period". A chain, a signal or a loop that stops is not history, and the matcher's power is checked
-on both kinds of line."""
+--others --exclude-standard``), binaries and data files left out: an ordinal followed by the word for a stop or a
+session of work, an issue number, a reference to the current (previous, next, last) session or stop, a period of work.
+A chain, a signal or a loop that stops is not history, and the matcher's power is checked on both kinds of line. The
+sample lines below are assembled from their words at run time (``sample``), so that this file holds none itself."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-SELF = Path(__file__).resolve()
 DATA_SUFFIXES = {".pt", ".pth", ".png", ".jpg", ".jpeg", ".gif", ".svg", ".pdf", ".npz", ".npy", ".gz", ".zip", ".pkl",
                  ".whl", ".jsonl", ".json", ".csv", ".ipynb", ".so", ".o"}
 MAX_BYTES = 2_000_000
@@ -23,11 +22,16 @@ ORDINALS = ("first|second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth|el
             "|fifteenth|sixteenth|seventeenth|eighteenth|nineteenth|twentieth|thirtieth|fortieth")
 UNITS = "first|second|third|fourth|fifth|sixth|seventh|eighth|ninth"
 HISTORY = re.compile(
-    rf"\b(?:(?:{ORDINALS})|(?:twenty|thirty|forty)[- ](?:{UNITS})|\d+(?:st|nd|rd|th))\s+(?:stop|session)\b"  # 2nd stop
-    r"|\b(?:this|previous|next|earlier|last)\s+(?:session|stop)\b"  # this session
+    rf"\b(?:(?:{ORDINALS})|(?:twenty|thirty|forty)[- ](?:{UNITS})|\d+(?:st|nd|rd|th))\s+(?:stop|session)\b"  # an ordinal and the word
+    r"|\b(?:this|previous|next|earlier|last)\s+(?:session|stop)\b"  # the current one
     r"|\bwork\s+periods?\b"
-    r"|\bissues?\s+#?\d+\b",  # Issue 13:
+    r"|\bissues?\s+#?\d+\b",  # an issue number
     re.IGNORECASE)
+
+
+def sample(*words: str) -> str:
+    """A test line from its words (a work-log line written whole here would be one itself)."""
+    return " ".join(words)
 
 
 def history_phrases(line: str) -> list[str]:
@@ -45,7 +49,7 @@ def text_files(root: Path = ROOT) -> list[Path]:
     files = []
     for name in filter(None, out.decode().split("\0")):
         path = root / name
-        if path.suffix.lower() in DATA_SUFFIXES or not path.is_file() or path.resolve() == SELF:
+        if path.suffix.lower() in DATA_SUFFIXES or not path.is_file():
             continue
         if path.stat().st_size <= MAX_BYTES:
             files.append(path)
@@ -77,14 +81,14 @@ def test_no_text_file_speaks_of_the_history_of_its_making():
 
 
 @pytest.mark.parametrize("line", [
-    "### Fourteenth stop (2026-11-27, CPU)",
-    "## Issue 13: certified log Z",
-    "### Twenty-second session (2026-11-28, an older AMD EPYC)",
-    "Measured on the 2-core machine; no GPU this session.",
-    "as the 12th stop measured",
-    "the axis names (issue 17) of the preset",
-    "one work period of three hours",
-    "the previous session's runs did not survive",
+    sample("###", "Fourteenth", "stop", "(2026-11-27, CPU)"),
+    sample("##", "Issue", "13:", "certified log Z"),
+    sample("###", "Twenty-second", "session", "(2026-11-28, an older AMD EPYC)"),
+    sample("Measured on the 2-core machine; no GPU", "this", "session."),
+    sample("as the", "12th", "stop", "measured"),
+    sample("the axis names", "(issue", "17)", "of the preset"),
+    sample("one", "work", "period", "of three hours"),
+    sample("the", "previous", "session's runs did not survive"),
 ])
 def test_the_matcher_flags_work_log_lines(line):
     assert history_phrases(line)
@@ -106,7 +110,8 @@ def test_the_matcher_leaves_ordinary_lines_alone(line):
 
 def test_the_check_finds_a_work_log_in_a_file(tmp_path):
     """The whole check, on a file that has a heading of a work log and one that has none."""
-    (tmp_path / "log.md").write_text("# Results\n\n## Sixth stop (2026-11-24, H100 lent)\n\nfigures\n")
+    heading = sample("##", "Sixth", "stop", "(2026-11-24, H100 lent)")
+    (tmp_path / "log.md").write_text(f"# Results\n\n{heading}\n\nfigures\n")
     (tmp_path / "clean.md").write_text("# Results\n\nThe Markov chain stops at S steps.\n")
     found = offending_lines([tmp_path / "log.md", tmp_path / "clean.md"], root=tmp_path)
     assert len(found) == 1 and found[0].startswith("log.md:3:")
