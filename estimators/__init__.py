@@ -3,7 +3,11 @@
 Each class takes its settings as typed keywords, the defaults those of configs/estimator/<name>.yaml:
 ``AIS(num_chains=1000, num_betas=10_000).estimate(rbm, x_test, train=x_train)``. ``build_estimator(cfg)`` builds
 one from a config: ``ESTIMATORS[cfg.name](**settings)``, the settings being the config's keys but those the
-evaluation driver reads for itself."""
+evaluation driver reads for itself.
+
+A model of the user's own (``nvil.models.protocol``: ``latent``, ``log_prior``, ``log_likelihood``, optionally the
+samplers and a proposal) is scored by ``evaluate_model(model, x, estimator="ais")`` with the estimators of
+``MODEL_ESTIMATORS`` (``nvil.estimators.model_estimators``)."""
 
 from __future__ import annotations
 
@@ -19,6 +23,14 @@ from nvil.estimators.classify import Classify
 from nvil.estimators.dbn_bound import DBNBound
 from nvil.estimators.exact import Exact
 from nvil.estimators.harmonic import Harmonic
+from nvil.estimators.model_estimators import (
+    MODEL_ESTIMATORS,
+    ModelAIS,
+    ModelBDMC,
+    ModelExact,
+    ModelIWAE,
+    evaluate_model,
+)
 from nvil.estimators.partition import AIS, RAISE
 from nvil.estimators.per_example import AISPosterior
 from nvil.estimators.reverse_ais import BDMC
@@ -69,5 +81,6 @@ def build_estimator(cfg):
 
 
 __all__ = ["AIS", "AISHMC", "AISPosterior", "AISSettings", "BDMC", "CertifySettings", "Chib", "ChibMH", "Classify",
-           "DBNBound", "ELBO", "ESTIMATORS", "Exact", "Harmonic", "IWAE", "LogZSettings", "RAISE", "Result",
-           "SampledBound", "build_estimator", "estimator_settings"]
+           "DBNBound", "ELBO", "ESTIMATORS", "Exact", "Harmonic", "IWAE", "LogZSettings", "MODEL_ESTIMATORS", "ModelAIS",
+           "ModelBDMC", "ModelExact", "ModelIWAE", "RAISE", "Result", "SampledBound", "build_estimator",
+           "estimator_settings", "evaluate_model"]

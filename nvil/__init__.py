@@ -7,6 +7,12 @@
     run = nvil.train("model=rbm", "learner=sap", "trainer.max_steps=1000")   # what train.py does, in-process
     result = nvil.evaluate(run.checkpoint, "estimator=ais")                   # what evaluate.py does
 
+    class MyVAE(nn.Module):                                                   # a model of the user's own
+        latent = nvil.Latent.continuous(50)
+        def log_prior(self, z): ...
+        def log_likelihood(self, x, z): ...
+    result = nvil.evaluate_model(MyVAE(), x_test, estimator="ais")           # certified log p(x)
+
 Importing ``nvil`` imports nothing else and changes nothing in the process: ``nvil.train`` and ``nvil.evaluate``
 load the application (``nvil.app.api``) on first use, and ``nvil.__version__`` reads the installed distribution's
 version (``importlib.metadata``, from pyproject.toml's ``version``) when first asked for.
@@ -16,11 +22,13 @@ from __future__ import annotations
 
 import importlib
 
-_API = {"train": "nvil.app.api", "evaluate": "nvil.app.api", "Run": "nvil.app.api"}
+_API = {"train": "nvil.app.api", "evaluate": "nvil.app.api", "Run": "nvil.app.api", "Latent": "nvil.models.protocol",
+        "evaluate_model": "nvil.estimators.model_estimators"}
 
 
 def __getattr__(name: str):
-    """``nvil.train``, ``nvil.evaluate``, ``nvil.Run`` and ``nvil.__version__`` (PEP 562): each is looked up when
+    """``nvil.train``, ``nvil.evaluate``, ``nvil.Run``, ``nvil.Latent``, ``nvil.evaluate_model`` and
+    ``nvil.__version__`` (PEP 562): each is looked up when
     first asked for, so that ``import nvil.models`` imports neither the training loop nor package metadata."""
     if name == "__version__":
         metadata = importlib.import_module("importlib.metadata")

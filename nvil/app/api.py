@@ -26,7 +26,7 @@ from hydra.initialize import get_gh_backup, restore_gh_from_backup
 from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
-from nvil.app.cli import explain
+from nvil.app.cli import explain, user_model_overrides
 from nvil.app.main import evaluate as evaluate_job
 from nvil.app.main import train_job
 from nvil.core.config import CONFIG_DIR
@@ -86,7 +86,8 @@ def train(*overrides: str, run_dir: str | Path | None = None) -> Run:
 def evaluate(checkpoint: str | Path, *overrides: str) -> Result:
     """Evaluate ``checkpoint`` as ``python evaluate.py checkpoint=PATH *overrides`` would: the estimator's
     ``Result`` (also printed as one JSON line on stdout and appended to ``<checkpoint>.eval.jsonl``)."""
-    return evaluate_job(compose_config("evaluate", [f"checkpoint={checkpoint}", *overrides]))
+    overrides = user_model_overrides([f"checkpoint={checkpoint}", *overrides])
+    return evaluate_job(compose_config("evaluate", overrides), overrides)
 
 
 class _log_to:

@@ -34,6 +34,8 @@ def run_task(hydra_main: Callable, config_name: str, run_dir_root: str | None = 
     then agree on rank 0's run directory, since each would otherwise stamp its own time into
     ``hydra.run.dir``, and only rank 0 writes Hydra's own files there."""
     try:
+        if config_name == "evaluate":
+            sys.argv[1:] = user_model_overrides(sys.argv[1:])
         argv = sys.argv[1:]
         check_group_choices(argv)
         check_launcher(argv)
@@ -53,6 +55,15 @@ def run_task(hydra_main: Callable, config_name: str, run_dir_root: str | None = 
         fail(UserInterrupt())
     finally:
         distributed.cleanup()
+
+
+def user_model_overrides(argv: list[str]) -> list[str]:
+    """With ``model_module=`` (a model of the user's own), ``estimator.KEY=VALUE`` becomes ``++estimator.KEY=VALUE``:
+    its keys are the settings of ``nvil.estimators.MODEL_ESTIMATORS``, not those of the package's estimator files,
+    and ``nvil.app.user_model`` checks them against the estimator's own."""
+    if not any(a.startswith("model_module=") for a in argv):
+        return argv
+    return [f"++{a}" if a.startswith("estimator.") else a for a in argv]
 
 
 class UserInterrupt(UserError):

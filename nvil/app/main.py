@@ -25,6 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from nvil.app.cli import guarded, run_task
 from nvil.app.evaluation import EvalSpec, evaluate_checkpoint
+from nvil.app.user_model import evaluate_user_model
 from nvil.app.logging import log_hparams
 from nvil.app.loop import fit
 from nvil.app.resume import record_config, run_config
@@ -146,11 +147,16 @@ def train_job(cfg: DictConfig, run_dir: str | Path, overrides: list[str], hydra_
         lock.release(remove_dir=not written)
 
 
-def evaluate(cfg: DictConfig) -> Result:
-    """One ``evaluate.py`` job: the checkpoint's model, the split, the estimator; one JSON line."""
+def evaluate(cfg: DictConfig, overrides: list[str] | tuple[str, ...] = ()) -> Result:
+    """One ``evaluate.py`` job: the checkpoint's model, the split, the estimator; one JSON line. With
+    ``model_module=``, a model of the user's own (``nvil.app.user_model``), whose estimator settings are the
+    ``estimator.KEY=`` entries of ``overrides``."""
+    if cfg.get("model_module"):  # the user's module is imported only now, because it is named
+        return evaluate_user_model(cfg, list(overrides))
     if not cfg.get("checkpoint"):
         raise ConfigError("evaluate.py needs checkpoint=PATH")
-    overrides = {k: v for k, v in OmegaConf.to_container(cfg.data, resolve=True).items() if k != "split"}
+    overrides = {k: v for k, v in OmegaConf.to_container(cfg.data, resolve=True).items()
+                 if k != "split" and not (k == "name" and v is None)}
     return evaluate_checkpoint(cfg.checkpoint, cfg.estimator, EvalSpec(
         split=cfg.data.split, num_examples=cfg.eval.num_examples, seed=cfg.seed, device=cfg.eval.device,
         progress=cfg.eval.progress, data_overrides=overrides, output=cfg.eval.output, shard=cfg.eval.get("shard"),
@@ -172,7 +178,7 @@ def _train_hydra(cfg: DictConfig) -> None:
 
 @hydra.main(config_path=str(CONFIG_DIR), config_name="evaluate", version_base="1.3")
 def _evaluate_hydra(cfg: DictConfig) -> None:
-    guarded(evaluate, cfg)
+    guarded(evaluate, cfg, list(HydraConfig.get().overrides.task))
 
 
 def train_main() -> None:

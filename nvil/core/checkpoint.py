@@ -54,13 +54,21 @@ def save_checkpoint(path: str | Path, payload: dict) -> None:
 
 
 def load_checkpoint(path: str | Path, map_location="cpu") -> dict:
-    """Load and validate a checkpoint; every failure is a one-line ``CheckpointError``.
+    """Load and validate a checkpoint of this package (``load_weights_only``, then its fields type-checked here, so
+    a damaged file never fails later inside a model build); every failure is a one-line ``CheckpointError``."""
+    payload = load_weights_only(path, map_location)
+    _check_payload(payload, path)
+    return payload
+
+
+def load_weights_only(path: str | Path, map_location="cpu"):
+    """What ``torch.save`` wrote at ``path``, read with ``torch.load(weights_only=True)`` (tensors and plain data;
+    a file that asks to build any other object is refused); every failure is a one-line ``CheckpointError``.
 
     The first bytes are checked before torch reads the file: ``torch.save`` writes a zip archive
     (``PK\\x03\\x04``) or, in its legacy format, a pickle (``\\x80``), so anything else (a config, an evaluation
     log, an empty file) is named for what it is. Whatever ``torch.load`` raises on a damaged file also becomes a
-    ``CheckpointError``, and the fields of the payload are type-checked here, so a damaged file never fails later
-    inside a model build.
+    ``CheckpointError``.
     """
     path = Path(path)
     if not path.exists():
@@ -97,7 +105,6 @@ def load_checkpoint(path: str | Path, map_location="cpu") -> dict:
             raise CheckpointError(f"{path} is a zip archive that torch.save did not write (a NumPy .npz, say), "
                                   f"not a checkpoint; {_PASS_A_PT}") from None
         raise CheckpointError(f"checkpoint {path} is truncated or corrupt ({_first_line(e)})") from None
-    _check_payload(payload, path)
     return payload
 
 

@@ -1,0 +1,203 @@
+"""Certified log p(x) for any model that follows ``nvil.models.protocol`` (a user's own VAE, binary VAE, ...):
+
+    result = evaluate_model(vae, x_test, estimator="ais", num_betas=1000, num_chains=16)
+    result.mean_log_p, result.stderr, result.certified, result.warnings, result.log_p   # per example
+
+The estimators, batched over examples x chains (example-major), each batch drawing from a generator seeded by
+(seed, first row), so a seed fixes every estimate and sharding does not change one:
+
+- ``iwae``: Burda et al. 2016's L_K = log (1/K) sum_k p(x, z_k) / q(z_k | x), z_k from the proposal or the prior;
+  a stochastic lower bound;
+- ``ais``: per example, ``num_chains`` AIS runs from the base (prior or proposal) to the posterior along
+  ``nvil.estimators.model_paths.ModelPath`` (HMC for continuous z, Gibbs or Metropolis flips for binary z), their
+  weights averaged: exp(estimate) is unbiased for p(x). Its certificate: each example's ESS over its chains; the
+  estimate at or above IWAE's (a lower bound below a cheaper lower bound, beyond 3 standard errors of their paired
+  difference, is flagged); and BDMC at the same settings on data simulated from the model;
+- ``bdmc``: Grosse, Ghahramani & Adams 2015 (bidirectional Monte Carlo): for (z, x) drawn from the model, forward
+  AIS (a stochastic lower bound on log p(x)) and reverse AIS from the exact posterior sample z (a stochastic upper
+  bound); a mean gap above ``max_gap`` says the schedule is too short for forward AIS on real data. It also checks
+  that ``log_likelihood`` and ``sample_likelihood`` agree on whether x depends on z (``likelihood_consistency``);
+- ``exact``: log p(x) = logsumexp_z log p(x, z) over the 2^D states of at most 20 binary units.
+"""
+
+
+from __future__ import annotations
+
+import inspect
+import time
+
+import torch
+
+from nvil.core.config import positive_float, positive_int
+from nvil.core.errors import ConfigError
+from nvil.core.ops import chunks, mean_and_stderr
+from nvil.estimators.annealing import ais
+from nvil.estimators.annealing import schedule as schedule_betas
+from nvil.estimators.base import NO_PROGRESS, BatchProgress, Result, batch_generator
+from nvil.estimators.model_bdmc import ModelBDMC, fixed_steps, path_settings
+from nvil.estimators.model_bounds import (
+    ModelExact,
+    ModelIWAE,
+    check_data,
+    check_seed,
+    check_start,
+    eval_mode,
+    protocol,
+    stream,
+)
+from nvil.estimators.model_paths import ModelPath
+from nvil.estimators.per_example import PerExample
+from nvil.models.protocol import ProtocolModel
+
+
+class ModelAIS(PerExample):
+    """``estimator=ais`` on a user's model, with its certificate (the module docstring). ``num_chains`` AIS runs per
+    example on ``num_betas`` steps of the ladder ``schedule`` from ``start``; continuous z: HMC with
+    ``num_leapfrog`` steps, initial ``step_size`` adapted per chain (``adapt``) towards ``target_accept``, at most
+    ``max_step_size``; binary z: ``moves`` gibbs (one scan per beta) or mh (``num_moves`` proposals of
+    ``num_flips`` units per beta). The checks: ``iwae_samples`` (0: none) for the comparison with IWAE from the same
+    start; ``num_simulated`` (0: none) examples for BDMC at these settings, certified when its mean gap is at most
+    ``max_gap``; ``min_example_ess`` as ``PerExample``."""
+
+    name = "ais"
+    importance_runs = True
+    uses_log_z = False
+
+    def __init__(self, *, num_betas: int = 1000, schedule: str = "sigmoid", num_chains: int = 16,
+                 start: str | None = None, batch_size: int = 50, num_leapfrog: int = 10, step_size: float = 0.05,
+                 target_accept: float = 0.65, max_step_size: float | None = 10.0, adapt: bool = True,
+                 pilot_chains: int = 2, moves: str = "gibbs", num_moves: int | None = None, num_flips: int = 1,
+                 iwae_samples: int = 1000,
+                 num_simulated: int = 50, max_gap: float = 1.0, min_example_ess: float | None = None) -> None:
+        super().__init__(num_runs=num_chains, batch_size=batch_size, min_example_ess=min_example_ess)
+        self.num_betas = positive_int(num_betas, "estimator.num_betas")
+        if schedule == "adaptive":
+            raise ConfigError("estimator.schedule must be a fixed ladder (sigmoid, linear or paper) for a user's model")
+        self.schedule = schedule
+        self.betas = schedule_betas(schedule, self.num_betas)
+        check_start(start)
+        self.start = start
+        self.step_size = positive_float(step_size, "estimator.step_size")
+        self.pilot_chains = positive_int(pilot_chains, "estimator.pilot_chains")
+        self.path_settings = path_settings(num_leapfrog, target_accept, adapt, max_step_size, moves, num_moves,
+                                           num_flips)
+        self.iwae_samples = int(iwae_samples)
+        self.num_simulated = int(num_simulated)
+        self.max_gap = positive_float(max_gap, "estimator.max_gap")
+        if self.iwae_samples < 0 or self.num_simulated < 0:
+            raise ConfigError("estimator.iwae_samples and estimator.num_simulated must be >= 0 (0: that check is off)")
+        self.accept: list[torch.Tensor] = []
+
+    def latent_model(self, model, inference=None) -> ProtocolModel:
+        return protocol(model)
+
+    def check(self, model, inference=None) -> None:
+        pm = protocol(model)
+        if (self.start or pm.default_base()) == "prior" and not callable(getattr(pm.obj, "sample_prior", None)):
+            pm.base("prior", None)  # its one-line refusal
+
+    def run_batch(self, pm: ProtocolModel, x, generator, progress: BatchProgress = NO_PROGRESS) -> torch.Tensor:
+        progress.plan(len(self.betas) - 1)
+        start = self.start or pm.default_base()
+        steps = fixed_steps(pm, x, start, self.betas, self.num_runs, self.pilot_chains, self.step_size, generator,
+                            self.path_settings)
+        path = ModelPath(pm, x, pm.base(start, x), steps=steps, **self.path_settings)
+        log_w, final = ais(path, path.state(path.base.sample(1, generator)[0]), self.betas, generator,
+                           on_step=lambda k, inc: progress.advance())
+        self.accept.append((final.accept_sum / max(1, len(self.betas) - 2)).cpu())
+        return log_w
+
+    @torch.no_grad()
+    def estimate(self, model, x, *, seed: int = 0, progress=None, row_offset: int = 0, **_) -> Result:
+        pm = protocol(model)
+        check_data(x)
+        check_seed(seed)
+        t0 = time.perf_counter()
+        runs = []
+        with eval_mode(pm):
+            for s0, s1 in chunks(x.shape[0], self.batch_size):
+                g = batch_generator(seed, row_offset + s0, x.device)
+                share = BatchProgress(progress, s1 - s0)
+                log_w = self.run_batch(pm, x[s0:s1].repeat_interleave(self.num_runs, 0), g, share)
+                runs.append(log_w.double().view(-1, self.num_runs).cpu())
+                share.finish()
+        per_run = torch.cat(runs)
+        result = Result(self.name, self.combine(per_run), time.perf_counter() - t0, seed, self.settings(pm),
+                        run_log_p=per_run.T.contiguous())
+        self.certify(result, per_run)
+        if self.iwae_samples:
+            self.compare_with_iwae(pm, x, result, seed, row_offset)
+        if self.num_simulated:
+            self.check_schedule(pm, result, seed)
+        result.seconds = time.perf_counter() - t0
+        return result
+
+    def compare_with_iwae(self, pm: ProtocolModel, x, result: Result, seed: int, row_offset: int) -> None:
+        """The estimate against IWAE(``iwae_samples``) from the same start: both are stochastic lower bounds, and
+        AIS below the cheaper one by more than 3 standard errors of their paired difference is flagged."""
+        iwae = ModelIWAE(num_samples=self.iwae_samples, start=self.start,
+                         batch_size=self.batch_size).estimate(pm, x, seed=stream(seed, "iwae"), row_offset=row_offset)
+        diff, se = mean_and_stderr(result.log_p - iwae.log_p)
+        result.extras.update({"iwae": round(iwae.mean, 4), "iwae_num_samples": self.iwae_samples,
+                              "ais_minus_iwae": round(diff, 4), "ais_minus_iwae_stderr": round(se, 4)})
+        result.check("above_iwae", diff >= -3 * se,
+                     f"above_iwae: the AIS estimate lies {-diff:.4g} nats below IWAE with {self.iwae_samples} samples "
+                     f"(more than 3 standard errors of the paired difference, {3 * se:.3g}): a lower bound that loses to "
+                     "a cheaper lower bound; use more betas (estimator.num_betas) or check the HMC acceptance")
+
+    def check_schedule(self, pm: ProtocolModel, result: Result, seed: int) -> None:
+        """BDMC at these settings on ``num_simulated`` examples from the model (its checks carried over); where the
+        model cannot simulate, the schedule stays uncertified and the line says so."""
+        if not pm.can_simulate:
+            result.extras["unchecked"] = ("bdmc_gap: the model defines no sample_prior(n, generator) and "
+                                          "sample_likelihood(z, generator), so the schedule was not checked on "
+                                          "simulated data")
+            return
+        s = self.path_settings
+        bdmc = ModelBDMC(num_simulated=self.num_simulated, num_betas=self.num_betas, schedule=self.schedule,
+                         num_chains=self.num_runs, start=self.start, batch_size=self.batch_size, max_gap=self.max_gap,
+                         num_leapfrog=s["num_leapfrog"], step_size=self.step_size, target_accept=s["target_accept"],
+                         max_step_size=s["max_step_size"], adapt=s["adapt"], moves=s["moves"],
+                         num_moves=s["num_moves"], num_flips=s["num_flips"]).estimate(pm, seed=stream(seed, "bdmc"))
+        result.carry(bdmc)
+        keep = ("bdmc_gap", "bdmc_gap_stderr", "bdmc_gap_per_example_q50_q90_max", "num_simulated",
+                "log_likelihood_ratio_z", "sampler_dependence_z")
+        result.extras.update({k: bdmc.extras[k] for k in keep if k in bdmc.extras})
+        result.extras["bdmc_mean_log_p_lower_upper"] = [round(bdmc.mean, 4), bdmc.extras.get("mean_log_p_upper")]
+
+    def settings(self, pm: ProtocolModel | None = None) -> dict:
+        out = {"num_betas": self.num_betas, "schedule": self.schedule, "num_chains": self.num_runs,
+               "start": self.start or (pm.default_base() if pm is not None else None),
+               "latent": None if pm is None else f"{pm.latent.kind}({pm.n_latent})"}
+        if pm is not None and pm.binary:
+            out["moves"] = self.path_settings["moves"]
+        else:
+            out["num_leapfrog"] = self.path_settings["num_leapfrog"]
+        if self.accept:
+            out["accept_rate"] = round(torch.cat(self.accept).double().mean().item(), 4)
+        return out
+
+
+MODEL_ESTIMATORS = {"ais": ModelAIS, "iwae": ModelIWAE, "bdmc": ModelBDMC, "exact": ModelExact}
+
+
+def build_model_estimator(name: str, **settings):
+    """The estimator ``name`` (``MODEL_ESTIMATORS``) for a user's model, with ``settings`` as its keywords."""
+    if name not in MODEL_ESTIMATORS:
+        raise ConfigError(f"unknown estimator {name!r} for a user's model; known: {', '.join(MODEL_ESTIMATORS)}")
+    cls = MODEL_ESTIMATORS[name]
+    known = [p.name for p in inspect.signature(cls).parameters.values() if p.kind == p.KEYWORD_ONLY]
+    unknown = [k for k in settings if k not in known]
+    if unknown:
+        raise ConfigError(f"estimator.{unknown[0]} is not a setting of estimator={name} for a user's model; its "
+                          f"settings are {', '.join(known)}")
+    return cls(**settings)
+
+
+def evaluate_model(model, x, estimator: str = "ais", *, seed: int = 0, progress=None, **settings) -> Result:
+    """log p(x) of each row of ``x`` under a model following ``nvil.models.protocol``, with ``estimator`` (ais | iwae |
+    bdmc | exact) and its keyword ``settings``; a ``Result`` with ``mean_log_p``, ``stderr``, ``certified``,
+    ``warnings`` and the per-example ``log_p``. ``x`` is on the device the model computes on; bdmc ignores it."""
+    est = build_model_estimator(estimator, **settings)
+    est.check(model)
+    return est.estimate(model, x, seed=seed, progress=progress)

@@ -1,0 +1,228 @@
+"""The protocol a user's own latent-variable model follows to be scored by the certified estimators, and the
+adapter through which the estimators see it.
+
+A model is any object (an ``nn.Module`` or a plain namespace of functions; nothing to subclass) with
+
+    latent = nvil.Latent.continuous(50)       # or Latent.binary(200), Latent.binary([100, 50]) (layers side by side)
+    log_prior(z) -> [N]                       # log p(z), normalised
+    log_likelihood(x, z) -> [N]               # log p(x | z), normalised in x
+    sample_prior(n, generator) -> [n, D]      # optional: BDMC and the checks on simulated data need both samplers
+    sample_likelihood(z, generator) -> [N, ...]
+    proposal(x) -> torch.distributions.Distribution   # optional: q(z | x), batch shape [N] (event [D]) or [N, D]
+
+z is always one tensor [N, D] (binary layers side by side: ``latent.split(z)`` gives them back); x is whatever the
+model takes, with the examples along its first dimension. ``ProtocolModel`` checks the object once, in one line per
+problem, and gives the estimators the densities they need: log p(x, z), a base density to anneal from (the prior, or
+the proposal) and samples from it, each drawn from a ``torch.Generator`` so that a seed fixes every estimate.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from nvil.core.errors import ConfigError
+
+KINDS = ("continuous", "binary")
+REQUIRED = ("log_prior", "log_likelihood")
+
+
+@dataclass(frozen=True)
+class Latent:
+    """What the latent variable z of a user's model is: ``kind`` (continuous | binary) and ``layers`` (the sizes of
+    its layers, side by side in z; one layer for most models)."""
+
+    kind: str
+    layers: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ConfigError(f"Latent.kind must be one of {list(KINDS)}, got {self.kind!r}")
+        if not self.layers or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in self.layers):
+            raise ConfigError(f"Latent layers must be positive integers, got {list(self.layers)}")
+
+    @classmethod
+    def continuous(cls, size: int | Sequence[int]) -> "Latent":
+        """z in R^size (a list: several layers side by side)."""
+        return cls("continuous", _sizes(size))
+
+    @classmethod
+    def binary(cls, size: int | Sequence[int]) -> "Latent":
+        """z in {0, 1}^size (a list: several layers side by side)."""
+        return cls("binary", _sizes(size))
+
+    @property
+    def size(self) -> int:
+        return sum(self.layers)
+
+    @property
+    def binary_units(self) -> bool:
+        return self.kind == "binary"
+
+    def split(self, z: torch.Tensor) -> list[torch.Tensor]:
+        """z [..., D] as its layers, [..., layers[i]] each."""
+        return list(torch.split(z, list(self.layers), dim=-1))
+
+
+def _sizes(size) -> tuple[int, ...]:
+    if isinstance(size, int) and not isinstance(size, bool):
+        return (size,)
+    if isinstance(size, Sequence) and not isinstance(size, str):
+        return tuple(size)
+    raise ConfigError(f"a Latent size must be an integer or a list of integers, got {size!r}")
+
+
+def draw_seed(generator: torch.Generator) -> int:
+    """A seed drawn from ``generator``: for draws made by code that takes no generator (a Distribution's sample)."""
+    return int(torch.randint(0, 2**62, (), generator=generator, device=generator.device))
+
+
+class ProtocolModel:
+    """A user's model seen by the estimators: the protocol checked once, and the densities they combine.
+
+    ``base`` is what AIS anneals from and IWAE samples from: ``prior`` (f_0 = p(z)) or ``proposal`` (f_0 = q(z | x));
+    both are normalised, so exp(log w) is unbiased for p(x) in either case."""
+
+    family = "protocol"
+
+    def __init__(self, obj, what: str = "the model") -> None:
+        missing = [name for name in REQUIRED if not callable(getattr(obj, name, None))]
+        latent = getattr(obj, "latent", None)
+        if missing:
+            raise ConfigError(f"{what} ({type(obj).__name__}) lacks {', '.join(missing)}: a model for "
+                              "evaluate_model needs latent, log_prior(z) and log_likelihood(x, z)")
+        if not isinstance(latent, Latent):
+            raise ConfigError(f"{what} ({type(obj).__name__}) needs an attribute latent = nvil.Latent.continuous(D) "
+                              f"or nvil.Latent.binary(D), got {latent!r}")
+        self.obj, self.latent, self.what = obj, latent, what
+        self.n_latent = latent.size
+        self.binary = latent.binary_units
+        self.has_proposal = callable(getattr(obj, "proposal", None))
+        self.can_simulate = callable(getattr(obj, "sample_prior", None)) and callable(
+            getattr(obj, "sample_likelihood", None))
+
+    # ---- the user's densities, shapes checked ----------------------------------------------------------------
+
+    def _vector(self, value, n: int, name: str) -> torch.Tensor:
+        if not torch.is_tensor(value) or value.shape != (n,):
+            shape = tuple(value.shape) if torch.is_tensor(value) else type(value).__name__
+            raise ConfigError(f"{self.what}.{name} must return one value per row, a tensor [{n}], got {shape}")
+        return value
+
+    def log_prior(self, z: torch.Tensor) -> torch.Tensor:
+        return self._vector(self.obj.log_prior(z), z.shape[0], "log_prior(z)")
+
+    def log_likelihood(self, x, z: torch.Tensor) -> torch.Tensor:
+        return self._vector(self.obj.log_likelihood(x, z), z.shape[0], "log_likelihood(x, z)")
+
+    def log_joint(self, x, z: torch.Tensor) -> torch.Tensor:
+        """log p(x, z) = log p(z) + log p(x | z)."""
+        return self.log_prior(z) + self.log_likelihood(x, z)
+
+    def sample_prior(self, n: int, generator: torch.Generator) -> torch.Tensor:
+        self.require_simulation("sample_prior")
+        z = self.obj.sample_prior(n, generator)
+        if not torch.is_tensor(z) or z.shape != (n, self.n_latent):
+            shape = tuple(z.shape) if torch.is_tensor(z) else type(z).__name__
+            raise ConfigError(f"{self.what}.sample_prior(n, generator) must return [n, {self.n_latent}], got {shape}")
+        return z
+
+    def sample_likelihood(self, z: torch.Tensor, generator: torch.Generator):
+        self.require_simulation("sample_likelihood")
+        x = self.obj.sample_likelihood(z, generator)
+        if not torch.is_tensor(x) or x.shape[0] != z.shape[0]:
+            shape = tuple(x.shape) if torch.is_tensor(x) else type(x).__name__
+            raise ConfigError(f"{self.what}.sample_likelihood(z, generator) must return one x per row of z "
+                              f"([{z.shape[0]}, ...]), got {shape}")
+        return x
+
+    def require_simulation(self, purpose: str) -> None:
+        if not self.can_simulate:
+            raise ConfigError(f"{purpose} needs {self.what}.sample_prior(n, generator) and "
+                              "sample_likelihood(z, generator), which it does not define")
+
+    # ---- the base density f_0: the prior or the proposal q(z | x) ---------------------------------------------
+
+    def base(self, kind: str, x) -> "BaseDensity":
+        if kind == "prior":
+            if not callable(getattr(self.obj, "sample_prior", None)):
+                raise ConfigError(f"starting from the prior needs {self.what}.sample_prior(n, generator); define it, "
+                                  "or give a proposal(x) and use start=proposal")
+            return PriorBase(self, x.shape[0])
+        if kind == "proposal":
+            if not self.has_proposal:
+                raise ConfigError(f"start=proposal needs {self.what}.proposal(x) returning q(z | x) as a "
+                                  "torch.distributions.Distribution; it defines none (use start=prior)")
+            return ProposalBase(self, x)
+        raise ConfigError(f"the base density must be prior or proposal, got {kind!r}")
+
+    def default_base(self) -> str:
+        return "proposal" if self.has_proposal else "prior"
+
+
+class BaseDensity:
+    """f_0 of a path, normalised: ``log_prob(z)`` [N] and ``sample(k, generator)`` [k, N, D] for the N rows of x
+    it was made for (the prior ignores x)."""
+
+    name: str
+
+    def log_prob(self, z: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def sample(self, k: int, generator: torch.Generator) -> torch.Tensor:
+        """k draws for each of the N rows: [k, N, D]."""
+        raise NotImplementedError
+
+
+class PriorBase(BaseDensity):
+    name = "prior"
+
+    def __init__(self, model: ProtocolModel, rows: int) -> None:
+        self.model, self.rows = model, rows
+
+    def log_prob(self, z: torch.Tensor) -> torch.Tensor:
+        """log p(z) for z [..., N, D] -> [..., N]."""
+        return self.model.log_prior(z.reshape(-1, z.shape[-1])).view(z.shape[:-1])
+
+    def sample(self, k: int, generator: torch.Generator) -> torch.Tensor:
+        return self.model.sample_prior(k * self.rows, generator).view(k, self.rows, -1)
+
+
+class ProposalBase(BaseDensity):
+    """q(z | x) from the user's ``proposal(x)``: a Distribution with batch shape [N] and event shape [D], or batch
+    shape [N, D] (a factorised q, summed over D). Its draws come from the global generator, forked and seeded
+    from ours, so a seed fixes them too."""
+
+    name = "proposal"
+
+    def __init__(self, model: ProtocolModel, x) -> None:
+        self.model = model
+        self.q = model.obj.proposal(x)
+        if not isinstance(self.q, torch.distributions.Distribution):
+            raise ConfigError(f"{model.what}.proposal(x) must return a torch.distributions.Distribution, got "
+                              f"{type(self.q).__name__}")
+        n, d = x.shape[0], model.n_latent
+        shape = tuple(self.q.batch_shape) + tuple(self.q.event_shape)
+        if shape != (n, d):
+            raise ConfigError(f"{model.what}.proposal(x) must have batch and event shape [{n}, {d}] together "
+                              f"(one q(z | x) per row of x over z in R^{d} or {{0, 1}}^{d}), got {list(shape)}")
+        self.factorised = len(self.q.event_shape) == 0
+
+    def log_prob(self, z: torch.Tensor) -> torch.Tensor:
+        """log q(z | x) for z [..., N, D] -> [..., N]."""
+        lp = self.q.log_prob(z)
+        return lp.sum(-1) if self.factorised else lp
+
+    def sample(self, k: int, generator: torch.Generator) -> torch.Tensor:
+        dev = generator.device
+        with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else [], device_type=dev.type):
+            torch.manual_seed(draw_seed(generator))
+            return self.q.sample((k,))
+
+
+def gaussian_log_prob(z: torch.Tensor) -> torch.Tensor:
+    """log N(z; 0, I) per row: a helper for user models with a standard normal prior."""
+    return -0.5 * (z.square().sum(-1) + z.shape[-1] * math.log(2 * math.pi))
