@@ -21,6 +21,8 @@ How a README line becomes a run here (each rule is one table or function below):
   directory) of checkpoints that the test session trains first (``ARTIFACTS``: tiny models, a few dozen steps, on 200
   MNIST digits); ``PATH`` in a block whose train command uses ``data=bow`` is that block's document model. ``docs.npz``
   / ``FILE.npz`` become a small bag-of-words matrix in ``scipy.sparse.save_npz``'s CSR layout, written with numpy.
+  ``model_module=my_vae.py:VAE`` and its ``checkpoint=vae.pt`` become a small VAE file and its weights in the
+  command's directory (``USER_MODEL``), scored at a small budget (``USER_MODEL_BUDGET``).
   ``HOST:29500`` becomes ``localhost`` and a free port, ``experiment=...`` becomes ``experiment=nvil_sbn200``.
   Relative paths the README names (``hydra.run.dir=outputs/run1``, ``eval.output=shards.jsonl``) stay as written:
   they land in the command's directory.
@@ -77,6 +79,7 @@ from typing import Callable
 
 import numpy as np
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
@@ -104,6 +107,36 @@ PLACEHOLDERS = {"PATH": "sbn", "C": "sbn", "SBN.pt": "sbn", "outputs/run1/checkp
                 "RBM.pt": "rbm", "DBN.pt": "dbn", "GBN.pt": "gbn"}
 # data.path=VALUE / data.test_path=VALUE -> the bag-of-words file.
 DATA_PLACEHOLDERS = {"docs.npz", "FILE.npz"}
+# model_module=VALUE / checkpoint=VALUE of a user's model -> a small VAE file and its weights, in the command's directory.
+USER_MODEL = {"my_vae.py:VAE": "my_vae.py", "vae.pt": "vae.pt"}
+USER_MODEL_SOURCE = """
+import math, torch
+from torch import nn
+import torch.nn.functional as F
+import nvil
+
+class VAE(nn.Module):
+    latent = nvil.Latent.continuous(2)
+
+    def __init__(self):
+        super().__init__()
+        self.decoder = nn.Linear(2, 784)
+
+    def log_prior(self, z):
+        return -0.5 * (z.square().sum(-1) + 2 * math.log(2 * math.pi))
+
+    def log_likelihood(self, x, z):
+        return -F.binary_cross_entropy_with_logits(self.decoder(z), x, reduction="none").sum(-1)
+
+    def sample_prior(self, n, generator):
+        return torch.randn(n, 2, generator=generator)
+
+    def sample_likelihood(self, z, generator):
+        p = torch.sigmoid(self.decoder(z))
+        return (torch.rand(p.shape, generator=generator) < p).float()
+"""
+USER_MODEL_BUDGET = ["estimator.num_betas=20", "estimator.num_chains=4", "estimator.num_simulated=4",
+                     "estimator.iwae_samples=20", "estimator.batch_size=20"]
 # Whole tokens replaced as they stand.
 TOKEN_SUBSTITUTIONS = {"experiment=...": "experiment=nvil_sbn200"}
 DEVICE_SUBSTITUTIONS = {"trainer.device=cuda": "trainer.device=cpu", "eval.device=cuda": "eval.device=cpu"}
@@ -365,6 +398,8 @@ def train_budget(args: list[str], *, steps: int = MAX_STEPS, sections=("trainer"
 
 
 def eval_budget(args: list[str]) -> list[str]:
+    if any(a.startswith("model_module=") for a in args):  # a user's model: its estimator's own keys
+        return [f"eval.{k}={_fmt(v)}" for k, v in EVAL_BUDGET.items()] + USER_MODEL_BUDGET
     cfg = compose_cfg("evaluate", args)
     out = [f"eval.{k}={_fmt(v)}" for k, v in EVAL_BUDGET.items() if k in cfg.eval]
     caps = {**CAPS["estimator"], **(STRICT_CAPS if cfg.estimator.get("strict") else {})}
@@ -527,7 +562,9 @@ class Planner:
         for a in (seg.tokens if tokens is None else tokens):
             a = TOKEN_SUBSTITUTIONS.get(a, DEVICE_SUBSTITUTIONS.get(a, a))
             key, eq, value = a.partition("=")
-            if eq and key == "checkpoint":
+            if eq and key in ("model_module", "checkpoint") and value in USER_MODEL:
+                a = f"{key}={self.user_model_file(plan.cwd, value)}"
+            elif eq and key == "checkpoint":
                 name = PLACEHOLDERS.get(value)
                 if name is None:
                     raise ValueError(f"unknown checkpoint placeholder {value!r}: add it to PLACEHOLDERS")
@@ -542,6 +579,17 @@ class Planner:
                 a = f"{key}={self.bow_file}"
             out.append(a)
         return out
+
+    @staticmethod
+    def user_model_file(cwd: Path, value: str) -> str:
+        """The user's model file (``USER_MODEL_SOURCE``) or its weights, written into ``cwd``; the override's value."""
+        cwd.mkdir(parents=True, exist_ok=True)
+        (cwd / "my_vae.py").write_text(USER_MODEL_SOURCE)
+        g = torch.Generator().manual_seed(0)
+        torch.save({"decoder.weight": torch.randn(784, 2, generator=g), "decoder.bias": torch.zeros(784)},
+                   cwd / "vae.pt")
+        name = USER_MODEL[value]
+        return str(cwd / name) + value[len(name):]  # my_vae.py:VAE keeps its :VAE
 
     def python(self, script_args: list[str]) -> list[str]:
         script = script_args[0]
