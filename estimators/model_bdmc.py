@@ -49,9 +49,10 @@ def likelihood_consistency(pm: ProtocolModel, n: int, generator) -> dict:
 
 class ModelBDMC(BDMC):
     """``estimator=bdmc`` on a user's model: ``num_simulated`` (z, x) pairs from ``sample_prior`` and
-    ``sample_likelihood``, ``num_chains`` forward and reverse AIS runs each along ``ModelPath`` (reverse HMC chains
-    replay their forward chains' step sizes, ``StepSizeTape``). The settings are ``ModelAIS``'s, whose schedule
-    it certifies."""
+    ``sample_likelihood``, ``num_chains`` forward and reverse AIS runs each along ``ModelPath``, both directions with
+    the HMC step sizes a pilot run fixed in advance for each simulated example (so that every move, forward or
+    reverse, is a kernel chosen independently of its chain). The settings are ``ModelAIS``'s, whose schedule it
+    certifies."""
 
     name = "bdmc"
 

@@ -53,8 +53,9 @@ from nvil.models.protocol import ProtocolModel
 class ModelAIS(PerExample):
     """``estimator=ais`` on a user's model, with its certificate (the module docstring). ``num_chains`` AIS runs per
     example on ``num_betas`` steps of the ladder ``schedule`` from ``start``; continuous z: HMC with
-    ``num_leapfrog`` steps, initial ``step_size`` adapted per chain (``adapt``) towards ``target_accept``, at most
-    ``max_step_size``; binary z: ``moves`` gibbs (one scan per beta) or mh (``num_moves`` proposals of
+    ``num_leapfrog`` steps and, per example and beta, a step size fixed in advance by a pilot run of
+    ``pilot_chains`` chains per example that adapt theirs from ``step_size`` towards ``target_accept``, at most
+    ``max_step_size`` (``adapt=False``: ``step_size`` throughout); binary z: ``moves`` gibbs (one scan per beta) or mh (``num_moves`` proposals of
     ``num_flips`` units per beta). The checks: ``iwae_samples`` (0: none) for the comparison with IWAE from the same
     start; ``num_simulated`` (0: none) examples for BDMC at these settings, certified when its mean gap is at most
     ``max_gap``; ``min_example_ess`` as ``PerExample``."""
@@ -157,8 +158,8 @@ class ModelAIS(PerExample):
         bdmc = ModelBDMC(num_simulated=self.num_simulated, num_betas=self.num_betas, schedule=self.schedule,
                          num_chains=self.num_runs, start=self.start, batch_size=self.batch_size, max_gap=self.max_gap,
                          num_leapfrog=s["num_leapfrog"], step_size=self.step_size, target_accept=s["target_accept"],
-                         max_step_size=s["max_step_size"], adapt=s["adapt"], moves=s["moves"],
-                         num_moves=s["num_moves"], num_flips=s["num_flips"]).estimate(pm, seed=stream(seed, "bdmc"))
+                         max_step_size=s["max_step_size"], adapt=s["adapt"], pilot_chains=self.pilot_chains,
+                         moves=s["moves"], num_moves=s["num_moves"], num_flips=s["num_flips"]).estimate(pm, seed=stream(seed, "bdmc"))
         result.carry(bdmc)
         keep = ("bdmc_gap", "bdmc_gap_stderr", "bdmc_gap_per_example_q50_q90_max", "num_simulated",
                 "log_likelihood_ratio_z", "sampler_dependence_z")
