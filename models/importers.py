@@ -4,7 +4,10 @@ certificate, exact enumeration, reverse AIS) score them as they score its own.
 The energy of a binary RBM is E(v, h) = -v'Wh - b'v - c'h, W of shape [n_visible, n_hidden] (Salakhutdinov & Murray
 2008, Eq. 1). ``rbm_from_params`` takes (W, b, c) in that convention, or W as [n_hidden, n_visible] with
 ``weights="hidden_by_visible"``; ``rbm_from_sklearn`` reads a fitted ``sklearn.neural_network.BernoulliRBM``, whose
-energy is the same with W = ``components_``' transpose, b = ``intercept_visible_``, c = ``intercept_hidden_``.
+energy is the same with W = ``components_``' transpose, b = ``intercept_visible_``, c = ``intercept_hidden_``;
+``rbm_from_rbms`` reads the ``rbms`` package's Bernoulli-Bernoulli RBM (``rbms.bernoulli_bernoulli.classes.BBRBM``, or
+its ``named_parameters()`` mapping), whose energy is the same with W = ``weight_matrix`` ([n_visible, n_hidden]),
+b = ``vbias``, c = ``hbias``.
 
     from nvil.models.importers import rbm_from_sklearn
     from nvil.estimators import AIS
@@ -64,6 +67,20 @@ def rbm_from_sklearn(model, **kwargs) -> BoltzmannMachine:
         raise ConfigError(f"{type(model).__name__} has no {', '.join(missing)}: pass a fitted BernoulliRBM")
     return rbm_from_params(model.components_, model.intercept_visible_, model.intercept_hidden_,
                            weights="hidden_by_visible", **kwargs)
+
+
+RBMS_KEYS = ("weight_matrix", "vbias", "hbias")
+
+
+def rbm_from_rbms(model, **kwargs) -> BoltzmannMachine:
+    """The ``rbms`` package's Bernoulli-Bernoulli RBM (a ``BBRBM``, or a mapping with its ``weight_matrix``,
+    ``vbias`` and ``hbias``, e.g. from ``rbms.io.load_params``) as an ``RBM`` with the same energy."""
+    params = model if isinstance(model, Mapping) else {k: getattr(model, k, None) for k in RBMS_KEYS}
+    missing = [k for k in RBMS_KEYS if params.get(k) is None]
+    if missing:
+        raise ConfigError(f"{type(model).__name__} has no {', '.join(missing)}: pass an rbms Bernoulli-Bernoulli RBM "
+                          "(BBRBM) or its named_parameters()")
+    return rbm_from_params(params["weight_matrix"], params["vbias"], params["hbias"], **kwargs)
 
 
 def _tensor(value, name: str) -> torch.Tensor:

@@ -13,7 +13,7 @@ import torch
 
 from nvil.core.errors import ConfigError
 from nvil.estimators import AIS
-from nvil.models.importers import rbm_from_params, rbm_from_sklearn, rbm_from_state
+from nvil.models.importers import rbm_from_params, rbm_from_rbms, rbm_from_sklearn, rbm_from_state
 
 
 def free_energy(W: np.ndarray, b: np.ndarray, c: np.ndarray, v: np.ndarray) -> np.ndarray:
@@ -93,3 +93,23 @@ def test_certified_ais_on_an_imported_rbm_agrees_with_enumeration():
     with torch.no_grad():
         wrong = (-other.free_energy(x[:100].double()) - other.log_z_exact()).mean().item()
     assert abs(result.mean_log_p - wrong) > tolerance
+
+
+def test_an_rbms_package_rbm_keeps_its_energy_and_exact_log_z():
+    """The rbms package's BBRBM: the same free energy on every state, and its own exact log Z equals ours."""
+    rbms = pytest.importorskip("rbms.bernoulli_bernoulli.classes")
+    exact = pytest.importorskip("rbms.partition_function.exact")
+    W, b, c, _ = random_params(n_visible=10, n_hidden=8, seed=5, scale=0.7)
+    theirs = rbms.BBRBM(torch.from_numpy(W), torch.from_numpy(b), torch.from_numpy(c), dtype=torch.float64)
+    ours = rbm_from_rbms(theirs, dtype=torch.float64)
+    all_v = torch.from_numpy(((np.arange(2**10)[:, None] >> np.arange(10)) & 1).astype(np.float64))
+    with torch.no_grad():
+        torch.testing.assert_close(ours.free_energy(all_v), theirs.compute_energy_visibles(all_v), rtol=1e-12, atol=1e-9)
+        assert ours.log_z_exact().item() == pytest.approx(exact.compute_partition_function(theirs, all_v), abs=1e-9)
+    assert rbm_from_rbms(theirs.named_parameters(), dtype=torch.float64).log_z_exact().item() == pytest.approx(
+        ours.log_z_exact().item(), abs=1e-12)
+    # the broken variant: reading weight_matrix as [n_hidden, n_visible] changes the energy
+    with pytest.raises(ConfigError):
+        rbm_from_params(W, b, c, weights="hidden_by_visible")
+    with pytest.raises(ConfigError, match="weight_matrix"):
+        rbm_from_rbms({"vbias": b, "hbias": c})
