@@ -44,7 +44,7 @@ class ModelState(NamedTuple):
     accept_sum: torch.Tensor  # [chains], the acceptance probabilities summed over the moves so far
 
     @property
-    def position(self) -> torch.Tensor:  # the name HMC paths and their tapes use
+    def position(self) -> torch.Tensor:  # the name the HMC paths use
         return self.z
 
 

@@ -20,7 +20,7 @@ from nvil.core.config import positive_float, positive_int
 from nvil.core.errors import ConfigError
 from nvil.core.ops import chunks, log_mean_exp, mean_and_stderr
 from nvil.estimators.ais import PosteriorPath
-from nvil.estimators.ais_hmc import ContinuousLatent, PriorPosteriorPath
+from nvil.estimators.ais_hmc import ContinuousLatent, fixed_kernel_path
 from nvil.estimators.annealing import ais, check_schedule
 from nvil.estimators.annealing import schedule as schedule_betas
 from nvil.estimators.base import (
@@ -34,40 +34,6 @@ from nvil.estimators.base import (
 )
 from nvil.estimators.per_example import LatentModel, pilot_steps, posterior_ladder
 from nvil.models.gaussian import FORMS
-
-
-class StepSizeTape:
-    """A ``PriorPosteriorPath`` whose moves record the step sizes they used, beta by beta (the forward run), and
-    ``replay``: a path whose moves use those step sizes again, in reverse order, without adapting (the reverse run).
-
-    Why not adapt on the reverse chains as the forward ones do: the step size of move k is set from the acceptance
-    of move k - 1, which depends on the state x_{k-1} that move k starts from, so the kernel of move k is not
-    chosen independently of its input and the AIS identity E[w] = Z_K / Z_0 holds only approximately. On a
-    linear-Gaussian net (tests/test_bdmc.py) with the step size clamped at 10, reverse chains adapted so averaged
-    exp(log w_rev) p(v) = 1.6-1.7, 3-4 standard errors above 1, and their "upper bound" sat below the truth.
-    Replayed step sizes are a function of v and the forward chains' randomness only, which given v is independent
-    of the exact posterior sample the reverse chain starts from and of every later reverse state: each reverse
-    move is a fixed kernel leaving its f_beta invariant, and exp(log w_rev) is unbiased for 1 / p(v)."""
-
-    def __init__(self, path: PriorPosteriorPath, tape: list | None = None) -> None:
-        self.path = path
-        self.tape = [] if tape is None else tape  # [(beta, step sizes [chains])], in the forward order
-        self.recording = tape is None
-
-    def replay(self, path: PriorPosteriorPath) -> "StepSizeTape":
-        return StepSizeTape(path, list(self.tape))
-
-    def log_f(self, state, beta: float) -> torch.Tensor:
-        return self.path.log_f(state, beta)
-
-    def transition(self, state, beta: float, generator=None):
-        if self.recording:
-            self.tape.append((beta, state.step_size))
-            return self.path.transition(state, beta, generator)
-        recorded_beta, step = self.tape.pop()
-        if recorded_beta != beta:
-            raise RuntimeError(f"step-size replay out of order: beta {beta} where the tape has {recorded_beta}")
-        return self.path.transition(state._replace(step_size=step), beta, generator)
 
 
 @dataclass
@@ -107,11 +73,14 @@ class BDMC(Estimator):
       f_beta(h) = Q(h | v)^(1 - beta) P(v, h)^beta, sequential Gibbs at each beta, exactly
       ``AISPosterior.run_batch`` forward (Murray & Salakhutdinov 2009, Sec. 2.3); Z_0 = 1 as Q is normalised;
     - continuous latents (Gaussian belief nets): ``PriorPosteriorPath``, f_beta(s) = p(s) p(v | s)^beta with HMC,
-      forward exactly ``ais_hmc_log_w`` (Wu et al. 2017), per-chain step sizes adapted on the way; Z_0 = 1 as the
-      prior is normalised. Each reverse chain replays its forward chain's step sizes, beta for beta
-      (``StepSizeTape``): they depend on v and the forward chains' randomness only, which given v is independent of
-      the exact posterior sample h, so h stays an exact sample of f_1 / Z_1 given everything the reverse run
-      conditions on, and no reverse move's kernel depends on the state it starts from.
+      forward exactly ``ais_hmc_log_w`` (Wu et al. 2017); Z_0 = 1 as the prior is normalised. Both directions move
+      with the step sizes of one pilot run (``nvil.estimators.ais_hmc.pilot_step_sizes``: ``pilot_chains`` chains
+      per v adapting their own, then per v and beta their geometric mean), fixed before either direction starts.
+      They depend on v and the pilot's random numbers only, which given v are independent of the forward chains
+      and of the exact posterior sample h, so every move in either direction is a fixed kernel leaving its f_beta
+      invariant: exp(log w) is unbiased for p(v), and exp(log w_rev) for 1 / p(v). A step size adapted on the
+      chain it moves would not be: it depends, through the acceptance of the previous move, on the state the move
+      starts from.
 
     Chains are examples x runs, example-major, batched; each batch of ``batch_size`` simulated examples draws its
     random numbers from a generator seeded by (seed, first row). The data split passed in is not used (the
@@ -126,15 +95,16 @@ class BDMC(Estimator):
 
     def __init__(self, *, num_simulated: int = 100, num_betas: int = 1000, schedule: str = "linear", num_runs: int = 4,
                  batch_size: int = 50, max_gap: float = 1.0, num_leapfrog: int = 10, step_size: float = 0.05,
-                 target_accept: float = 0.65, adapt: bool = True, form: str = "auxiliary",
+                 target_accept: float = 0.65, adapt: bool = True, pilot_chains: int = 2, form: str = "auxiliary",
                  accel: str = "none") -> None:
         """Defaults: configs/estimator/bdmc.yaml. ``num_simulated``: (h, v) pairs drawn from the model;
         ``num_betas`` steps on the ladder ``schedule`` to certify (linear | sigmoid | paper; adaptive for binary
         latents); ``num_runs``: chains per simulated example in each direction; ``batch_size``: simulated examples
         per batch; ``max_gap``: nats, certified when the mean gap is at most this. Continuous latents only (as
-        ``AISHMC``): ``num_leapfrog``, ``step_size`` (the forward chains' initial step size, adapted per chain with
-        ``adapt`` towards ``target_accept``; each reverse chain replays its forward chain's), ``form`` (auxiliary
-        | centred) and ``accel`` (none | compile | cudagraphs)."""
+        ``AISHMC``): ``num_leapfrog``, ``step_size`` (the initial step size of a pilot run of ``pilot_chains``
+        chains per simulated example adapting towards ``target_accept`` with ``adapt``, whose per-example geometric
+        means both directions use; ``step_size`` throughout without ``adapt``), ``form`` (auxiliary | centred) and
+        ``accel`` (none | compile | cudagraphs)."""
         self.num_simulated = positive_int(num_simulated, "estimator.num_simulated")
         self.num_runs = positive_int(num_runs, "estimator.num_runs")
         self.batch_size = positive_int(batch_size, "estimator.batch_size")
@@ -149,6 +119,7 @@ class BDMC(Estimator):
         self.step_size = positive_float(step_size, "estimator.step_size")
         self.target_accept = positive_float(target_accept, "estimator.target_accept")
         self.adapt = bool(adapt)
+        self.pilot_chains = positive_int(pilot_chains, "estimator.pilot_chains")
         self.form = form
         if self.form not in FORMS:
             raise ConfigError(f"estimator.form must be one of {list(FORMS)}, got {self.form!r}")
@@ -210,18 +181,16 @@ class BDMC(Estimator):
         if self.betas is None:
             raise ConfigError("estimator.schedule=adaptive covers binary latents in bdmc; for continuous latents use "
                               "a fixed ladder (sigmoid, linear or paper)")
-        # Forward: what ais_hmc_log_w does (the same path, start and random stream), with the step sizes taped.
-        n, dev = v.shape[0], v.device
-        forward = StepSizeTape(PriorPosteriorPath(lm, v, self.num_leapfrog, self.target_accept, self.adapt, self.accel))
-        start = forward.path.state(lm.sample_prior(n, generator, dev), torch.full((n,), float(self.step_size), device=dev),
-                                   torch.zeros(n, device=dev))
-        progress.plan(2 * (len(self.betas) - 1))
-        log_w, final = ais(forward, start, self.betas, generator, on_step=step)
-        # Reverse: from the exact posterior sample, each move at beta_k with the step size its forward chain used at
-        # beta_k, not adapted again.
-        reverse = forward.replay(PriorPosteriorPath(lm, v, self.num_leapfrog, self.target_accept, False, self.accel))
-        start = reverse.path.state(h, final.step_size, torch.zeros_like(final.accept_sum))
-        log_w_rev, final_rev = ais(reverse, start, self.betas.flip(0), generator, on_step=step)
+        # Forward: what ais_hmc_log_w does (the same pilot, path, start and random stream).
+        progress.plan((2 + self.adapt) * (len(self.betas) - 1))
+        path = fixed_kernel_path(lm, v, self.betas, chains=self.num_runs, pilot_chains=self.pilot_chains,
+                                 num_leapfrog=self.num_leapfrog, step_size=self.step_size,
+                                 target_accept=self.target_accept, adapt=self.adapt, generator=generator,
+                                 accel=self.accel, on_step=step)
+        log_w, final = ais(path, path.start(generator, self.step_size), self.betas, generator, on_step=step)
+        # Reverse: from the exact posterior sample, the same fixed kernels in the reverse order.
+        start = path.state(h, final.step_size, torch.zeros_like(final.accept_sum))
+        log_w_rev, final_rev = ais(path, start, self.betas.flip(0), generator, on_step=step)
         moves = max(1, len(self.betas) - 2)
         return log_w, log_w_rev, {"accept_forward": (final.accept_sum / moves).cpu(),
                                   "accept_reverse": (final_rev.accept_sum / moves).cpu()}
@@ -294,7 +263,8 @@ class BDMC(Estimator):
                "schedule": self.schedule, "num_simulated": self.num_simulated, "num_runs": self.num_runs,
                "latents": "continuous" if self.continuous(lm) else "binary"}
         if self.continuous(lm):
-            out.update({"num_leapfrog": self.num_leapfrog, "form": self.form, "adapt": self.adapt})
+            out.update({"num_leapfrog": self.num_leapfrog, "form": self.form, "adapt": self.adapt,
+                        "pilot_chains": self.pilot_chains})
             for k, parts in accept.items():
                 out[k.replace("accept", "accept_rate")] = r(torch.cat(parts).double().mean().item())
         return out

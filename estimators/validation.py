@@ -99,7 +99,8 @@ def validate(model, inference, valid: torch.Tensor, train_subset: torch.Tensor, 
 def continuous_log_likelihood(model, x: torch.Tensor, num_chains: int, num_betas: int, generator) -> torch.Tensor:
     """Per-example log p(x) by AIS-HMC (sigmoid schedule, auxiliary form), ``num_chains`` chains per example."""
     lm = ContinuousLatent(model, "validation", "auxiliary")
-    log_w, _ = ais_hmc_log_w(lm, x.repeat_interleave(num_chains, 0), schedule("sigmoid", num_betas), generator=generator)
+    log_w, _ = ais_hmc_log_w(lm, x.repeat_interleave(num_chains, 0), schedule("sigmoid", num_betas), chains=num_chains,
+                             generator=generator)
     return combine_runs(log_w.view(-1, num_chains))
 
 

@@ -148,8 +148,8 @@ def test_short_ladder_is_not_certified_and_a_long_one_is():
 def test_linear_gaussian_net_is_bracketed_and_certified_with_enough_betas():
     """Continuous latents: HMC moves, prior -> posterior. The net is in centred form and the estimator runs in
     auxiliary form, so the simulated z must be mapped to eps for the reverse chains to start exactly. The reverse
-    weights are checked for unbiasedness (exp(log w_rev) p(v) averages to 1): chains that adapted their own step
-    sizes failed this check by 3-4 SE; replayed forward step sizes pass it."""
+    weights are checked for unbiasedness (exp(log w_rev) p(v) averages to 1): both directions move with the step
+    sizes of one pilot run, fixed before either starts (tests/test_ais_hmc_unbiased.py has the power check)."""
     from nvil.estimators.ais_hmc import ais_hmc_log_w
     from test_gaussian import exact_log_p, linear_net
 
@@ -169,9 +169,10 @@ def test_linear_gaussian_net_is_bracketed_and_certified_with_enough_betas():
     assert r.certified is True and r.extras["certifies"].startswith("estimator=ais_hmc")
     # The forward side is ais_hmc's own run, random number for random number (what the certificate is about).
     lm = est.latent_model(net, None)
-    v, h = est.simulate(lm, 6, torch.Generator().manual_seed(1))
+    v, h = (t.repeat_interleave(est.num_runs, 0) for t in est.simulate(lm, 3, torch.Generator().manual_seed(1)))
     log_w, _, _ = est.run_batch(lm, v, h, torch.Generator().manual_seed(2))
-    ref, _ = ais_hmc_log_w(lm, v, est.betas, num_leapfrog=5, step_size=0.1, generator=torch.Generator().manual_seed(2))
+    ref, _ = ais_hmc_log_w(lm, v, est.betas, chains=est.num_runs, num_leapfrog=5, step_size=0.1,
+                           generator=torch.Generator().manual_seed(2))
     assert torch.equal(log_w, ref)
 
 

@@ -106,8 +106,8 @@ def test_ais_hmc_is_unbiased_for_p_x_on_a_linear_gaussian_net(form):
     x, _ = net.sample(20, generator=torch.Generator().manual_seed(0))
     runs = 40
     lm = ContinuousLatent(net, "test", form)
-    log_w, final = ais_hmc_log_w(lm, x.repeat_interleave(runs, 0), schedule("sigmoid", 200), num_leapfrog=5,
-                                 step_size=0.1, generator=torch.Generator().manual_seed(1))
+    log_w, final = ais_hmc_log_w(lm, x.repeat_interleave(runs, 0), schedule("sigmoid", 200), chains=runs,
+                                 num_leapfrog=5, step_size=0.1, generator=torch.Generator().manual_seed(1))
     exact = exact_log_p(net, x).detach()
     d = log_w.view(20, runs) - exact[:, None]
     ratio = d.exp()
