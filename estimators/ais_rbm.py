@@ -227,13 +227,31 @@ def ordered(beta_prev: float, beta: float) -> tuple[float, float, float]:
 # ---- log Z ---------------------------------------------------------------------------------------------------
 
 
+class ForwardRun(NamedTuple):
+    """A forward AIS run: its estimate, its chains' end states and their final log-weights
+    log w = sum_k log f_k(x_k) - log f_{k-1}(x_k) (Salakhutdinov & Murray 2008, Sec. 4.1)."""
+
+    estimate: LogZ
+    end: RBMState
+    log_w: torch.Tensor
+
+
+def forward_run(path: RBMPath, num_chains: int, betas: torch.Tensor, generator=None,
+                progress: bool = False) -> ForwardRun:
+    """Forward AIS along ``path`` from the base-rate model over the ladder ``betas``: log Z_hat (an under-estimate in
+    expectation), the end states and their log-weights (the weighted end states approximate the model)."""
+    t0 = time.perf_counter()
+    log_w, end = ais(path, path.sample_base(num_chains, generator), betas, generator, progress, "AIS log Z")
+    estimate = LogZ.from_log_w(log_w, path.log_z0(), "forward", len(betas) - 1, time.perf_counter() - t0)
+    return ForwardRun(estimate, end, log_w)
+
+
 def forward_log_z(path: RBMPath, num_chains: int, betas: torch.Tensor, generator=None,
                   progress: bool = False) -> tuple[LogZ, RBMState]:
     """Forward AIS along ``path`` from the base-rate model over the ladder ``betas``: (log Z_hat, an under-estimate
     in expectation; the chains' end states)."""
-    t0 = time.perf_counter()
-    log_w, end = ais(path, path.sample_base(num_chains, generator), betas, generator, progress, "AIS log Z")
-    return LogZ.from_log_w(log_w, path.log_z0(), "forward", len(betas) - 1, time.perf_counter() - t0), end
+    run = forward_run(path, num_chains, betas, generator, progress)
+    return run.estimate, run.end
 
 
 def reverse_log_z(path: RBMPath, x_init: torch.Tensor, betas: torch.Tensor, generator=None,

@@ -11,10 +11,12 @@ Three independent pieces of evidence, each cheap next to the forward run:
   x = argmax p(x | h), h = argmax p(h | x), which never lowers p*(x, h) <= min(p*(x), p*(h))) from many starts.
   An estimate below this bound is wrong, whatever its ESS says (``nvil.estimators.hard_bound``).
 - **Reverse AIS** (Grosse, Ghahramani & Adams 2015; Burda, Grosse & Salakhutdinov 2015): the same path run from
-  beta = 1 back to the base rate, from states drawn near the model (the persistent particles, or a block-Gibbs run
-  from training rows). From exact model samples it over-estimates log Z in expectation, so [forward, reverse] is
-  a stochastic sandwich; from approximate samples it is a stochastic upper *estimate*, and an inverted sandwich
-  says that one of the two sides is wrong.
+  beta = 1 back to the base rate, its chains started from each of several approximations of the model (the
+  forward end states resampled by their weights, stored particles, Gibbs runs from data;
+  ``nvil.estimators.reverse_starts``), the run consistent with the hard bound with the highest ESS kept. From
+  exact model samples it over-estimates log Z in expectation; from these starts it is a diagnostic that parts
+  from the forward estimate on a coarse ladder and inverts the sandwich for a number the runs did not give, not a
+  bound: a mode that no forward chain reached is the hard lower bound's to catch.
 - **The forward weights' ESS**, (sum w)^2 / sum w^2: an estimate carried by a few chains is flagged.
 """
 
@@ -28,17 +30,20 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from nvil.core.errors import ConfigError
-from nvil.estimators.ais_rbm import RBMPath, forward_log_z, reverse_log_z
+from nvil.core.ops import take_rows
+from nvil.estimators.ais_rbm import RBMPath, forward_run
 from nvil.estimators.annealing import LogZ, make_ladder
 from nvil.estimators.base import Certificate
-from nvil.estimators.hard_bound import HardBound, binary_states, climb, hard_lower_bound
+from nvil.estimators.hard_bound import HardBound, climb, hard_lower_bound
+from nvil.estimators.reverse_starts import (SOURCES, ReverseRun, check_sources, choose_reverse, gibbs_run,
+                                            resampled_end_states, reverse_log_zs, reverse_starts, tolerance)
 from nvil.estimators.settings import AISSettings, CertifySettings
-from nvil.mcmc.gibbs import BlockGibbs
-from nvil.models.rbm import BoltzmannMachine, State
+from nvil.models.rbm import BoltzmannMachine
 
-__all__ = ["DEFAULTS", "AISSettings", "CertifiedLogZ", "CertifySettings", "HardBound", "certified_log_z", "certify_settings", "climb", "digest",
-           "gibbs_run", "hard_lower_bound", "reverse_start", "run_checks", "stored_particles"]
+__all__ = ["DEFAULTS", "SOURCES", "AISSettings", "CertifiedLogZ", "CertifySettings", "HardBound", "ReverseRun",
+           "certified_log_z", "certify_settings", "check_sources", "choose_reverse", "climb", "digest", "gibbs_run",
+           "hard_lower_bound", "log_p_extras", "reference_bound", "resampled_end_states", "reverse_starts",
+           "run_checks", "stored_particles"]
 
 DEFAULTS = asdict(CertifySettings())  # the certificate's default settings, as a plain dict (for reports)
 
@@ -48,49 +53,14 @@ def certify_settings(values=None, /, **overrides) -> CertifySettings:
     return CertifySettings.of({**dict((values or {}).items()), **overrides})
 
 
-# ---- reverse AIS from states near the model --------------------------------------------------------------------
-
-
-@torch.no_grad()
-def gibbs_run(model: BoltzmannMachine, x: torch.Tensor, sweeps: int, generator=None) -> torch.Tensor:
-    """``sweeps`` block-Gibbs sweeps at beta = 1 from every row of x at once."""
-    gibbs, state = BlockGibbs(model), State(x, None)  # each sweep draws h afresh from x
-    for _ in range(sweeps):
-        state, _ = gibbs.step(state, 1.0, generator)
-    return state.x
-
-
-def reverse_start(model: BoltzmannMachine, num_chains: int, particles: torch.Tensor | None,
-                  rows: torch.Tensor | None, burn_in: int, generator=None,
-                  particle_burn_in: int = 0) -> tuple[torch.Tensor, str]:
-    """(x at beta = 1 for the reverse chains, how they were drawn): the checkpoint's persistent particles when it
-    stores them (the learner's own samples of the model), then ``particle_burn_in`` block-Gibbs sweeps from them
-    (0 by default: particles that lag the final parameters, or that a tempered-transitions run left in a few modes,
-    can invert the sandwich, and more sweeps at beta = 1 move them towards the model); else ``burn_in`` block-Gibbs
-    sweeps from training rows."""
-    dev = model.W.device
-    if particles is not None and len(particles) and particles.shape[1] == model.n_visible:
-        idx = torch.randperm(len(particles), generator=torch.Generator().manual_seed(0))[:num_chains]
-        x = particles[idx.to(particles.device)].to(dev, model.W.dtype)
-        how = f"{len(x)} persistent particles stored in the checkpoint"
-        if particle_burn_in:
-            return gibbs_run(model, x, particle_burn_in, generator), f"{how}, then {particle_burn_in} block-Gibbs sweeps"
-        return x, how
-    if rows is None or not len(rows):
-        raise ConfigError("reverse AIS needs persistent particles or training rows to start from")
-    idx = torch.randint(0, len(rows), (num_chains,), generator=torch.Generator().manual_seed(0))
-    x = rows[idx.to(rows.device)].to(dev, model.W.dtype)
-    x = x.to_dense() if x.is_sparse else x
-    x = binary_states(model, x) if model.visible_layer.discrete else x
-    return gibbs_run(model, x, burn_in, generator), f"{burn_in} block-Gibbs sweeps from {num_chains} training rows"
-
-
 # ---- the whole certified estimate -----------------------------------------------------------------------------
 
 
 @dataclass
 class CertifiedLogZ(Certificate):
-    """A forward AIS estimate of log Z with its certificate (``certify=false``: the forward estimate alone)."""
+    """A forward AIS estimate of log Z with its certificate (``certify=false``: the forward estimate alone).
+    ``reverse`` is the estimate of the reverse run ``choose_reverse`` kept, ``reverse_init`` how its chains were
+    drawn, ``reverse_source`` its source and ``reverse_choice`` why; ``reverse_runs`` holds every source's run."""
 
     forward: LogZ
     ladder: dict
@@ -101,6 +71,9 @@ class CertifiedLogZ(Certificate):
     warnings: list = field(default_factory=list)
     seconds: dict = field(default_factory=dict)
     failed: list = field(default_factory=list)
+    reverse_source: str | None = None
+    reverse_choice: str | None = None
+    reverse_runs: list = field(default_factory=list)
 
     @property
     def log_z(self) -> float:
@@ -130,8 +103,18 @@ class CertifiedLogZ(Certificate):
                         f"{prefix}_reverse_ess": round(self.reverse.ess, 2),
                         f"{prefix}_reverse_num_betas": self.reverse.num_betas,
                         f"{prefix}_reverse_init": self.reverse_init,
-                        f"{prefix}_reverse_is": "a stochastic upper estimate (an upper bound in expectation only "
-                                                "from exact model samples)"})
+                        f"{prefix}_reverse_is": "a stochastic upper estimate only from exact model samples; from "
+                                                "approximate ones (resampled forward end states, stored particles, "
+                                                "Gibbs runs from data) a diagnostic that parts from the forward "
+                                                "estimate on a coarse ladder, not a bound"})
+        if self.reverse_source is not None:
+            out.update({f"{prefix}_reverse_source": self.reverse_source,
+                        f"{prefix}_reverse_choice": self.reverse_choice,
+                        f"{prefix}_reverse_runs": {
+                            run.source: {"log_z": r(run.estimate.log_z), "stderr": r(run.estimate.stderr),
+                                         "ess": round(run.estimate.ess, 2), "num_chains": run.estimate.num_chains,
+                                         "log_w_sd": r(run.estimate.log_w_sd), "init": run.init}
+                            for run in self.reverse_runs}})
         if self.checks:
             out[f"{prefix}_band"] = [r(v) for v in self.band()]
             out[f"{prefix}_certified"] = self.certified
@@ -156,18 +139,14 @@ class CertifiedLogZ(Certificate):
             return None if e is None else LogZ(**{**e, "log_z_3sd": tuple(e["log_z_3sd"])})
 
         bound = None if d.get("bound") is None else HardBound(**d["bound"])
+        runs = [ReverseRun(e["source"], e["init"], logz(e["estimate"])) for e in d.get("reverse_runs") or []]
         return cls(logz(d["forward"]), d["ladder"], bound, logz(d.get("reverse")), d.get("reverse_init"),
                    list(d.get("checks", [])), list(d.get("warnings", [])), dict(d.get("seconds", {})),
-                   list(d.get("failed", [])))
+                   list(d.get("failed", [])), d.get("reverse_source"), d.get("reverse_choice"), runs)
 
 
 def digest(d: dict) -> str:
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:24]
-
-
-def _tolerance(log_z: float) -> float:
-    """Rounding allowance for comparing a float32 AIS estimate with a float64 bound."""
-    return 1e-3 + 1e-5 * abs(log_z)
 
 
 def run_checks(c: CertifiedLogZ, settings: CertifySettings) -> None:
@@ -182,13 +161,13 @@ def run_checks(c: CertifiedLogZ, settings: CertifySettings) -> None:
           f"chains; use {fix}")
     if c.bound is not None:
         # A hard bound beats any estimate, but the estimate is random: fail where it is below by more than 3 SE.
-        c.check("hard_lower_bound", fwd.log_z + 3 * fwd.stderr >= c.bound.value - _tolerance(c.bound.value),
+        c.check("hard_lower_bound", fwd.log_z + 3 * fwd.stderr >= c.bound.value - tolerance(c.bound.value),
               f"log Z {fwd.log_z:.2f} is below the hard lower bound {c.bound.value:.2f} (log p* of "
               f"{c.bound.source}): the AIS ladder is too coarse or the chains miss a mode; try {fix}")
     if c.reverse is not None:
         rev = c.reverse
         se = math.sqrt(fwd.stderr**2 + rev.stderr**2)
-        c.check("sandwich_order", rev.log_z >= fwd.log_z - 3 * se - _tolerance(fwd.log_z),
+        c.check("sandwich_order", rev.log_z >= fwd.log_z - 3 * se - tolerance(fwd.log_z),
               f"reverse AIS log Z {rev.log_z:.2f} is below forward AIS log Z {fwd.log_z:.2f} by more than 3 SE: the "
               f"sandwich is inverted, so one side is wrong (reverse chains from {c.reverse_init} may not represent "
               "the model; try estimator.reverse_burn_in=N sweeps before the reverse run, more betas or more chains)")
@@ -198,7 +177,7 @@ def run_checks(c: CertifiedLogZ, settings: CertifySettings) -> None:
               f"{settings.max_gap}): log Z lies somewhere in [{fwd.log_z:.2f}, {rev.log_z:.2f}]; use more betas "
               "or chains")
         if c.bound is not None:
-            c.check("reverse_hard_lower_bound", rev.log_z + 3 * rev.stderr >= c.bound.value - _tolerance(c.bound.value),
+            c.check("reverse_hard_lower_bound", rev.log_z + 3 * rev.stderr >= c.bound.value - tolerance(c.bound.value),
                   f"reverse AIS log Z {rev.log_z:.2f} is below the hard lower bound {c.bound.value:.2f}: its chains "
                   f"({c.reverse_init}) miss the mode at {c.bound.source}")
 
@@ -206,14 +185,16 @@ def run_checks(c: CertifiedLogZ, settings: CertifySettings) -> None:
 @torch.no_grad()
 def certified_log_z(model: BoltzmannMachine, base, settings: AISSettings, cert: CertifySettings, generator=None, *,
                     data_rows: torch.Tensor | None = None, particles: torch.Tensor | None = None,
-                    progress: bool = False, accel: str = "none", phase=None) -> CertifiedLogZ:
+                    progress: bool = False, accel: str = "none", phase=None, sources=SOURCES) -> CertifiedLogZ:
     """Forward AIS for log Z on the ladder ``settings.schedule`` (adaptive: from a pilot run), and, with
-    ``cert.certify``, its certificate: the hard lower bound from probes, reverse AIS on ``reverse_fraction`` of
-    the betas from ``particles`` or a Gibbs run from ``data_rows``, and the checks (``run_checks``). One path (and
-    its compiled kernels) and one ladder serve every run: the pilot, forward and reverse.
-    ``progress``: inner bars for the forward and reverse runs; ``phase(text)`` is told each phase as it starts
-    (``log Z (forward AIS, 2/4)``), for the evaluation bar's description."""
+    ``cert.certify``, its certificate: the hard lower bound from probes (``reference_bound``'s among them), one
+    reverse AIS run on ``reverse_fraction`` of the betas with chains from each of ``sources`` (``reverse_starts``:
+    the forward end states resampled by their weights, ``particles``, Gibbs runs from ``data_rows``), the run
+    ``choose_reverse`` keeps, and the checks (``run_checks``). One path (and its compiled kernels) and one ladder serve every run: the pilot, forward and
+    reverse. ``progress``: inner bars for the forward and reverse runs; ``phase(text)`` is told each phase as it
+    starts (``log Z (forward AIS, 2/4)``), for the evaluation bar's description."""
     settings, cert = AISSettings.of(settings), CertifySettings.of(cert)  # a dict of either is accepted too
+    sources = check_sources(sources)
     steps = ((["pilot AIS"] if settings.schedule == "adaptive" else []) + ["forward AIS"]
              + (["hard-bound probes", "reverse AIS"] if cert.certify else []))
 
@@ -233,9 +214,9 @@ def certified_log_z(model: BoltzmannMachine, base, settings: AISSettings, cert: 
     t1 = time.perf_counter()
     announce("forward AIS")
     betas = ladder.betas(K)  # built once: the forward run walks it, and the reverse run too when it has K steps
-    forward, end = forward_log_z(path, n, betas, generator, progress)
+    forward = forward_run(path, n, betas, generator, progress)
     seconds["forward"] = time.perf_counter() - t1
-    c = CertifiedLogZ(forward, ladder.extras(), seconds=seconds)
+    c = CertifiedLogZ(forward.estimate, ladder.extras(), seconds=seconds)
     if not cert.certify:
         return c
     t2 = time.perf_counter()
@@ -245,19 +226,44 @@ def certified_log_z(model: BoltzmannMachine, base, settings: AISSettings, cert: 
         idx = torch.randperm(len(data_rows), generator=torch.Generator().manual_seed(1))[: cert.num_data_probes]
         rows = data_rows[idx.to(data_rows.device)]
         rows = rows.to_dense() if rows.is_sparse else rows
-    c.bound = hard_lower_bound(model, {"training rows": rows, "persistent particles": particles,
-                                       "AIS end states": end.x}, generator, cert.num_climb)
+    c.bound = max(hard_lower_bound(model, {"training rows": rows, "persistent particles": particles,
+                                           "AIS end states": forward.end.x}, generator, cert.num_climb),
+                  reference_bound(model, data_rows), key=lambda b: b.value)
     seconds["probes"] = time.perf_counter() - t2
     t3 = time.perf_counter()
     announce("reverse AIS")
     k_rev = max(1, round(cert.reverse_fraction * K))
-    explicit = cert.reverse_burn_in  # None: from rows K / 4 sweeps, from stored particles none
-    burn_in = explicit if explicit is not None else max(1, K // 4)
-    x0, c.reverse_init = reverse_start(model, n, particles, rows, burn_in, generator, particle_burn_in=explicit or 0)
-    c.reverse = reverse_log_z(path, x0, betas if k_rev == K else ladder.betas(k_rev), generator, progress)
+    starts = reverse_starts(model, n, sources, forward=forward, particles=particles, rows=rows, num_betas=K,
+                            burn_in=cert.reverse_burn_in, generator=generator)
+    estimates = reverse_log_zs(path, [x for _, x, _ in starts], betas if k_rev == K else ladder.betas(k_rev),
+                               generator, progress)
+    c.reverse_runs = [ReverseRun(source, how, est) for (source, _, how), est in zip(starts, estimates)]
+    chosen, c.reverse_choice = choose_reverse(c.reverse_runs, c.bound)
+    c.reverse, c.reverse_init, c.reverse_source = chosen.estimate, chosen.init, chosen.source
     seconds["reverse"] = time.perf_counter() - t3
     run_checks(c, cert)
     return c
+
+
+def reference_bound(model: BoltzmannMachine, rows: torch.Tensor | None) -> HardBound:
+    """The hard lower bound from fixed probes: the first 1000 ``rows``, the corner states and 64 hill-climbs from a
+    generator seeded 0. A cached certificate is checked against it (``nvil.estimators.log_z.verify``); it is
+    deterministic and part of the bound of every certificate ``certified_log_z`` makes, so it never exceeds one."""
+    g = torch.Generator(device=model.W.device).manual_seed(0)
+    probes = {"training rows": take_rows(rows, 0, 1000)} if rows is not None and len(rows) else {}
+    return hard_lower_bound(model, probes, g, num_climb=64)
+
+
+def log_p_extras(mean_log_p: float, c: CertifiedLogZ, used_log_z: float) -> dict:
+    """The test mean over the log Z band, and the hard upper bound on it, for a mean computed with ``used_log_z``."""
+    out = {}
+    lo, hi = c.band()
+    if c.checks:
+        out["mean_log_p_band"] = [None if hi is None else round(mean_log_p + used_log_z - hi, 4),
+                                  round(mean_log_p + used_log_z - lo, 4)]
+    if c.bound is not None:
+        out["mean_log_p_hard_upper_bound"] = round(mean_log_p + used_log_z - c.bound.value, 4)
+    return out
 
 
 def stored_particles(payload: dict | None, n_visible: int) -> torch.Tensor | None:

@@ -1,20 +1,23 @@
-"""The one AIS estimate of a DBN's top-RBM log Z that every DBN estimator shares, cached beside the checkpoint.
+"""The one AIS estimate of a DBN's top-RBM log Z that every DBN estimator shares, and an RBM's own log Z
+(``estimator=ais`` / ``raise``), each cached beside its checkpoint.
 
 Murray & Salakhutdinov 2009 (Fig. 2): the bound, AIS over h_1, and the Chib-style estimator "shared the same
 AIS estimate of a single global normalization constant Z". It is computed once per checkpoint and AIS
 settings, and kept in ``<checkpoint>.log_z.json`` (``nvil.estimators.log_z_cache``) under a key that holds the
-settings, the seed, digests of the top RBM's and the whole model's parameters and the nvil version, so an
-overwritten checkpoint never reuses a stale value, together with its certificate (``nvil.estimators.certify``) and
-an HMAC under the user's secret key. On reading, an entry must carry a valid HMAC and finite, ordered numbers; its
-checks are run again from its numbers, and its hard lower bound against a fresh probe of the model (``verify``);
-otherwise a warning names the problem and log Z is computed again.
-The base-rate model takes its marginals from the training data passed up through the RBMs below the top.
+settings, the seed, the reverse chains' sources, digests of the RBM's and the whole model's parameters and the
+nvil version (``log_z_key``), so an overwritten checkpoint never reuses a stale value, together with its
+certificate (``nvil.estimators.certify``) and an HMAC under the user's secret key. On reading, an entry must carry
+a valid HMAC and finite, ordered numbers; its checks and its choice of reverse run are made again from its
+numbers, and its hard lower bound is tested against a fresh probe of the model (``verify``); otherwise a warning
+names the problem and log Z is computed again (``cached_log_z``).
+For a DBN the base-rate model takes its marginals from the training data passed up through the RBMs below the top.
 """
 
 from __future__ import annotations
 
 import hashlib
 import sys
+from collections.abc import Callable
 from dataclasses import asdict, replace
 from importlib import metadata
 from pathlib import Path
@@ -24,11 +27,10 @@ import torch
 from nvil.backend.accel import check_mode
 from nvil.core.ops import chunks
 from nvil.estimators.ais_rbm import base_rate
-from nvil.estimators.certify import CertifiedLogZ, certified_log_z, run_checks
-from nvil.estimators.hard_bound import hard_lower_bound
+from nvil.estimators.certify import (SOURCES, CertifiedLogZ, certified_log_z, check_sources, choose_reverse,
+                                     log_p_extras, reference_bound, run_checks)
 from nvil.estimators.log_z_cache import LogZCache, Untrusted
-from nvil.estimators.partition import log_p_extras
-from nvil.estimators.settings import CertifySettings, LogZSettings
+from nvil.estimators.settings import AISSettings, CertifySettings, LogZSettings
 
 
 def parameter_digest(module: torch.nn.Module) -> str:
@@ -89,23 +91,44 @@ def top_log_z(dbn, train: torch.Tensor, settings: LogZSettings, checkpoint=None,
 def _top_log_z(dbn, train, log_z: LogZSettings, checkpoint, progress, particles,
                phase) -> tuple[CertifiedLogZ, bool]:
     settings, cert, seed = log_z.ais, log_z.cert, log_z.seed
-    key = {**asdict(settings), **asdict(cert), "seed": seed, "params": fingerprint(dbn.top),
-           "model": parameter_digest(dbn), "nvil": nvil_version()}
-    cache = LogZCache(cache_path(checkpoint)) if log_z.cache and checkpoint is not None else None
+    key = log_z_key(dbn.top, dbn, settings, cert, seed)
     phase("log Z (training data up to the top RBM)")
     top_data = propagate_up(dbn, train)
+
+    def compute() -> CertifiedLogZ:
+        device = dbn.top.W.device
+        base = base_rate(dbn.top, top_data, settings.base_smoothing)
+        generator = torch.Generator(device=device).manual_seed(seed)
+        # accel changes only the float rounding, so it is not part of the cache key
+        return certified_log_z(dbn.top, base, settings, cert, generator, data_rows=top_data, particles=particles,
+                               progress=progress, accel=check_mode(log_z.accel, device, "estimator.log_z.accel"),
+                               phase=phase)
+
+    return cached_log_z(checkpoint if log_z.cache else None, key, dbn.top, top_data, cert, compute, phase)
+
+
+def log_z_key(rbm, model, settings: AISSettings, cert: CertifySettings, seed: int, sources=SOURCES, **extra) -> dict:
+    """What a cached log Z of ``rbm`` (inside ``model``: the DBN, or the RBM itself) depends on: the AIS and
+    certificate settings, the seed, the reverse chains' sources, digests of the parameters, the nvil version and
+    ``extra`` (the rows the reverse chains may start from)."""
+    return {**asdict(settings), **asdict(cert), "seed": seed, "reverse_sources": list(check_sources(sources)),
+            "params": fingerprint(rbm), "model": parameter_digest(model), "nvil": nvil_version(), **extra}
+
+
+def cached_log_z(checkpoint, key: dict, rbm, rows: torch.Tensor, cert: CertifySettings,
+                 compute: Callable[[], CertifiedLogZ], phase=None) -> tuple[CertifiedLogZ, bool]:
+    """(the certified log Z of ``rbm``, whether it came from the cache beside ``checkpoint``): the cache's entry
+    for ``key`` once it checks out (``_cached``, its hard bound probed again from ``rows``), else ``compute()``,
+    stored under ``key``. ``checkpoint`` None: no cache. A cache that cannot be read or written costs a warning,
+    never the estimate."""
+    cache = LogZCache(cache_path(checkpoint)) if checkpoint is not None else None
     if cache is not None:
-        phase("log Z (checking the cached value)")
-        cached = _cached(cache, key, dbn.top, top_data, cert)
+        if phase is not None:
+            phase("log Z (checking the cached value)")
+        cached = _cached(cache, key, rbm, rows, cert)
         if cached is not None:
             return cached, True
-    device = dbn.top.W.device
-    base = base_rate(dbn.top, top_data, settings.base_smoothing)
-    generator = torch.Generator(device=device).manual_seed(seed)
-    # accel changes only the float rounding, so it is not part of the cache key
-    c = certified_log_z(dbn.top, base, settings, cert, generator, data_rows=top_data, particles=particles,
-                        progress=progress, accel=check_mode(log_z.accel, device, "estimator.log_z.accel"),
-                        phase=phase)
+    c = compute()
     if cache is not None:
         cache.store(key, c.to_dict())
     return c, False
@@ -128,8 +151,13 @@ def _cached(cache: LogZCache, key: dict, top, top_data: torch.Tensor, cert: Cert
 
 
 def recheck(c: CertifiedLogZ, cert: CertifySettings) -> CertifiedLogZ:
-    """``c`` with its checks run again from its numbers (``certify.run_checks``); ``ValueError`` when they differ
-    from the ones it lists."""
+    """``c`` with its choice of reverse run (``certify.choose_reverse``) and its checks (``certify.run_checks``) made
+    again from its numbers; ``ValueError`` when they differ from the ones it lists."""
+    if c.reverse_runs:
+        chosen, _ = choose_reverse(c.reverse_runs, c.bound)
+        if (chosen.source, chosen.estimate, chosen.init) != (c.reverse_source, c.reverse, c.reverse_init):
+            raise ValueError(f"its reverse run from {c.reverse_source!r} is not the one its numbers choose "
+                             f"({chosen.source!r})")
     fresh = replace(c, checks=[], failed=[], warnings=[])
     if cert.certify:
         run_checks(fresh, cert)
@@ -141,12 +169,12 @@ def recheck(c: CertifiedLogZ, cert: CertifySettings) -> CertifiedLogZ:
 
 def verify(c: CertifiedLogZ, top, top_data: torch.Tensor) -> None:
     """Raise ``ValueError`` unless a cached certificate agrees with a fresh probe of the model: the hard lower bound
-    from the deterministic probes (training rows, corners, hill-climbing from a fixed seed) may not exceed the
-    stored bound, and each estimate whose hard-bound check passed must pass it again against the fresh bound."""
+    from the deterministic probes (``certify.reference_bound``: training rows, corners, hill-climbing from a fixed
+    seed), which every certificate's bound includes, may not exceed the stored bound, and each estimate whose
+    hard-bound check passed must pass it again against the fresh bound."""
     if c.bound is None:
         return
-    g = torch.Generator(device=top.W.device).manual_seed(0)
-    fresh = hard_lower_bound(top, {"training rows": top_data[:1000]}, g, num_climb=64)
+    fresh = reference_bound(top, top_data)
     tol = 1e-3 + 1e-5 * abs(fresh.value)
     if not fresh.value <= c.bound.value + tol:
         raise ValueError(f"a fresh probe gives a hard lower bound {fresh.value:.3f} above the stored "

@@ -1,8 +1,8 @@
-"""The file ``<checkpoint>.log_z.json`` that keeps a DBN's certified top-RBM log Z (``nvil.estimators.log_z``):
-a JSON list of entries ``{"key", "certificate", "mac"}``.
+"""The file ``<checkpoint>.log_z.json`` that keeps a DBN's certified top-RBM log Z, or an RBM's own
+(``nvil.estimators.log_z``): a JSON list of entries ``{"key", "certificate", "mac"}``.
 
-- ``key``: what produced the entry: the AIS and certificate settings, the seed, a digest of the top RBM's and of the
-  whole model's parameters, and the nvil version.
+- ``key``: what produced the entry: the AIS and certificate settings, the seed, the reverse chains' sources, a
+  digest of the RBM's and of the whole model's parameters, and the nvil version.
 - ``certificate``: ``CertifiedLogZ.to_dict()`` (with its digest).
 - ``mac``: HMAC-SHA256 (RFC 2104) of the rest, in canonical JSON, under the user's secret key
   (``nvil.core.userkey``), which the cache does not hold: a reader cannot forge one by recomputing a digest.
@@ -197,3 +197,20 @@ def check_certificate(d) -> None:
         raise Untrusted("its ladder or timings are not objects")
     _text(d.get("reverse_init"), "reverse_init", nullable=True)
     _text(d.get("digest"), "digest")
+    check_reverse_runs(d)
+
+
+def check_reverse_runs(d: dict) -> None:
+    """The reverse run of every source (``certify.ReverseRun``): a source and start that are text, an estimate in
+    order (``check_log_z``), and the kept source among them."""
+    _text(d.get("reverse_source"), "reverse_source", nullable=True)
+    _text(d.get("reverse_choice"), "reverse_choice", nullable=True)
+    runs = d.get("reverse_runs") or []
+    if not isinstance(runs, list) or not all(isinstance(r, dict) for r in runs):
+        raise Untrusted("its reverse_runs is not a list of objects")
+    for i, r in enumerate(runs):
+        _text(r.get("source"), f"reverse_runs[{i}].source")
+        _text(r.get("init"), f"reverse_runs[{i}].init")
+        check_log_z(r.get("estimate"), f"reverse_runs[{i}].estimate")
+    if runs and d.get("reverse_source") not in [r["source"] for r in runs]:
+        raise Untrusted(f"its reverse source {d.get('reverse_source')!r} is not among its reverse runs")

@@ -4,7 +4,8 @@
 - On an RBM with a strong mode that no chain started from the base rate reaches, AIS is tens of nats low with a
   high ESS; the paper ladder is flagged, and so is the adaptive one (the probes find the mode).
 - Forward AIS is at most exact + 3 SE and reverse AIS from exact samples at least exact - 3 SE, on several RBMs
-  and seeds; reverse AIS from states far from the model (the broken variant) is flagged by the sandwich.
+  and seeds; reverse AIS from states far from the model alone (the broken variant) is flagged by the sandwich,
+  and with the forward-resampled source beside it the certificate keeps a run consistent with the hard bound.
 - The adaptive ladder is within 3 SE of exact on a model where the paper ladder is coarse at low beta.
 - The log Z cache refuses a tampered certificate; JSON lines never carry NaN or Infinity.
 """
@@ -21,7 +22,7 @@ from conftest import tiny_dbn
 
 from nvil.estimators.ais import Ladder, RBMPath, adaptive_ladder, base_rate, schedule
 from nvil.estimators.base import Result
-from nvil.estimators.certify import CertifiedLogZ, certified_log_z, certify_settings, hard_lower_bound
+from nvil.estimators.certify import SOURCES, CertifiedLogZ, certified_log_z, certify_settings, hard_lower_bound
 from nvil.models.rbm import BoltzmannMachine
 
 CERT = certify_settings({})
@@ -65,10 +66,10 @@ def exact_samples(m: BoltzmannMachine, n: int, g) -> torch.Tensor:
     return m.sample_x_given_h(h, 1.0, g)
 
 
-def run(m, data, kind, num_betas=300, chains=100, seed=0, particles=None, cert=CERT):
+def run(m, data, kind, num_betas=300, chains=100, seed=0, particles=None, cert=CERT, sources=SOURCES):
     g = torch.Generator().manual_seed(seed)
     return certified_log_z(m, base_rate(m, data), {"num_chains": chains, "schedule": kind, "num_betas": num_betas},
-                           cert, g, data_rows=data, particles=particles)
+                           cert, g, data_rows=data, particles=particles, sources=sources)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -112,15 +113,19 @@ def test_forward_below_and_reverse_from_exact_samples_above_exact(seed):
 
 
 def test_reverse_from_states_missing_a_mode_is_flagged_as_inverted():
-    """The broken variant: reverse chains from sparse training rows (a short Gibbs run, not model samples) miss the
-    mode that forward AIS reaches, so the reverse side falls far below the truth, and the sandwich check says so."""
+    """The broken variant: reverse chains from sparse training rows alone (a short Gibbs run, not model samples)
+    miss the mode that forward AIS reaches, so the reverse side falls far below the truth, and the sandwich check
+    says so. With the forward-resampled source beside them, the kept run is that one, consistent with the bound."""
     m = mode_rbm(width=20, weight=6.0, c0=-50.0, b=-2.0, isolate=False)  # a mode forward AIS does reach
     exact = m.log_z_exact().item()
     data = (torch.rand(500, 40, generator=torch.Generator().manual_seed(0)) < 0.12).float()
-    c = run(m, data, "adaptive", num_betas=1000)
+    c = run(m, data, "adaptive", num_betas=1000, sources=("data",))
     assert c.reverse.log_z < exact - 10.0  # truly broken: the reverse side is far below the truth
     assert c.certified is False
     assert any("inverted" in w for w in c.warnings), c.warnings
+    both = run(m, data, "adaptive", num_betas=1000)
+    assert both.reverse_source == "forward" and "sandwich_order" not in both.failed, both.reverse_choice
+    assert both.reverse.log_z + 3 * both.reverse.stderr >= both.bound.value
 
 
 def test_reverse_burn_in_from_stored_particles_repairs_particles_far_from_the_model():
@@ -136,11 +141,11 @@ def test_reverse_burn_in_from_stored_particles_repairs_particles_far_from_the_mo
     worst = x_all[m.free_energy(x_all).argmax()]  # highest free energy: the least probable pixels
     particles = worst.expand(100, -1).clone()
     data = (torch.rand(300, m.n_pixels, generator=torch.Generator().manual_seed(6)) < 0.3).float()
-    stale = run(m, data, "adaptive", num_betas=200, particles=particles)
+    stale = run(m, data, "adaptive", num_betas=200, particles=particles, sources=("particles",))
     assert stale.reverse.log_z < exact - 3 * stale.reverse.stderr, (stale.reverse, exact)
     assert "sandwich_order" in stale.failed and stale.certified is False
     cert = certify_settings({"reverse_burn_in": 200})
-    fresh = run(m, data, "adaptive", num_betas=200, particles=particles, cert=cert)
+    fresh = run(m, data, "adaptive", num_betas=200, particles=particles, cert=cert, sources=("particles",))
     assert fresh.reverse_init.endswith("then 200 block-Gibbs sweeps"), fresh.reverse_init
     assert fresh.reverse.log_z >= exact - 3 * fresh.reverse.stderr - 1e-3, (fresh.reverse, exact)
     assert fresh.certified is True, fresh.warnings
@@ -243,7 +248,7 @@ def test_json_has_no_nan_or_infinity_tokens():
 
 def test_cli_ais_prints_its_certificate_and_strict_exits_3(tmp_path):
     """evaluate.py estimator=ais on a SAP-trained RBM: the line carries the certificate (hard bound below the exact
-    log Z, reverse side from the stored particles); a certificate made to fail (an ESS of every chain demanded) is loud on stderr
+    log Z, a reverse run from the stored particles among its sources); a certificate made to fail (an ESS of every chain demanded) is loud on stderr
     and, with strict=true, exits 3 with one line after printing the JSON."""
     import nvil.app.main as train_module
     from conftest import SYNTHETIC, make_cfg
@@ -259,7 +264,8 @@ def test_cli_ais_prints_its_certificate_and_strict_exits_3(tmp_path):
     line = json_lines(proc.stdout)[0]
     exact = json_lines(run("evaluate.py", f"checkpoint={ckpt}", "estimator=exact", "eval.progress=false").stdout)[0]
     assert line["log_z_lower_bound"] <= exact["log_z"] + 1e-3
-    assert "persistent particles" in line["log_z_reverse_init"]
+    assert "persistent particles" in line["log_z_reverse_runs"]["particles"]["init"]
+    assert line["log_z_reverse_init"] == line["log_z_reverse_runs"][line["log_z_reverse_source"]]["init"]
     assert line["log_z_schedule"]["schedule"] == "adaptive" and line["certified"] is True, line["warnings"]
     assert abs(line["log_z"] - exact["log_z"]) < 3 * line["log_z_stderr"] + 0.05
     lo, hi = line["mean_log_p_band"]

@@ -1,10 +1,14 @@
 """Evaluation under storage faults and forged caches (nvil/app/evaluation.py, nvil/app/merge.py, estimators/log_z.py,
 estimators/log_z_cache.py, nvil/core/files.py, nvil/core/userkey.py).
 - A read-only checkpoint directory (a real read-only bind mount where the machine allows one, and an injected
-  EROFS) and a full disk (a real small tmpfs, and an injected ENOSPC): the estimate is printed and recorded in
-  eval.output, the sidecar that could not be written is one warning line, exit 0, eval.jsonl still parses.
+  EROFS) and a full disk (a real small tmpfs, and an injected ENOSPC): the estimate (a DBN's, an RBM's) is printed
+  and recorded in eval.output, each sidecar that could not be written (the log Z cache, the evaluation record) is
+  one warning line, exit 0, eval.jsonl still parses.
+- An RBM's certified log Z is cached beside its checkpoint as a DBN's is: reused on the second call with the same
+  number, computed again for another seed.
 - Three evaluators racing on one DBN checkpoint's log Z cache, as processes: every entry survives.
-- Forged log Z cache entries (a re-digested edit, NaN, a non-list, a wrong MAC) are never used as certified.
+- Forged log Z cache entries (a re-digested edit, NaN, a non-list, a wrong MAC), a DBN's and an RBM's, are never
+  used as certified.
 - Torn eval.jsonl lines are ended before the next record and skipped by the merge with a warning; a merge input
   that is not UTF-8 is one error line; an estimate beyond memory is one error line.
 """
@@ -122,10 +126,13 @@ def test_a_read_only_checkpoint_directory_keeps_the_estimate(tmp_path):
         out = tmp_path / "out.jsonl"
         proc = evaluate(tmp_path, f"checkpoint={ro}/dbn.pt", *DBN_ARGS, f"eval.output={out}")
         assert_kept(proc, out, "cannot write the log Z cache", str(ro), "read-only")
+        proc = evaluate(tmp_path, f"checkpoint={ro}/rbm.pt", *RBM_ARGS, f"eval.output={out}")
+        assert_kept(proc, out, "cannot write the log Z cache", str(ro), "rbm.pt.log_z.json", "read-only")
         proc = evaluate(tmp_path, f"checkpoint={ro}/rbm.pt", *RBM_ARGS)
         assert proc.returncode == 0 and stdout_line(proc)["estimator"] == "ais", proc.stderr
-        (warning,) = warning_lines(proc)
-        assert f"{ro}/rbm.pt.eval.jsonl" in warning and "read-only" in warning
+        cache, record = warning_lines(proc)
+        assert "cannot write the log Z cache" in cache and "read-only" in cache
+        assert f"{ro}/rbm.pt.eval.jsonl" in record and "read-only" in record
 
 
 def test_a_full_disk_keeps_the_estimate_and_every_whole_record(tmp_path):
@@ -142,8 +149,9 @@ def test_a_full_disk_keeps_the_estimate_and_every_whole_record(tmp_path):
         assert_kept(evaluate(tmp_path, f"checkpoint={disk}/dbn.pt", *DBN_ARGS, f"eval.output={out}"), out,
                     "cannot write the log Z cache", "disk is full")
         proc = evaluate(tmp_path, f"checkpoint={disk}/rbm.pt", *RBM_ARGS)
-        assert proc.returncode == 0, proc.stderr
-        (warning,) = warning_lines(proc)
+        assert proc.returncode == 0 and math.isfinite(stdout_line(proc)["mean_log_p"]), proc.stderr
+        cache, warning = warning_lines(proc)
+        assert "cannot write the log Z cache" in cache and "disk is full" in cache
         assert str(record) in warning and "disk is full" in warning
         assert files.read_json_lines(record) == ([json.loads(record.read_text())], [])
 
@@ -163,13 +171,39 @@ def test_an_injected_write_failure_is_one_warning(tmp_path, monkeypatch, code):
     out = tmp_path / "out.jsonl"
     assert_kept(evaluate(tmp_path, f"checkpoint={ck}/dbn.pt", *DBN_ARGS, f"eval.output={out}"), out,
                 "log Z cache", reason)
+    assert_kept(evaluate(tmp_path, f"checkpoint={ck}/rbm.pt", *RBM_ARGS, f"eval.output={out}"), out,
+                "log Z cache", reason)
     proc = evaluate(tmp_path, f"checkpoint={ck}/rbm.pt", *RBM_ARGS)
     assert proc.returncode == 0 and stdout_line(proc)["estimator"] == "ais", proc.stderr
-    assert [w for w in warning_lines(proc) if "rbm.pt.eval.jsonl" in w and reason in w]
+    cache, record = warning_lines(proc)
+    assert "log Z cache" in cache and reason in cache and "rbm.pt.eval.jsonl" in record and reason in record
     # eval.output named by the user and refused: the estimate is printed, then one error line
-    proc = evaluate(tmp_path, f"checkpoint={ck}/rbm.pt", *RBM_ARGS, f"eval.output={ck}/mine.jsonl")
+    proc = evaluate(tmp_path, f"checkpoint={ck}/rbm.pt", *RBM_ARGS, "estimator.cache=false",
+                    f"eval.output={ck}/mine.jsonl")
     assert stdout_line(proc)["estimator"] == "ais"
     assert_one_error(proc, f"{ck}/mine.jsonl", reason)
+
+
+# ---- an RBM's log Z cache ---------------------------------------------------------------------------------------
+
+
+def test_an_rbm_log_z_is_cached_beside_its_checkpoint(tmp_path):
+    ck = make_checkpoints(tmp_path / "ck")
+    args = [f"checkpoint={ck}/rbm.pt", *RBM_ARGS]
+    first = stdout_line(evaluate(tmp_path, *args))
+    proc = evaluate(tmp_path, *args)
+    second = stdout_line(proc)
+    assert first["log_z_cached"] is False and second["log_z_cached"] is True and warning_lines(proc) == []
+    for k in ("log_z", "log_z_stderr", "log_z_reverse", "log_z_lower_bound", "log_z_reverse_source", "mean_log_p",
+              "certified"):
+        assert second[k] == first[k], k  # the same number, not a recomputation
+    assert first["certified"] is True
+    (entry,) = json.loads((ck / "rbm.pt.log_z.json").read_text())
+    assert entry["key"]["seed"] == 0 and entry["key"]["reverse_sources"] == ["forward", "particles", "data"]
+    other = stdout_line(evaluate(tmp_path, *args, "seed=1"))  # another seed: another key, computed and kept
+    assert other["log_z_cached"] is False and other["log_z"] != first["log_z"]
+    assert sorted(e["key"]["seed"] for e in json.loads((ck / "rbm.pt.log_z.json").read_text())) == [0, 1]
+    assert stdout_line(evaluate(tmp_path, *args, "estimator.cache=false"))["log_z_cached"] is False
 
 
 # ---- three evaluators on one cache --------------------------------------------------------------------------
@@ -209,12 +243,13 @@ FORGERIES = {
 }
 
 
+@pytest.mark.parametrize("name, model_args", [("dbn.pt", DBN_ARGS), ("rbm.pt", RBM_ARGS)], ids=["dbn", "rbm"])
 @pytest.mark.parametrize("forgery", FORGERIES)
-def test_a_forged_log_z_cache_is_never_certified(tmp_path, forgery):
+def test_a_forged_log_z_cache_is_never_certified(tmp_path, forgery, name, model_args):
     ck = make_checkpoints(tmp_path / "ck")
-    args = [f"checkpoint={ck}/dbn.pt", *DBN_ARGS]
+    args = [f"checkpoint={ck}/{name}", *model_args]
     first = stdout_line(evaluate(tmp_path, *args))
-    cache = ck / "dbn.pt.log_z.json"
+    cache = ck / f"{name}.log_z.json"
     assert first["log_z_cached"] is False and first["certified"] is True  # computed, then cached
     cache.write_text(json.dumps(FORGERIES[forgery](json.loads(cache.read_text()))))
     proc = evaluate(tmp_path, *args)
