@@ -71,7 +71,7 @@ def main() -> None:
                      "stderr": round(v.std(ddof=1) / math.sqrt(len(v)), 3) if len(v) > 1 else None,
                      "us_per_chain_temperature": round(1e6 * seconds[side] / (a.runs * a.chains * a.betas), 2)}
     out["ours"]["certified"] = [c.certified for c in certificates]
-    out["ours"]["log_z_band"] = [list(map(lambda x: None if x is None else round(x, 3), c.band)) for c in certificates]
+    out["ours"]["log_z_band"] = [list(map(lambda x: None if x is None else round(x, 3), c.band())) for c in certificates]
     out["difference_ours_minus_rbms"] = round(out["ours"]["mean"] - out["rbms"]["mean"], 3)
     print(json.dumps(out, indent=1))
 
