@@ -50,6 +50,7 @@ def test_none_is_the_function_itself_and_bad_modes_fail_in_one_line():
         BlockGibbs(small_rbm(), accel="turbo")
 
 
+@pytest.mark.slow
 @torch.no_grad()
 def test_compiled_gibbs_and_tempered_transitions_draw_the_eager_samples():
     rbm = small_rbm()

@@ -38,6 +38,7 @@ def assert_one_line_error(proc: subprocess.CompletedProcess, *fragments: str) ->
         assert fragment in err, err
 
 
+@pytest.mark.slow
 def test_train_then_evaluate_on_synthetic(tmp_path):
     run_dir = tmp_path / "run"
     train = run_process("train.py", *SYNTHETIC, "trainer.max_steps=60", f"hydra.run.dir={run_dir}",

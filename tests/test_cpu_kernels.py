@@ -69,6 +69,7 @@ def python(code: str, kernel_set: str | None = None, **extra: str) -> subprocess
     return subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not AVX512, reason="the choice only changes anything on a CPU with AVX-512")
 def test_the_entry_points_choose_avx2_kernels_importing_nvil_does_not():
     probe = "import torch; print(torch.ones(2).exp().sum().item(), torch.backends.cpu.get_cpu_capability())"

@@ -66,6 +66,7 @@ def assert_one_line_error(proc, *fragments):
         assert fragment in errors[0], errors[0]
 
 
+@pytest.mark.slow
 def test_ranks_agree_on_statistics_parameters_and_chains(tmp_path):
     ok(torchrun("tests/ddp_worker.py", str(tmp_path / "ok")))
     assert (tmp_path / "ok").read_text() == "ok"
@@ -123,6 +124,7 @@ def exact_ml_runs(tmp_path_factory):
     return root, two
 
 
+@pytest.mark.slow
 def test_two_ranks_reproduce_one_process_with_the_same_total_batch(exact_ml_runs):
     root, two = exact_ml_runs
     one = load_checkpoint(root / "one" / "checkpoints" / "last.pt")
@@ -140,6 +142,7 @@ def test_two_ranks_reproduce_one_process_with_the_same_total_batch(exact_ml_runs
     assert sorted(p.name for p in (root / "two" / "checkpoints").iterdir()) == ["best.pt", "last.pt"]
 
 
+@pytest.mark.slow
 def test_sharded_evaluation_equals_the_unsharded_one(exact_ml_runs):
     root, _ = exact_ml_runs
     ckpt = root / "one" / "checkpoints" / "last.pt"
@@ -164,6 +167,7 @@ def test_sharded_importance_sampled_bound_equals_the_unsharded_one(tmp_path):
     assert two["mean_log_p"] == one["mean_log_p"] and two["stderr"] == one["stderr"]
 
 
+@pytest.mark.slow
 def test_ranks_share_one_default_run_directory(tmp_path):
     """Without hydra.run.dir each rank would stamp its own time into outputs/<date>/<time>: rank 0's is used."""
     ok(torchrun("train.py", *SYNTHETIC, *QUIET, "trainer.max_steps=10", cwd=tmp_path))
@@ -172,6 +176,7 @@ def test_ranks_share_one_default_run_directory(tmp_path):
     assert (runs[0] / ".hydra").is_dir()  # written by rank 0 alone
 
 
+@pytest.mark.slow
 def test_manual_shards_under_torchrun_are_refused(exact_ml_runs):
     root, _ = exact_ml_runs
     proc = torchrun("evaluate.py", f"checkpoint={root / 'one' / 'checkpoints' / 'last.pt'}", "estimator=exact",
@@ -179,12 +184,14 @@ def test_manual_shards_under_torchrun_are_refused(exact_ml_runs):
     assert_one_line_error(proc, "eval.shard / eval.num_shards", "leave them unset")
 
 
+@pytest.mark.slow
 def test_resuming_with_another_number_of_processes_is_refused(exact_ml_runs):
     root, _ = exact_ml_runs
     proc = single("train.py", *RBM, f"hydra.run.dir={root / 'two'}", "trainer.resume=true", "trainer.max_steps=60")
     assert_one_line_error(proc, "written by 2 process(es)", "--nproc_per_node=2")
 
 
+@pytest.mark.slow
 def test_learner_without_data_parallelism_is_refused(tmp_path):
     proc = torchrun("train.py", *BASE, "model=dbn", "model.layers=[6,4]", "learner=greedy",
                     f"hydra.run.dir={tmp_path}")

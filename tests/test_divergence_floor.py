@@ -54,6 +54,7 @@ GAUSSIAN = [a for a in SYNTHETIC if not a.startswith(("data=", "model.layers"))]
     "trainer.max_steps=20"]
 
 
+@pytest.mark.slow
 def test_a_gaussian_net_on_real_valued_data_stays_above_the_floor(tmp_path, monkeypatch):
     """At default settings its first validation (about -386 nats) is far above the floor, -1,772: 10 nats per dimension
     below the standard normal's -772 on these sequences (worse than the fitted Gaussian's -239: their means reach

@@ -83,6 +83,7 @@ def sigterm_torchrun(run_dir: Path, steps: int) -> int:
     return step
 
 
+@pytest.mark.slow
 def test_sigterm_to_torchrun_saves_the_agreed_step(tmp_path):
     sigterm_torchrun(tmp_path / "run", 200000)
 

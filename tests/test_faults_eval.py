@@ -209,6 +209,7 @@ def test_an_rbm_log_z_is_cached_beside_its_checkpoint(tmp_path):
 # ---- three evaluators on one cache --------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_racing_evaluators_keep_every_log_z_entry(tmp_path, key_file):
     ck = make_checkpoints(tmp_path / "ck")
     env = {**os.environ, "HYDRA_FULL_ERROR": "0"}
@@ -310,6 +311,7 @@ def test_a_merge_input_that_is_not_json_lines_is_one_error_line(tmp_path):
 # ---- an estimate beyond memory ------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_an_estimate_beyond_memory_is_one_error_line(tmp_path):
     ck = make_checkpoints(tmp_path / "ck")
     assert_one_error(evaluate(tmp_path, f"checkpoint={ck}/rbm.pt", *RBM_ARGS, "estimator.num_chains=1e9"),

@@ -94,6 +94,7 @@ def test_a_signal_saves_the_step_and_the_resume_is_bit_identical(tmp_path, signu
     assert all(torch.equal(after[k], uninterrupted[k]) for k in uninterrupted)
 
 
+@pytest.mark.slow
 def test_a_second_writer_and_a_live_resume_are_refused_with_the_holders_pid(tmp_path):
     run_dir = tmp_path / "run"
     first = start(run_dir, "seed=0", steps=100000)

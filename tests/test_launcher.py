@@ -29,6 +29,7 @@ def sweep(*args: str) -> subprocess.CompletedProcess:
     return proc
 
 
+@pytest.mark.slow
 def test_submitit_sweep_runs_one_job_per_seed(tmp_path):
     sweep("seed=0,1", *TINY, f"hydra.sweep.dir={tmp_path}")
     runs = [load_checkpoint(tmp_path / str(i) / "checkpoints" / "last.pt") for i in (0, 1)]

@@ -524,7 +524,11 @@ def pt_chi_squares(m, cls, n=PT_CHAINS, seed=2, steps=PT_STEPS):
     return out, rates
 
 
-@pytest.mark.parametrize("name", list(TT_MODELS))
+# The semi-RBM with labels, the slower of the two, runs with -m slow.
+PT_CASES = [pytest.param(n, marks=pytest.mark.slow) if n == "srbm_labels" else n for n in TT_MODELS]
+
+
+@pytest.mark.parametrize("name", PT_CASES)
 def test_parallel_tempering_leaves_every_replica_invariant(name):
     m = TT_MODELS[name]()
     results, rates = pt_chi_squares(m, ParallelTempering)
@@ -537,7 +541,7 @@ def test_parallel_tempering_leaves_every_replica_invariant(name):
     assert all(0.05 < r < 1 for step in rates for r in step.tolist() if not math.isnan(r))
 
 
-@pytest.mark.parametrize("name", list(TT_MODELS))
+@pytest.mark.parametrize("name", PT_CASES)
 def test_parallel_tempering_check_has_power(name):
     """Swaps accepted with the wrong sign fail the same check, at the target replica itself."""
     m = TT_MODELS[name]()

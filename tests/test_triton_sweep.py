@@ -25,7 +25,9 @@ from nvil.backend.native import triton_sweep
 from test_sequential_fast import (DT, ReferenceSweep, density, pixel_case, reference_pixel_sweep, start, sweep_case,
                                   wide_density)
 
-pytestmark = pytest.mark.skipif(not triton_sweep.available(), reason="needs Triton")
+# Triton's interpreter on CPU tensors takes most of a minute to build the kernels: with -m slow (and on CUDA machines
+# tests/test_cuda.py checks the compiled kernel).
+pytestmark = [pytest.mark.skipif(not triton_sweep.available(), reason="needs Triton"), pytest.mark.slow]
 MAX_COLUMNS = triton_sweep.MAX_COLUMNS
 
 

@@ -66,6 +66,7 @@ print(json.dumps({"steps": run.metrics["step"], "mean_log_p": result.mean_log_p,
 """
 
 
+@pytest.mark.slow
 def test_the_wheel_trains_and_evaluates_from_python(venv, tmp_path):
     out = run([venv / "bin" / "python", "-c", API, *TINY], cwd=tmp_path)
     line = json.loads(out.stdout.strip().splitlines()[-1])
@@ -74,6 +75,7 @@ def test_the_wheel_trains_and_evaluates_from_python(venv, tmp_path):
     assert (tmp_path / "api_run" / "checkpoints" / "last.pt").exists()
 
 
+@pytest.mark.slow
 def test_the_console_scripts_run_from_any_directory(venv, tmp_path):
     run([venv / "bin" / "nvil-train", *TINY, "hydra.run.dir=cli_run"], cwd=tmp_path)
     last = tmp_path / "cli_run" / "checkpoints" / "last.pt"
