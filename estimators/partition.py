@@ -75,7 +75,7 @@ class AIS(Estimator):
     def __init__(self, *, num_chains: int = 100, schedule: str = "adaptive", num_betas: int = 14500,
                  pilot_fraction: float = 0.05, base_smoothing: float = 0.05, certify: bool = True,
                  reverse_fraction: float = 0.5,
-                 reverse_sources: list[str] = ["forward", "particles", "data"],  # noqa: B006  (the yaml's list)
+                 reverse_sources: list[str] = ["forward", "particles"],  # noqa: B006  (the yaml's list)
                  reverse_burn_in: int | None = None, max_gap: float = 1.0, min_ess_fraction: float = 0.1,
                  num_climb: int = 256, num_data_probes: int = 1000, batch_size: int = 1000, accel: str = "auto",
                  cache: bool = True) -> None:

@@ -199,7 +199,7 @@ def test_an_rbm_log_z_is_cached_beside_its_checkpoint(tmp_path):
         assert second[k] == first[k], k  # the same number, not a recomputation
     assert first["certified"] is True
     (entry,) = json.loads((ck / "rbm.pt.log_z.json").read_text())
-    assert entry["key"]["seed"] == 0 and entry["key"]["reverse_sources"] == ["forward", "particles", "data"]
+    assert entry["key"]["seed"] == 0 and entry["key"]["reverse_sources"] == ["forward", "particles"]
     other = stdout_line(evaluate(tmp_path, *args, "seed=1"))  # another seed: another key, computed and kept
     assert other["log_z_cached"] is False and other["log_z"] != first["log_z"]
     assert sorted(e["key"]["seed"] for e in json.loads((ck / "rbm.pt.log_z.json").read_text())) == [0, 1]
