@@ -35,6 +35,7 @@ from nvil.backend.accel import accelerate, check_mode, compiled
 from nvil.core.config import positive_float, positive_int
 from nvil.core.errors import ConfigError
 from nvil.estimators.annealing import ais
+from nvil.estimators.annealing import pilot_step_sizes as pilot_steps
 from nvil.estimators.annealing import schedule as schedule_betas
 from nvil.estimators.base import NO_PROGRESS, BatchProgress
 from nvil.estimators.per_example import PerExample
@@ -129,20 +130,6 @@ class PriorPosteriorPath:
                           torch.zeros(n, device=dev))
 
 
-class StepTape:
-    """A path whose moves record the step size each chain used at each beta (the pilot run)."""
-
-    def __init__(self, path: PriorPosteriorPath) -> None:
-        self.path, self.tape = path, {}
-
-    def log_f(self, state: PathState, beta: float) -> torch.Tensor:
-        return self.path.log_f(state, beta)
-
-    def transition(self, state: PathState, beta: float, generator=None) -> PathState:
-        self.tape[beta] = state.step_size
-        return self.path.transition(state, beta, generator)
-
-
 def pilot_step_sizes(lm: ContinuousLatent, x: torch.Tensor, betas: torch.Tensor, *, chains: int, pilot_chains: int,
                      step_size: float, num_leapfrog: int, target_accept: float, generator=None, accel: str = "none",
                      max_step_size: float | None = MAX_STEP_SIZE, on_step=None) -> dict:
@@ -153,10 +140,8 @@ def pilot_step_sizes(lm: ContinuousLatent, x: torch.Tensor, betas: torch.Tensor,
     if x.shape[0] % chains:
         raise ValueError(f"{x.shape[0]} rows are not whole examples of {chains} chains each")
     xp = x[::chains].repeat_interleave(pilot_chains, 0)
-    pilot = StepTape(PriorPosteriorPath(lm, xp, num_leapfrog, target_accept, True, accel, max_step_size))
-    ais(pilot, pilot.path.start(generator, step_size), betas, generator, on_step=on_step)
-    return {beta: step.log().view(-1, pilot_chains).mean(1).exp().repeat_interleave(chains, 0)
-            for beta, step in pilot.tape.items()}
+    path = PriorPosteriorPath(lm, xp, num_leapfrog, target_accept, True, accel, max_step_size)
+    return pilot_steps(path, path.start(generator, step_size), betas, pilot_chains, chains, generator, on_step)
 
 
 def fixed_kernel_path(lm: ContinuousLatent, x: torch.Tensor, betas: torch.Tensor, *, chains: int = 1,

@@ -103,6 +103,40 @@ def ais(path, state, betas: torch.Tensor, generator=None, progress: bool = False
     return log_w, state
 
 
+# ---- step sizes fixed in advance by a pilot run ----------------------------------------------------------------
+
+
+class StepTape:
+    """A path whose moves record the step size each chain used at each beta (``state.step_size``): the pilot run
+    of ``pilot_step_sizes``."""
+
+    def __init__(self, path) -> None:
+        self.path, self.tape = path, {}
+        ratio = getattr(path, "log_ratio", None)
+        if ratio is not None:
+            self.log_ratio = ratio
+
+    def log_f(self, state, beta: float) -> torch.Tensor:
+        return self.path.log_f(state, beta)
+
+    def transition(self, state, beta: float, generator=None):
+        self.tape[beta] = state.step_size
+        return self.path.transition(state, beta, generator)
+
+
+@torch.no_grad()
+def pilot_step_sizes(path, start, betas: torch.Tensor, pilot_chains: int, chains: int, generator=None,
+                     on_step=None) -> dict:
+    """beta -> step sizes for ``chains`` chains per example (example-major): a pilot AIS run along ``path`` from
+    ``start``, ``pilot_chains`` chains per example, each adapting its own step size after every move (the path's
+    transition does); per example and beta the geometric mean over its pilot chains, repeated for its ``chains``
+    chains. The pilot's chains are thrown away, so the kernels the main run uses are chosen independently of it."""
+    pilot = StepTape(path)
+    ais(pilot, start, betas, generator, on_step=on_step)
+    return {beta: step.log().view(-1, pilot_chains).mean(1).exp().repeat_interleave(chains, 0)
+            for beta, step in pilot.tape.items()}
+
+
 # ---- the adaptive ladder ----------------------------------------------------------------------------------
 
 

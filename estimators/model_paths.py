@@ -29,7 +29,7 @@ from typing import NamedTuple
 import torch
 
 from nvil.core.errors import ConfigError
-from nvil.estimators.annealing import ais
+from nvil.estimators.annealing import pilot_step_sizes
 from nvil.mcmc.adapt import multiplicative_adapt
 from nvil.mcmc.hmc import HMC
 
@@ -134,31 +134,13 @@ class ModelPath:
         return state._replace(accept_sum=accept + (state.accept_sum - accept) / self.num_moves)
 
 
-class StepRecorder:
-    """A path whose moves record the step size each chain used at each beta (the pilot run of ``pilot_steps``)."""
-
-    def __init__(self, path: ModelPath) -> None:
-        self.path, self.tape = path, {}
-
-    def log_f(self, state, beta):
-        return self.path.log_f(state, beta)
-
-    def log_ratio(self, state, beta_prev, beta):
-        return self.path.log_ratio(state, beta_prev, beta)
-
-    def transition(self, state, beta, generator=None):
-        self.tape[beta] = state.step_size
-        return self.path.transition(state, beta, generator)
-
-
 def pilot_steps(model, x, base_kind: str, betas: torch.Tensor, pilot_chains: int, step_size: float, chains: int,
                 generator, **settings) -> dict:
     """beta -> [examples x ``chains``] step sizes for the rows of ``x`` (one per example): a pilot AIS run of
     ``pilot_chains`` chains per example adapting its own step sizes, each example's geometric mean over its pilot
     chains at each beta, repeated for its ``chains`` chains (example-major). Its chains are then thrown away."""
     xp = x.repeat_interleave(pilot_chains, 0)
-    path = StepRecorder(ModelPath(model, xp, model.base(base_kind, xp), adapt=True, **settings))
-    z = path.path.base.sample(1, generator)[0]
-    ais(path, path.path.state(z, torch.full((z.shape[0],), float(step_size), device=z.device)), betas, generator)
-    return {beta: step.log().view(-1, pilot_chains).mean(1).exp().repeat_interleave(chains, 0)
-            for beta, step in path.tape.items()}
+    path = ModelPath(model, xp, model.base(base_kind, xp), adapt=True, **settings)
+    z = path.base.sample(1, generator)[0]
+    start = path.state(z, torch.full((z.shape[0],), float(step_size), device=z.device))
+    return pilot_step_sizes(path, start, betas, pilot_chains, chains, generator)

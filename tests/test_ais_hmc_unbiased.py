@@ -25,9 +25,9 @@ import torch
 
 from nvil.core.ops import mean_and_stderr
 from nvil.estimators import ais_hmc, reverse_ais
-from nvil.estimators.ais_hmc import (MAX_STEP_SIZE, AISHMC, ContinuousLatent, PriorPosteriorPath, StepTape,
+from nvil.estimators.ais_hmc import (MAX_STEP_SIZE, AISHMC, ContinuousLatent, PriorPosteriorPath,
                                      fixed_kernel_path, pilot_step_sizes)
-from nvil.estimators.annealing import ais, schedule
+from nvil.estimators.annealing import StepTape, ais, schedule
 from nvil.estimators.reverse_ais import BDMC
 from test_gaussian import exact_log_p, linear_net
 
