@@ -26,8 +26,7 @@ choose_kernels()  # as the entry points do, before torch's first operation
 
 from nvil.estimators.ais import base_rate  # noqa: E402
 from nvil.estimators.certify import certified_log_z, certify_settings, stored_particles  # noqa: E402
-from nvil.estimators.log_z import propagate_up  # noqa: E402
-from nvil.models.dbn import DBN  # noqa: E402
+from nvil.estimators.log_z import has_top_log_z  # noqa: E402
 from nvil.data import build_model_data  # noqa: E402
 from nvil.app.evaluation import load_model  # noqa: E402
 
@@ -47,11 +46,11 @@ def main() -> None:
     model, _, payload = load_model(Path(args.checkpoint), device)
     data = build_model_data(OmegaConf.create(payload["config"]["data"]), device,
                             labels=bool(payload["config"]["model"].get("labels", False)))
-    rbm, rows = (model.top, propagate_up(model, data.split("train"))) if isinstance(model, DBN) else \
+    rbm, rows = (model.top, model.top_data(data.split("train"))) if has_top_log_z(model) else \
         (model, data.split("train"))
     particles = stored_particles(payload, rbm.n_visible)
     base = base_rate(rbm, rows)
-    print(f"{'DBN top RBM' if isinstance(model, DBN) else 'RBM'} {rbm.n_visible}-{rbm.n_hidden}, {args.chains} chains, "
+    print(f"{type(model).__name__ + ' top machine' if has_top_log_z(model) else 'RBM'} {rbm.n_visible}-{rbm.n_hidden}, {args.chains} chains, "
           f"{args.betas} betas, reverse chains from "
           f"{'stored particles' if particles is not None else 'a Gibbs run from training rows'}, "
           f"{args.threads} threads, {time.strftime('%Y-%m-%d')}", flush=True)

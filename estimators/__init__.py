@@ -20,6 +20,7 @@ from nvil.estimators.base import Result
 from nvil.estimators.bounds import ELBO, IWAE, SampledBound
 from nvil.estimators.chib import Chib, ChibMH
 from nvil.estimators.classify import Classify
+from nvil.estimators.dbm_bound import DBMBound
 from nvil.estimators.dbn_bound import DBNBound
 from nvil.estimators.exact import Exact
 from nvil.estimators.harmonic import Harmonic
@@ -38,7 +39,7 @@ from nvil.estimators.settings import AISSettings, CertifySettings, LogZSettings
 
 ESTIMATORS = {"iwae": IWAE, "elbo": ELBO, "exact": Exact, "classify": Classify, "ais": AIS,
               "raise": RAISE, "ais_posterior": AISPosterior, "chib": Chib, "harmonic": Harmonic,
-              "dbn_bound": DBNBound, "ais_hmc": AISHMC, "chib_mh": ChibMH,
+              "dbn_bound": DBNBound, "dbm_bound": DBMBound, "ais_hmc": AISHMC, "chib_mh": ChibMH,
               "bdmc": BDMC}
 
 # Keys of an estimator config that are not the estimator's: its name, Hydra's defaults list (a file loaded without
@@ -81,6 +82,6 @@ def build_estimator(cfg):
 
 
 __all__ = ["AIS", "AISHMC", "AISPosterior", "AISSettings", "BDMC", "CertifySettings", "Chib", "ChibMH", "Classify",
-           "DBNBound", "ELBO", "ESTIMATORS", "Exact", "Harmonic", "IWAE", "LogZSettings", "MODEL_ESTIMATORS", "ModelAIS",
-           "ModelBDMC", "ModelExact", "ModelIWAE", "RAISE", "Result", "SampledBound", "build_estimator",
+           "DBMBound", "DBNBound", "ELBO", "ESTIMATORS", "Exact", "Harmonic", "IWAE", "LogZSettings", "MODEL_ESTIMATORS",
+           "ModelAIS", "ModelBDMC", "ModelExact", "ModelIWAE", "RAISE", "Result", "SampledBound", "build_estimator",
            "estimator_settings", "evaluate_model"]

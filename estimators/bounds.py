@@ -33,7 +33,7 @@ from nvil.estimators.base import (
     shows_progress,
 )
 from nvil.estimators.certify import stored_particles
-from nvil.estimators.log_z import apply_log_z, top_log_z
+from nvil.estimators.log_z import apply_log_z, has_top_log_z, top_log_z
 from nvil.estimators.per_example import BOLTZMANN_ESTIMATORS
 from nvil.estimators.settings import LOG_Z, LogZSettings
 
@@ -123,12 +123,12 @@ class SampledBound(Estimator):
             raise ConfigError(f"estimator={self.name} draws h from an inference network q(h | v), which a Boltzmann "
                               "machine does not have (its hidden units are summed exactly in its free energy); for "
                               f"model=rbm or srbm use estimator={BOLTZMANN_ESTIMATORS}")
-        if inference is None and model.family != "dbn" and not model.family == "continuous":
-            raise ConfigError(f"estimator={self.name} needs a model with an inference network (sbn, fdarn), a DBN "
-                              "or a Gaussian net (gbn, dbn_dynamic: the prior is the proposal)")
+        if inference is None and not has_top_log_z(model) and not model.family == "continuous":
+            raise ConfigError(f"estimator={self.name} needs a model with an inference network (sbn, fdarn), a DBN, "
+                              "a DBM or a Gaussian net (gbn, dbn_dynamic: the prior is the proposal)")
 
     def dataset_inputs(self, model, data, split, rows, checkpoint=None, payload=None, **_) -> dict:
-        if model.family != "dbn":
+        if not has_top_log_z(model):
             return {}
         return {"train": data.split("train"), "checkpoint": checkpoint,
                 "log_z_particles": stored_particles(payload, model.top.n_visible)}
@@ -143,14 +143,14 @@ class SampledBound(Estimator):
         self.check(model, inference)
         check_rows(model, data)
         generator = default_generator(generator, seed, model, data)
-        if model.family == "dbn" and train is None:
-            raise ConfigError(f"estimator={self.name} on a DBN needs train= (the training rows): the top RBM's log Z "
+        if has_top_log_z(model) and train is None:
+            raise ConfigError(f"estimator={self.name} on a {type(model).__name__} needs train= (the training rows): its log Z "
                               "starts from base rates of the training data passed up the net")
         t0 = time.perf_counter()
         log_z, log_z_se, extras, certificate = 0.0, 0.0, {}, None
         if model.family == "continuous":  # the weak baseline: the prior as the proposal
             inference, extras = model.prior_proposal(), {"proposal": "prior"}
-        if model.family == "dbn":
+        if has_top_log_z(model):
             inference = model.recognition()
             certificate = top_log_z(model, train, self.log_z_settings, checkpoint, shows_progress(progress),
                                     log_z_particles, phase=phase_namer(progress, self.name))

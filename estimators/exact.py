@@ -20,6 +20,7 @@ from nvil.core.errors import ConfigError
 from nvil.core.ops import StreamingLogMeanExp, enumerate_states
 from nvil.data import take_rows
 from nvil.estimators.base import Estimator, Result, check_rows, check_seed, chunks
+from nvil.estimators.log_z import has_top_log_z
 
 MAX_LATENT = 20
 
@@ -101,7 +102,7 @@ class Exact(Estimator):
             model.check_exact(self.max_latent)
         else:
             check_enumerable(model, self.max_latent)
-            if model.family == "dbn":
+            if has_top_log_z(model):
                 check_top_enumerable(model.top, self.max_latent)
 
     def estimate(self, model, data, *, inference=None, seed: int = 0, generator=None, progress=None) -> Result:
@@ -118,7 +119,7 @@ class Exact(Estimator):
             log_p = exact_log_marginal(model, data, batch_size=self.batch_size, max_latent=self.max_latent,
                                        progress=progress)
             extras = {}
-            if model.family == "dbn":  # log P(v) = log sum_h P*(v, h) - log Z_top (Eq. 16)
+            if has_top_log_z(model):  # log P(v) = log sum_h P*(v, h) - log Z_top (Eq. 16)
                 log_z = top_log_z_exact(model.top, self.max_latent)
                 log_p = log_p - log_z.to(log_p)
                 extras = {"log_z": round(log_z.item(), 4), "log_z_is": "exact"}

@@ -36,6 +36,12 @@ class Harmonic(PerExample):
             raise ConfigError(f"estimator.burn_in must be a non-negative integer, got {burn_in!r}")
         self.burn_in = burn_in
 
+    def check(self, model, inference) -> None:
+        if getattr(model, "family", None) == "dbm":
+            raise ConfigError("estimator=harmonic needs p(v | h) in closed form, which a DBM's latent layers do not give "
+                              "(h_1 couples v and h_2); use estimator=chib or ais_posterior")
+        super().check(model, inference)
+
     def settings(self) -> dict:
         out = {"num_samples": self.num_samples, "burn_in": self.burn_in}
         if self.num_runs > 1:  # replaces the JSON line's note for estimators whose runs estimate p(v) unbiasedly

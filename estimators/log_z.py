@@ -25,7 +25,6 @@ from pathlib import Path
 import torch
 
 from nvil.backend.accel import check_mode
-from nvil.core.ops import chunks
 from nvil.estimators.ais_rbm import base_rate
 from nvil.estimators.certify import (SOURCES, CertifiedLogZ, certified_log_z, check_sources, choose_reverse,
                                      log_p_extras, reference_bound, run_checks)
@@ -53,17 +52,13 @@ def nvil_version() -> str:
         return "unknown"
 
 
-@torch.no_grad()
-def propagate_up(dbn, train: torch.Tensor, batch_size: int = 5000) -> torch.Tensor:
-    """p(h_{L-1} = 1 | ...) of the training data through the RBMs below the top (the top RBM's data)."""
-    out = []
-    for s0, s1 in chunks(train.shape[0], batch_size):
-        x = train[s0:s1]
-        x = x.to_dense() if x.is_sparse else x
-        for rbm in dbn.rbms[:-1]:
-            x = rbm.h_given_x(x)
-        out.append(x)
-    return torch.cat(out)
+TOP_LOG_Z_FAMILIES = ("dbn", "dbm")
+
+
+def has_top_log_z(model) -> bool:
+    """Whether log p(v) = log p*(v) - log Z needs the log Z of the Boltzmann machine ``model.top``: a DBN's top RBM,
+    a DBM's bipartite form (even layers | odd layers); ``model.top_data(train)`` gives its data rows."""
+    return getattr(model, "family", None) in TOP_LOG_Z_FAMILIES
 
 
 def cache_path(checkpoint) -> Path | None:
@@ -93,7 +88,7 @@ def _top_log_z(dbn, train, log_z: LogZSettings, checkpoint, progress, particles,
     settings, cert, seed = log_z.ais, log_z.cert, log_z.seed
     key = log_z_key(dbn.top, dbn, settings, cert, seed)
     phase("log Z (training data up to the top RBM)")
-    top_data = propagate_up(dbn, train)
+    top_data = dbn.top_data(train)
 
     def compute() -> CertifiedLogZ:
         device = dbn.top.W.device

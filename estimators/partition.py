@@ -31,7 +31,9 @@ from nvil.core.config import positive_int
 from nvil.core.errors import ConfigError
 from nvil.estimators.ais_rbm import base_rate, check_boltzmann, free_energy_log_p
 from nvil.estimators.annealing import LogZ
-from nvil.estimators.base import Estimator, Result, check_rows, default_generator, phase_namer, shows_progress
+from nvil.data import take_rows
+from nvil.estimators.base import (Estimator, Result, check_rows, chunks, default_generator, phase_namer,
+                                   shows_progress)
 from nvil.estimators.certify import (CertifiedLogZ, certified_log_z, check_sources, log_p_extras,
                                      stored_particles)
 from nvil.estimators.log_z import cached_log_z, log_z_key
@@ -90,10 +92,12 @@ class AIS(Estimator):
         self.accel = check_mode(accel, what="estimator.accel")
 
     def check(self, model, inference) -> None:
-        check_boltzmann(model, self.name)
+        if getattr(model, "family", None) != "dbm":
+            check_boltzmann(model, self.name)
 
     def dataset_inputs(self, model, data, split, rows, checkpoint=None, payload=None, **_) -> dict:
-        return {"train": data.split("train"), "particles": stored_particles(payload, model.n_visible),
+        machine = model.top if model.family == "dbm" else model
+        return {"train": data.split("train"), "particles": stored_particles(payload, machine.n_visible),
                 "checkpoint": checkpoint}
 
     def certified_log_z(self, model, train, rows, generator, progress, particles=None, phase=None) -> CertifiedLogZ:
@@ -104,14 +108,15 @@ class AIS(Estimator):
                                progress=progress, accel=self.accel, phase=phase, sources=self.reverse_sources)
 
     def log_z(self, model, train, rows, seed: int, generator, progress, particles=None, phase=None,
-              checkpoint=None, rows_split: str = "train") -> tuple[CertifiedLogZ, bool]:
+              checkpoint=None, rows_split: str = "train", owner=None) -> tuple[CertifiedLogZ, bool]:
         """(the certified log Z, whether it came from the cache beside ``checkpoint``). With a checkpoint (and
         ``cache``) the runs draw from a generator seeded by ``seed`` on the model's device, the seed being part of
         the cache key with the settings, the reverse sources, ``rows_split`` (the split of ``rows``) and the
-        parameters' digest; a cached entry is re-checked (``nvil.estimators.log_z.cached_log_z``)."""
+        parameters' digest (``owner``'s too: the DBM whose bipartite form ``model`` is); a cached entry is re-checked
+        (``nvil.estimators.log_z.cached_log_z``)."""
         if checkpoint is None or not self.cache:
             return self.certified_log_z(model, train, rows, generator, progress, particles, phase), False
-        key = log_z_key(model, model, self.settings, self.cert, seed, self.reverse_sources, reverse_rows=rows_split)
+        key = log_z_key(model, owner or model, self.settings, self.cert, seed, self.reverse_sources, reverse_rows=rows_split)
         fresh = torch.Generator(device=model.W.device).manual_seed(seed)
         return cached_log_z(checkpoint, key, model, rows, self.cert,
                             lambda: self.certified_log_z(model, train, rows, fresh, progress, particles, phase), phase)
@@ -148,16 +153,25 @@ class AIS(Estimator):
             check_rows(model, init, "init")
         t0 = time.perf_counter()
         phase = phase_namer(progress, self.name)
-        c, cached = self.log_z(model, train, train if init is None else init, seed, generator,
-                               shows_progress(progress), particles, phase, checkpoint, self.rows_split(init))
+        machine, owner = (model.top, model) if model.family == "dbm" else (model, None)
+        if owner is not None:  # a DBM: log Z of its bipartite form, from data rows [v, mean-field even layers]
+            train, init = owner.top_data(train), None if init is None else owner.top_data(init)
+        c, cached = self.log_z(machine, train, train if init is None else init, seed, generator,
+                               shows_progress(progress), particles, phase, checkpoint, self.rows_split(init), owner)
         phase(None)
         if shows_progress(progress) and hasattr(progress, "reset"):
             progress.reset()  # the bar counts examples: -F(v) - log Z per batch, after the log Z phase
         side = self.side(c)
-        log_p = free_energy_log_p(model, data, side.log_z, self.batch_size, progress)
+        if owner is None:
+            log_p = free_energy_log_p(model, data, side.log_z, self.batch_size, progress)
+        else:
+            log_p = mean_field_log_p(owner, data, side.log_z, self.batch_size, progress)
         result = Result(self.name, log_p, time.perf_counter() - t0, seed,
                         {**c.extras(), "num_betas": c.forward.num_betas, "schedule": self.settings.schedule},
                         shared_stderr=side.stderr)
+        if owner is not None:
+            result.extras["log_p_is"] = ("the mean-field lower bound per example, -E(v, mu) + H(mu) - log Z (the "
+                                         "paper's number); estimator=chib or ais_posterior estimate log p(v) itself")
         if checkpoint is not None:
             result.extras["log_z_cached"] = cached
         if base_rows == "data":
@@ -165,6 +179,18 @@ class AIS(Estimator):
         result.extras.update(log_p_extras(result.mean, c, side.log_z))
         result.carry(c)
         return result
+
+
+@torch.no_grad()
+def mean_field_log_p(dbm, data, log_z: float, batch_size: int, progress=None) -> torch.Tensor:
+    """The mean-field bound on log p(v) of a DBM for every row (``DBM.variational_bound`` - log Z)."""
+    out = []
+    for s0, s1 in chunks(data.shape[0], batch_size):
+        x = take_rows(data, s0, s1)
+        out.append((dbm.variational_bound(x) - log_z).double().cpu())
+        if progress is not None:
+            progress.update(s1 - s0)
+    return torch.cat(out)
 
 
 class RAISE(AIS):

@@ -42,7 +42,7 @@ from nvil.estimators.base import (
 )
 from nvil.estimators.certify import stored_particles
 from nvil.estimators.exact import split_layers
-from nvil.estimators.log_z import apply_log_z, top_log_z
+from nvil.estimators.log_z import apply_log_z, has_top_log_z, top_log_z
 from nvil.estimators.settings import LOG_Z, LogZSettings
 from nvil.models.binary_density import require_bernoulli_visibles
 
@@ -51,7 +51,8 @@ CONTINUOUS_ESTIMATORS = "ais_hmc, chib_mh or iwae"
 
 
 class LatentModel:
-    """Binary latent units h of an SBN, fDARN or DBN, for estimators that sum over them."""
+    """Binary latent units h of an SBN, fDARN, DBN or DBM (its even hidden layers, the odd ones summed out), for
+    estimators that sum over them."""
 
     def __init__(self, model, inference, estimator: str) -> None:
         if model.family == "continuous":
@@ -61,11 +62,11 @@ class LatentModel:
             raise ConfigError(f"estimator={estimator} sums over one test case's latent units, and an RBM's hidden "
                               f"units are summed exactly; for model=rbm or srbm use estimator={BOLTZMANN_ESTIMATORS}")
         self.model = model
-        self.needs_log_z = model.family == "dbn"
+        self.needs_log_z = has_top_log_z(model)
         self.q = model.recognition() if self.needs_log_z else inference
         if self.q is None:
             raise ConfigError(f"estimator={estimator} needs an approximate posterior Q(h | v): a model with an "
-                              "inference network (sbn, fdarn) or a DBN")
+                              "inference network (sbn, fdarn), a DBN or a DBM")
         require_bernoulli_visibles(model)
 
     def joint(self, x: torch.Tensor):
@@ -113,7 +114,7 @@ class PerExample(Estimator):
         self.latent_model(model, inference)
 
     def dataset_inputs(self, model, data, split, rows, checkpoint=None, payload=None, **_) -> dict:
-        if not (model.family == "dbn" and self.uses_log_z):
+        if not (has_top_log_z(model) and self.uses_log_z):
             return {}
         return {"train": data.split("train"), "checkpoint": checkpoint,
                 "log_z_particles": stored_particles(payload, model.top.n_visible)}
@@ -124,9 +125,9 @@ class PerExample(Estimator):
         if not (lm.needs_log_z and self.uses_log_z):
             return None
         if self.log_z_settings is None:
-            raise ConfigError(f"estimator={self.name} on a DBN needs an estimator.log_z block (configs/log_z/ais.yaml)")
+            raise ConfigError(f"estimator={self.name} on a {type(lm.model).__name__} needs an estimator.log_z block (configs/log_z/ais.yaml)")
         if train is None:
-            raise ConfigError(f"estimator={self.name} on a DBN needs train= (the training rows): the top RBM's log Z "
+            raise ConfigError(f"estimator={self.name} on a {type(lm.model).__name__} needs train= (the training rows): its log Z "
                               "starts from base rates of the training data passed up the net")
         return top_log_z(lm.model, train, self.log_z_settings, checkpoint, progress, particles, phase=phase)
 

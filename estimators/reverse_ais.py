@@ -129,7 +129,7 @@ class BDMC(Estimator):
 
     def latent_model(self, model, inference):
         """``ContinuousLatent`` (Gaussian nets) or ``LatentModel`` (SBN / fDARN with an inference network)."""
-        if model.family in ("boltzmann", "dbn"):
+        if model.family in ("boltzmann", "dbn", "dbm"):
             raise ConfigError(f"estimator=bdmc simulates exact (h, v) pairs by ancestral sampling, which a "
                               f"{type(model).__name__} does not allow; for Boltzmann machines use estimator=raise "
                               f"(forward and reverse AIS for log Z) or estimator=ais")

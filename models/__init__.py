@@ -9,6 +9,7 @@ from torch import nn
 
 from nvil.core.config import positive_float, positive_int
 from nvil.core.errors import ConfigError
+from nvil.models.dbm import DBM
 from nvil.models.dbn import DBN
 from nvil.models.gaussian import NONLINEARITIES, DynamicBayesNet, GaussianBeliefNet
 from nvil.models.inference import LayeredInference
@@ -108,6 +109,15 @@ def _build_dbn(cfg, n_visible: int):
     return DBN(n_visible, layers), None
 
 
+def _build_dbm(cfg, n_visible: int):
+    """Deep Boltzmann machine (Salakhutdinov & Hinton 2009): binary layers [H_1, ..., H_L] above the data, L >= 2,
+    each joined to its neighbours only (learner=dbm_sap)."""
+    layers = _layers(cfg)
+    if len(layers) < 2:
+        raise ConfigError(f"model=dbm needs at least two layers, got model.layers={layers} (one layer is model=rbm)")
+    return DBM(n_visible, layers), None
+
+
 def _gaussian_options(cfg, visible_default: str) -> dict:
     """``GaussianNet`` checks form and visible against its tables; the rest is checked here."""
     nonlinearity = cfg.get("nonlinearity", "tanh")
@@ -136,7 +146,7 @@ def _build_dbn_dynamic(cfg, n_visible: int):
 
 N_LABELS = 10
 MODELS: dict[str, Callable] = {"sbn": _build_sbn, "fdarn": _build_fdarn, "rbm": _build_rbm, "srbm": _build_srbm,
-                               "dbn": _build_dbn, "gbn": _build_gbn, "dbn_dynamic": _build_dbn_dynamic}
+                               "dbn": _build_dbn, "dbm": _build_dbm, "gbn": _build_gbn, "dbn_dynamic": _build_dbn_dynamic}
 
 
 def build_model(cfg, n_visible: int) -> tuple[nn.Module, nn.Module | None]:

@@ -109,6 +109,19 @@ class DBN(nn.Module):
     def visible_probs(self, hs: list[torch.Tensor]) -> torch.Tensor:
         return self.visible_layer.mean(self.directed_logits(1, hs[0]))
 
+    @torch.no_grad()
+    def top_data(self, train: torch.Tensor, batch_size: int = 5000) -> torch.Tensor:
+        """p(h_{L-1} = 1 | ...) of data rows through the RBMs below the top: the top RBM's data (its base-rate
+        marginals and the reverse chains' ``data`` starts)."""
+        out = []
+        for s0 in range(0, train.shape[0], batch_size):
+            x = train[s0:s0 + batch_size]
+            x = x.to_dense() if x.is_sparse else x
+            for rbm in self.rbms[:-1]:
+                x = rbm.h_given_x(x)
+            out.append(x)
+        return torch.cat(out)
+
     def recognition(self) -> "DBNRecognition":
         return DBNRecognition(self)
 

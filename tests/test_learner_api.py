@@ -16,6 +16,7 @@ from nvil.core.config import _load_with_defaults
 from nvil.core.errors import ConfigError
 from nvil.learners import (DRIVER_KEYS, LEARNERS, MCEM, NVIL, SAP, VIMCO, Greedy, TTSettings, build_learner,
                            learner_settings, parameters)
+from nvil.models.dbm import DBM
 from nvil.models.dbn import DBN
 from nvil.models.gaussian import GaussianBeliefNet
 from nvil.models.rbm import BoltzmannMachine
@@ -42,6 +43,8 @@ def models(name: str):
         return BoltzmannMachine(6, 3), None
     if name == "greedy":
         return DBN(6, [5, 4]), None
+    if name == "dbm_sap":
+        return DBM(6, [5, 4]), None
     if name in ("mcem_hmc", "map_latents"):
         return GaussianBeliefNet(6, [3, 2]), None
     return tiny_model(layers=(4, 3), seed=5)
@@ -90,6 +93,9 @@ def test_build_learner_and_the_keywords_give_the_same_settings(name):
     lr = {"lr": 0.0125}
     built = build_learner(OmegaConf.merge(learner_yaml(name), lr), model, inference, CPU, 0)
     assert summary(built) == summary(LEARNERS[name](model, inference, **{**learner_settings(learner_yaml(name)), **lr}))
+    if name == "dbm_sap":  # the author's update, inc <- m inc + lr_t grad, applied by the learner itself
+        assert built.lr == built.rate() == 0.0125
+        return
     optimizer = built.inner.optimizer if name == "greedy" else built.optimizer
     assert optimizer.param_groups[0]["lr"] == 0.0125
 

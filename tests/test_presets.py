@@ -42,6 +42,19 @@ def test_preset_composes_and_builds(name):
         assert (c.layer_steps, cfg.trainer.max_steps) == (200 * 599, 2 * 200 * 599)
         assert cfg.final_eval.estimator.name == "dbn_bound"
         return
+    if name in ("dbm_mnist", "dbm3_mnist"):  # Salakhutdinov & Hinton 2009; rbm.m and dbm_mf.m's rates
+        c = cfg.learner
+        layers = {"dbm_mnist": [500, 1000], "dbm3_mnist": [500, 500, 1000]}[name]
+        assert (cfg.model.name, model.sizes, c.name, c.k, c.num_particles) == ("dbm", layers, "dbm_sap", 5, 100)
+        assert (c.pretrain_lr, c.pretrain_weight_decay, c.lr, c.lr_decay, c.lr_min, c.weight_decay) == \
+            (0.05, 0.001, 0.001, 1.000015, 0.0001, 0.0002)
+        assert (c.momentum_initial, c.momentum, c.momentum_switch) == (0.5, 0.9, 5 * 599)
+        assert list(c.pretrain_steps) == [100 * 599] + [200 * 599] * (len(layers) - 1)
+        assert cfg.trainer.max_steps - sum(c.pretrain_steps) == 300_000  # the paper's weight updates
+        assert (cfg.trainer.batch_size, cfg.data.binarize, cfg.data.holdout_valid) == (100, "dynamic", 100)
+        assert (cfg.final_eval.estimator.name, cfg.final_eval.then.name, cfg.final_eval.checkpoint) == \
+            ("dbm_bound", "chib", "last")
+        return
     if name == "eval_chib_vs_ais":  # an evaluate.py preset
         cfg = make_cfg("evaluate", [f"experiment={name}"])
         assert (cfg.estimator.name, cfg.estimator.num_steps, cfg.estimator.num_runs, cfg.eval.per_class) == ("chib", 40, 10, 5)

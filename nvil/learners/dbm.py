@@ -1,0 +1,170 @@
+"""``learner=dbm_sap``: a deep Boltzmann machine trained as Salakhutdinov & Hinton 2009 do (Sec. 3).
+
+First the stack is pretrained greedily with modified RBMs (``nvil.learners.dbm_pretrain``), for ``pretrain_steps``
+updates per RBM. Then the whole machine follows the gradient of the variational bound on mean log p(v):
+
+    dL/dW_l = E_data,q[h_{l-1} h_l'] - E_model[h_{l-1} h_l'],
+
+- the data term by mean-field inference (``DBM.mean_field``: q factorises, so its expectation is mu_{l-1} mu_l'),
+- the model term by SAP: ``num_particles`` persistent fantasy particles, each moved by ``k`` block-Gibbs sweeps per
+  update (odd layers given even, even given odd: the sweep of the DBM's bipartite form ``DBM.top``), the odd layers
+  Rao-Blackwellised (p(h_odd | x) in place of their states). With ``tempered`` the particles also take a
+  tempered-transitions run every ``tt.every`` updates (Salakhutdinov 2009, Algorithm 2), as ``learner=trans_sap``
+  does for an RBM.
+
+The update is that of the author's ``dbm_mf.m``: inc <- m inc + lr_t (grad - weightcost W), the rate
+lr_t = max(lr / decay^t, lr_min) (t the joint updates so far), momentum ``momentum_initial`` for the first
+``momentum_switch`` joint updates, then ``momentum``, the weight cost on the weights only. The biases of the
+composed machine (``Pretraining.compose``) are the starting point of the joint phase.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import torch
+from torch import nn
+
+from nvil.core.config import positive_float, positive_int
+from nvil.core.errors import ConfigError
+from nvil.learners.base import Learner
+from nvil.learners.dbm_pretrain import Pretraining
+from nvil.learners.negative_phase import PHASES
+from nvil.learners.sap import filter_grid
+from nvil.learners.settings import TTSettings
+from nvil.models.visible import bernoulli_sample
+
+
+def sap_gradient(dbm, x_pos: torch.Tensor, y_pos: torch.Tensor, x_neg: torch.Tensor,
+                 y_neg: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The ascent direction of the variational objective in the bipartite form: x = even layers, y = odd layers (means
+    or Rao-Blackwellised probabilities), data rows first, model rows second. {W: <x y'>_data - <x y'>_model (zero
+    outside the neighbours' blocks), b: <x>_data - <x>_model, c: <y>_data - <y>_model}."""
+    w = (x_pos.T @ y_pos / x_pos.shape[0] - x_neg.T @ y_neg / x_neg.shape[0]) * dbm.mask
+    return {"W": w, "b": x_pos.mean(0) - x_neg.mean(0), "c": y_pos.mean(0) - y_neg.mean(0)}
+
+
+class DBMSAP(Learner):
+    """Keywords (defaults: configs/learner/dbm_sap.yaml): ``pretrain_steps`` (one integer or one per RBM),
+    ``pretrain_lr``, ``pretrain_weight_decay``; ``lr``, ``lr_decay``, ``lr_min``, ``weight_decay``, ``momentum``,
+    ``momentum_initial``, ``momentum_switch`` (counted per RBM in pretraining and from the start of the joint phase);
+    ``num_particles``, ``k``; ``mean_field_iters`` and ``mean_field_tol``; ``tempered`` and its ``tt`` block."""
+
+    has_own_validation = True  # a DBM's score needs log Z: training reports the bound without it
+
+    def __init__(self, model: nn.Module, inference: nn.Module | None = None, *, device: torch.device | str = "cpu",
+                 seed: int = 0, pretrain_steps: int | Sequence[int] = 60000, pretrain_lr: float = 0.05,
+                 pretrain_weight_decay: float = 0.001, lr: float = 0.001, lr_decay: float = 1.000015,
+                 lr_min: float = 0.0001, weight_decay: float = 0.0002, momentum: float = 0.9,
+                 momentum_initial: float = 0.5, momentum_switch: int = 3000, num_particles: int = 100, k: int = 5,
+                 mean_field_iters: int = 50, mean_field_tol: float = 1e-7, tempered: bool = False,
+                 tt: TTSettings | Mapping | None = TTSettings()) -> None:
+        super().__init__()
+        if getattr(model, "family", None) != "dbm":
+            raise ConfigError("learner=dbm_sap trains deep Boltzmann machines (model=dbm)")
+        n_rbms = len(model.sizes)
+        steps = [pretrain_steps] * n_rbms if isinstance(pretrain_steps, int) else list(pretrain_steps or [])
+        if len(steps) != n_rbms or any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in steps):
+            raise ConfigError(f"learner.pretrain_steps must be one non-negative integer or a list of {n_rbms} (one per "
+                              f"RBM of the stack), got {pretrain_steps!r}")
+        for value, key in ((pretrain_lr, "pretrain_lr"), (lr, "lr"), (lr_min, "lr_min"), (lr_decay, "lr_decay")):
+            positive_float(value, f"learner.{key}")
+        if lr_decay < 1:
+            raise ConfigError(f"learner.lr_decay divides the rate at every update and must be >= 1, got {lr_decay}")
+        for value, key in ((momentum, "momentum"), (momentum_initial, "momentum_initial"),
+                           (weight_decay, "weight_decay"), (pretrain_weight_decay, "pretrain_weight_decay")):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+                raise ConfigError(f"learner.{key} must be a number in [0, 1), got {value!r}")
+        if isinstance(momentum_switch, bool) or not isinstance(momentum_switch, int) or momentum_switch < 0:
+            raise ConfigError(f"learner.momentum_switch must be a non-negative integer, got {momentum_switch!r}")
+        self.model, self.device = model, torch.device(device)
+        self.k = positive_int(k, "learner.k")
+        self.mf_iters = positive_int(mean_field_iters, "learner.mean_field_iters")
+        self.mf_tol = positive_float(mean_field_tol, "learner.mean_field_tol")
+        self.lr, self.lr_decay, self.lr_min, self.weight_cost = lr, lr_decay, lr_min, weight_decay
+        self.momentum, self.momentum_initial, self.momentum_switch = momentum, momentum_initial, momentum_switch
+        self.generator = torch.Generator(device=device).manual_seed(seed)
+        self.pretraining = Pretraining(model, steps, pretrain_lr, pretrain_weight_decay, momentum, momentum_initial,
+                                       momentum_switch)
+        self.tempered = bool(tempered)
+        extra = {"tt": TTSettings.of(tt)} if self.tempered else {}
+        self.phase = PHASES["trans_sap" if self.tempered else "sap"](model.top, self.generator,
+                                                                       num_particles=num_particles, **extra)
+        top = model.top
+        self.inc = {"W": torch.zeros_like(top.W), "b": torch.zeros_like(top.b), "c": torch.zeros_like(top.c)}
+        self.updates = 0
+
+    @property
+    def joint_updates(self) -> int:
+        return self.updates - self.pretraining.total
+
+    def rate(self) -> float:
+        """lr_t = max(lr / decay^t, lr_min), t the joint updates so far (``dbm_mf.m``)."""
+        return max(self.lr / self.lr_decay ** max(self.joint_updates, 0), self.lr_min)
+
+    def step(self, x: torch.Tensor, diagnostics: bool = False) -> dict[str, torch.Tensor]:
+        if self.updates < self.pretraining.total:
+            metrics = self.pretraining.step(x, self.updates, self.generator)
+        else:
+            if self.updates == self.pretraining.total:
+                self.pretraining.compose()
+            metrics = self.joint_step(x)
+        self.updates += 1
+        return metrics
+
+    @torch.no_grad()
+    def joint_step(self, v: torch.Tensor) -> dict[str, torch.Tensor]:
+        dbm, top = self.model, self.model.top
+        mus = dbm.mean_field(v, self.mf_iters, self.mf_tol)
+        x_pos, y_pos = dbm.join(v, torch.cat(mus[2::2], -1)), torch.cat(mus[1::2], -1)
+        start = dbm.join(v, bernoulli_sample(torch.cat(mus[2::2], -1), self.generator))
+        x_neg = self.phase.sample(start, self.k, self.joint_updates)
+        grad = sap_gradient(dbm, x_pos, y_pos, x_neg, top.h_given_x(x_neg))
+        grad["W"] = grad["W"] - self.weight_cost * top.W
+        momentum = self.momentum_initial if self.joint_updates < self.momentum_switch else self.momentum
+        lr = self.rate()
+        for name in ("W", "b", "c"):
+            self.inc[name].mul_(momentum).add_(grad[name], alpha=lr)
+            getattr(top, name).add_(self.inc[name])
+        dbm.constrain_()
+        bound = dbm.variational_bound(v, mus)
+        return {"dbm/variational_bound_unnormalised": bound.mean(), "dbm/lr": torch.tensor(lr),
+                **self.phase.report()}
+
+    @torch.no_grad()
+    def validate(self, valid: torch.Tensor, train_subset: torch.Tensor) -> dict[str, float]:
+        """In pretraining, the current RBM's reconstruction error; then the mean-field bound without log Z
+        (-E(v, mu) + H(mu), which rises as the bound on log p*(v) does but not comparable across log Z), and exact
+        log p(v) and its bound where log Z and the latent sum can be enumerated."""
+        dbm = self.model
+        if self.updates < self.pretraining.total:
+            layer = self.pretraining.layer_at(self.updates)
+            rbm = self.pretraining.current(self.updates)
+            x = self.pretraining.up(valid, layer, torch.Generator(device=valid.device).manual_seed(1))
+            recon = rbm.x_given_h(rbm.h_given_x(x))
+            return {f"val/pretrain_layer{layer}/reconstruction_error": ((recon - x) ** 2).sum(-1).mean().item()}
+        bound = dbm.variational_bound(valid, dbm.mean_field(valid, self.mf_iters, self.mf_tol))
+        out = {"val/variational_bound_unnormalised": bound.mean().item()}
+        if dbm.top.n_hidden <= 20 and dbm.n_latent <= 12:
+            log_z = dbm.log_z_exact().item()
+            out["val/log_p_exact"] = dbm.exact_log_prob(valid, log_z).mean().item()
+            out["val/variational_bound"] = out["val/variational_bound_unnormalised"] - log_z
+        return out
+
+    def image_grids(self, seed: int, device) -> dict[str, torch.Tensor]:
+        """The fantasy particles' pixels and the first layer's filters."""
+        out = self.phase.image_grids(self.model.n_visible)
+        out["model/filters"] = filter_grid(self.model.filters())
+        return out
+
+    def learner_state(self) -> dict:
+        return {"updates": self.updates, "generator": self.generator.get_state(), "inc": dict(self.inc),
+                "pretraining": self.pretraining.state(), **self.phase.state_dict()}
+
+    def load_learner_state(self, state: dict) -> None:
+        self.updates = int(state["updates"])
+        self.generator.set_state(state["generator"].cpu())
+        for name, t in state["inc"].items():
+            self.inc[name].copy_(t)
+        self.pretraining.load(state["pretraining"], self.updates)
+        self.phase.load_state_dict(state)
