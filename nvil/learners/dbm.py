@@ -27,6 +27,7 @@ from torch import nn
 
 from nvil.core.config import positive_float, positive_int
 from nvil.core.errors import ConfigError
+from nvil.estimators.partition import AIS
 from nvil.learners.base import Learner
 from nvil.learners.dbm_pretrain import Pretraining
 from nvil.learners.negative_phase import PHASES
@@ -48,7 +49,8 @@ class DBMSAP(Learner):
     """Keywords (defaults: configs/learner/dbm_sap.yaml): ``pretrain_steps`` (one integer or one per RBM),
     ``pretrain_lr``, ``pretrain_weight_decay``; ``lr``, ``lr_decay``, ``lr_min``, ``weight_decay``, ``momentum``,
     ``momentum_initial``, ``momentum_switch`` (counted per RBM in pretraining and from the start of the joint phase);
-    ``num_particles``, ``k``; ``mean_field_iters`` and ``mean_field_tol``; ``tempered`` and its ``tt`` block."""
+    ``num_particles``, ``k``; ``mean_field_iters`` and ``mean_field_tol``; ``tempered`` and its ``tt`` block;
+    ``validation_betas`` and ``validation_chains``: the forward AIS whose log Z puts the validation bound in nats."""
 
     has_own_validation = True  # a DBM's score needs log Z: training reports the bound without it
 
@@ -58,7 +60,8 @@ class DBMSAP(Learner):
                  lr_min: float = 0.0001, weight_decay: float = 0.0002, momentum: float = 0.9,
                  momentum_initial: float = 0.5, momentum_switch: int = 3000, num_particles: int = 100, k: int = 5,
                  mean_field_iters: int = 50, mean_field_tol: float = 1e-7, tempered: bool = False,
-                 tt: TTSettings | Mapping | None = TTSettings()) -> None:
+                 tt: TTSettings | Mapping | None = TTSettings(), validation_betas: int = 1000,
+                 validation_chains: int = 100) -> None:
         super().__init__()
         if getattr(model, "family", None) != "dbm":
             raise ConfigError("learner=dbm_sap trains deep Boltzmann machines (model=dbm)")
@@ -81,6 +84,9 @@ class DBMSAP(Learner):
         self.k = positive_int(k, "learner.k")
         self.mf_iters = positive_int(mean_field_iters, "learner.mean_field_iters")
         self.mf_tol = positive_float(mean_field_tol, "learner.mean_field_tol")
+        self.validation_log_z = AIS(num_chains=positive_int(validation_chains, "learner.validation_chains"),
+                                    num_betas=positive_int(validation_betas, "learner.validation_betas"),
+                                    certify=False, cache=False)
         self.lr, self.lr_decay, self.lr_min, self.weight_cost = lr, lr_decay, lr_min, weight_decay
         self.momentum, self.momentum_initial, self.momentum_switch = momentum, momentum_initial, momentum_switch
         self.generator = torch.Generator(device=device).manual_seed(seed)
@@ -133,9 +139,10 @@ class DBMSAP(Learner):
 
     @torch.no_grad()
     def validate(self, valid: torch.Tensor, train_subset: torch.Tensor) -> dict[str, float]:
-        """In pretraining, the current RBM's reconstruction error; then the mean-field bound without log Z
-        (-E(v, mu) + H(mu), which rises as the bound on log p*(v) does but not comparable across log Z), and exact
-        log p(v) and its bound where log Z and the latent sum can be enumerated."""
+        """In pretraining, the current RBM's reconstruction error; then the mean-field bound on mean log p(v) in nats,
+        log Z from a forward AIS run (``validation_betas`` x ``validation_chains``, no certificate, base rate from
+        ``train_subset``, a fixed seed), beside the bound without log Z; and exact log p(v) and the bound with the exact
+        log Z where both can be enumerated."""
         dbm = self.model
         if self.updates < self.pretraining.total:
             layer = self.pretraining.layer_at(self.updates)
@@ -145,6 +152,8 @@ class DBMSAP(Learner):
             return {f"val/pretrain_layer{layer}/reconstruction_error": ((recon - x) ** 2).sum(-1).mean().item()}
         bound = dbm.variational_bound(valid, dbm.mean_field(valid, self.mf_iters, self.mf_tol))
         out = {"val/variational_bound_unnormalised": bound.mean().item()}
+        ais = self.validation_log_z.estimate(dbm, valid, train=train_subset, seed=0)
+        out["val/variational_bound_ais"] = ais.mean
         if dbm.top.n_hidden <= 20 and dbm.n_latent <= 12:
             log_z = dbm.log_z_exact().item()
             out["val/log_p_exact"] = dbm.exact_log_prob(valid, log_z).mean().item()
