@@ -234,7 +234,10 @@ class MeanFieldQ:
         self.dbm = dbm
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
-        """logit(mu_2), logit(mu_4), ... side by side (x of any leading shape)."""
+        """logit(mu_2), logit(mu_4), ... side by side (x of any leading shape; rows repeated by ``expand``, as an
+        importance sampler's copies of each example are, are solved once)."""
+        if x.dim() > 2 and x.stride(0) == 0:
+            return self.logits(x[0]).expand(*x.shape[:-1], -1)
         flat = x.reshape(-1, x.shape[-1])
         logits = self.dbm.mean_field(flat, return_logits=True)
         return torch.cat(logits[2::2], -1).reshape(*x.shape[:-1], -1)
