@@ -29,6 +29,7 @@ class ModifiedRBM:
     RBM's own biases, kept until ``compose``."""
 
     def __init__(self, dbm: DBM, layer: int, b: torch.Tensor, c: torch.Tensor) -> None:
+        self.layer = layer
         self.W = dbm.weight(layer)
         self.b, self.c = b, c
         top = len(dbm.sizes)
@@ -58,7 +59,7 @@ class ModifiedRBM:
         return ((x - recon) ** 2).sum(-1)
 
     def state(self) -> dict:
-        return {"b": self.b, "c": self.c, **{f"inc_{k}": v for k, v in self.inc.items()}}
+        return {"layer": self.layer, "b": self.b, "c": self.c, **{f"inc_{k}": v for k, v in self.inc.items()}}
 
     def load(self, state: dict) -> None:
         self.b.copy_(state["b"])
@@ -90,17 +91,26 @@ class Pretraining:
         return 1 + sum(updates >= e for e in self.ends)
 
     def current(self, updates: int) -> ModifiedRBM:
-        layer = self.layer_at(updates)
-        while len(self.biases) < layer - 1:  # the RBMs below are done: keep their biases
-            self.biases.append((self.rbm.b.clone(), self.rbm.c.clone()))
+        return self.rbm_for(self.layer_at(updates))
+
+    def rbm_for(self, layer: int) -> ModifiedRBM:
+        """RBM ``layer``, the RBMs below it finished first: their biases kept (a finished RBM's own, or an RBM given no
+        updates: its starting biases)."""
+        while len(self.biases) < layer - 1:
+            below = self.rbm if self.rbm is not None and self.rbm.layer == len(self.biases) + 1 else \
+                self.fresh(len(self.biases) + 1)
+            self.biases.append((below.b.clone(), below.c.clone()))
             self.rbm = None
-        if self.rbm is None:
-            dbm = self.dbm
-            w = dbm.top.W
-            b = dbm.bias(0).detach().clone() if layer == 1 else torch.zeros(dbm.widths[layer - 1], dtype=w.dtype,
-                                                                            device=w.device)
-            self.rbm = ModifiedRBM(dbm, layer, b, torch.zeros(dbm.widths[layer], dtype=w.dtype, device=w.device))
+        if self.rbm is None or self.rbm.layer != layer:
+            self.rbm = self.fresh(layer)
         return self.rbm
+
+    def fresh(self, layer: int) -> ModifiedRBM:
+        """RBM ``layer`` before its first update: the visible bias of the data for the first, zeros elsewhere."""
+        dbm, w = self.dbm, self.dbm.top.W
+        b = dbm.bias(0).detach().clone() if layer == 1 else torch.zeros(dbm.widths[layer - 1], dtype=w.dtype,
+                                                                        device=w.device)
+        return ModifiedRBM(dbm, layer, b, torch.zeros(dbm.widths[layer], dtype=w.dtype, device=w.device))
 
     @torch.no_grad()
     def up(self, v: torch.Tensor, layer: int, generator) -> torch.Tensor:
@@ -122,12 +132,12 @@ class Pretraining:
     @torch.no_grad()
     def compose(self) -> None:
         """The DBM's biases from the trained RBMs: b = b_1, c_l = c_l + b_{l+1}, c_L = c_L."""
-        if self.rbm is not None:
-            self.biases.append((self.rbm.b.clone(), self.rbm.c.clone()))
-            self.rbm = None
         L = len(self.dbm.sizes)
-        if len(self.biases) < L:  # no pretraining (pretrain_steps=0): the machine keeps its own initial biases
+        if self.total == 0:  # no pretraining (pretrain_steps=0): the machine keeps its own initial biases
             return
+        self.rbm_for(L)
+        self.biases.append((self.rbm.b.clone(), self.rbm.c.clone()))
+        self.rbm = None
         self.dbm.bias(0).copy_(self.biases[0][0])
         for l in range(1, L + 1):
             c = self.biases[l - 1][1] + (self.biases[l][0] if l < L else 0.0)
@@ -142,4 +152,5 @@ class Pretraining:
         self.biases = [(pair[0], pair[1]) for pair in state["biases"]]
         self.rbm = None
         if state["rbm"] is not None:
-            self.current(min(updates, self.total - 1)).load(state["rbm"])
+            self.rbm = self.fresh(int(state["rbm"]["layer"]))
+            self.rbm.load(state["rbm"])
