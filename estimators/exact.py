@@ -66,7 +66,8 @@ def exact_log_marginal(model, data: torch.Tensor, *, batch_size: int = 1000, max
 def check_top_enumerable(top, max_units: int = MAX_LATENT) -> None:
     """Refuse (one line) a DBN whose top RBM has neither side small enough to enumerate for its log Z."""
     if min(top.n_pixels, top.n_hidden) > max_units:
-        raise ConfigError(f"estimator=exact needs the DBN's top-RBM log Z, which enumerates the smaller of its "
+        raise ConfigError(f"estimator=exact needs the log Z of the model's top machine (a DBN's top RBM, a DBM's "
+                          f"bipartite form), which enumerates the smaller of its "
                           f"{top.n_pixels} visible and {top.n_hidden} hidden units; the limit is {max_units} (use "
                           "estimator=ais_posterior or chib with an AIS log Z)")
 

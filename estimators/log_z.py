@@ -87,7 +87,7 @@ def _top_log_z(dbn, train, log_z: LogZSettings, checkpoint, progress, particles,
                phase) -> tuple[CertifiedLogZ, bool]:
     settings, cert, seed = log_z.ais, log_z.cert, log_z.seed
     key = log_z_key(dbn.top, dbn, settings, cert, seed)
-    phase("log Z (training data up to the top RBM)")
+    phase("log Z (training data up to the top machine)")
     top_data = dbn.top_data(train)
 
     def compute() -> CertifiedLogZ:

@@ -15,7 +15,8 @@ import math
 
 # What an estimator's number is, where "an estimate of log p(v)" does not say it all.
 LOWER_BOUNDS = {"iwae": "stochastic lower bound", "elbo": "stochastic lower bound",
-                "dbn_bound": "lower bound (Murray & Salakhutdinov 2009, Eq. 17)"}
+                "dbn_bound": "lower bound (Murray & Salakhutdinov 2009, Eq. 17)",
+                "dbm_bound": "mean-field lower bound (Salakhutdinov & Hinton 2009)"}
 NATURE = {**LOWER_BOUNDS, "harmonic": "the harmonic mean over-estimates"}
 REASON_CHARS = 120  # the first failure's reason is cut here; the warning lines above hold it whole
 
@@ -31,14 +32,15 @@ def headline(line: dict) -> str:
         value = f"{100 * rate:.2f}% ± {100 * se:.2f}%" if _finite(rate) and _finite(se) else "not a number"
         return f"{name}: error rate = {value} {where} [{line.get('method') or 'classifier'}; no certificate]"
     mean, se = _nats(line.get("mean_log_p")), _nats(line.get("stderr"))
+    is_bound = name in LOWER_BOUNDS or str(line.get("log_p_is", "")).startswith("the mean-field lower bound")
     if name == "bdmc" and "mean_log_p_upper" in line:
         statement = f"log p(v) between {mean} and {_nats(line['mean_log_p_upper'])} ± {se} nats"
     else:
-        statement = f"log p(v) {'>=' if name in LOWER_BOUNDS else '='} {mean} ± {se} nats"
+        statement = f"log p(v) {'>=' if is_bound else '='} {mean} ± {se} nats"
     if "perplexity" in line:
         bound = "" if line.get("perplexity_is") == "exact" else " at most"
         where += f", perplexity{bound} {line['perplexity']:,} per word"
-    tags = [NATURE[name]] if name in NATURE else []
+    tags = [NATURE[name]] if name in NATURE else ["mean-field lower bound"] if is_bound else []
     tags.append(certificate(line))
     return f"{name}: {statement} {where} [{'; '.join(tags)}]"
 
