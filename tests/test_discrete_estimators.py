@@ -63,7 +63,7 @@ def exact_bound_gradient(lrn, k: int) -> dict[str, torch.Tensor]:
     return dict(zip(params, grads))
 
 
-def worst_z(lrn, exact: dict[str, torch.Tensor], groups: int = 120, reps: int = 256) -> float:
+def worst_z(lrn, exact: dict[str, torch.Tensor], groups: int = 60, reps: int = 256) -> float:
     """max over coordinates of |mean estimate - exact| / SE, from ``groups`` estimates on X repeated ``reps``
     times; also checks the estimates are precise enough to tell the exact gradient from zero."""
     torch.manual_seed(0)
@@ -266,18 +266,18 @@ def test_learner_resumes_exactly_and_logs_gradient_diagnostics(tmp_path, synthet
     from nvil.core.checkpoint import load_checkpoint
     from nvil.app.main import train
 
-    base = synthetic_overrides + [f"learner={name}", "trainer.grad_diag_every=10", "trainer.grad_diag_repeats=4",
-                                  "trainer.grad_diag_examples=8"]
-    train(make_cfg("train", base + ["trainer.max_steps=40"]), tmp_path / "straight")
-    train(make_cfg("train", base + ["trainer.max_steps=20"]), tmp_path / "resumed")
-    train(make_cfg("train", base + ["trainer.max_steps=40", "trainer.resume=true"]), tmp_path / "resumed")
+    base = synthetic_overrides + [f"learner={name}", "trainer.grad_diag_every=5", "trainer.grad_diag_repeats=4",
+                                  "trainer.grad_diag_examples=8", "trainer.val_every=10", "trainer.ckpt_every=10"]
+    train(make_cfg("train", base + ["trainer.max_steps=20"]), tmp_path / "straight")
+    train(make_cfg("train", base + ["trainer.max_steps=10"]), tmp_path / "resumed")
+    train(make_cfg("train", base + ["trainer.max_steps=20", "trainer.resume=true"]), tmp_path / "resumed")
     a, b = (load_checkpoint(tmp_path / run / "checkpoints/last.pt") for run in ("straight", "resumed"))
     for part in ("model", "inference"):
         for k, v in a[part].items():
             assert torch.equal(v, b[part][k]), f"{part}.{k}"
     rows = [json.loads(line) for line in (tmp_path / "straight/metrics.jsonl").read_text().splitlines()]
     diag = [r for r in rows if "grad/snr" in r]
-    assert [r["step"] for r in diag] == [10, 20, 30, 40]
+    assert [r["step"] for r in diag] == [5, 10, 15, 20]
     assert all(r["grad/inference_variance"] > 0 and math.isfinite(r["grad/snr"]) for r in diag)
 
 

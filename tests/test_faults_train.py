@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -31,9 +32,12 @@ from nvil.core.files import WRITE_FAILURES
 
 run = run_script
 SBN = [*SYNTHETIC, "model=sbn", "trainer.ckpt_every=100000", "trainer.val_every=500", "trainer.log_every=50"]
+# The signalled run's length: the signal comes after step 1 (the first logged step), so the run is stopped well
+# before its end, and the resumed run still passes two validations (val_every=500).
+STEPS = 1000
 
 
-def start(run_dir: Path, *args: str, steps: int = 4000) -> subprocess.Popen:
+def start(run_dir: Path, *args: str, steps: int = STEPS) -> subprocess.Popen:
     """``python train.py`` in a process of its own (its own session, so a signal reaches it alone)."""
     env = dict(os.environ, HYDRA_FULL_ERROR="0", OMP_NUM_THREADS="1")
     return subprocess.Popen([sys.executable, str(ROOT / "train.py"), *SBN, f"trainer.max_steps={steps}",
@@ -70,9 +74,23 @@ def parameters(path: Path) -> dict[str, torch.Tensor]:
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory) -> dict[str, torch.Tensor]:
     run_dir = tmp_path_factory.mktemp("whole") / "run"
-    proc = run("train.py", *SBN, "trainer.max_steps=4000", f"hydra.run.dir={run_dir}")
+    proc = run("train.py", *SBN, f"trainer.max_steps={STEPS}", f"hydra.run.dir={run_dir}")
     assert proc.returncode == 0, proc.stderr
     return parameters(run_dir / "checkpoints" / "last.pt")
+
+
+@pytest.fixture(scope="module")
+def finished_40(tmp_path_factory) -> Path:
+    """A run of 40 steps that ended normally; the tests that resume or refuse a finished run take a copy."""
+    run_dir = tmp_path_factory.mktemp("finished") / "run"
+    proc = run("train.py", *SBN, "trainer.max_steps=40", f"hydra.run.dir={run_dir}")
+    assert proc.returncode == 0, proc.stderr
+    return run_dir
+
+
+def copy_run(source: Path, run_dir: Path) -> Path:
+    shutil.copytree(source, run_dir)
+    return run_dir
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, pytest.param(signal.SIGUSR1, marks=pytest.mark.slow),
@@ -87,8 +105,8 @@ def test_a_signal_saves_the_step_and_the_resume_is_bit_identical(tmp_path, signu
     line = one_line(stderr, "at step ", "continue with: python train.py", "trainer.resume=true")
     assert "Ctrl-C" in line if signum == signal.SIGINT else signal.Signals(signum).name in line
     step = load_checkpoint(run_dir / "checkpoints" / "last.pt")["step"]
-    assert 0 < step < 4000 and f"at step {step};" in line  # ckpt_every=100000: only the signal wrote it
-    resumed = run("train.py", *SBN, "trainer.max_steps=4000", f"hydra.run.dir={run_dir}", "trainer.resume=true")
+    assert 0 < step < STEPS and f"at step {step};" in line  # ckpt_every=100000: only the signal wrote it
+    resumed = run("train.py", *SBN, f"trainer.max_steps={STEPS}", f"hydra.run.dir={run_dir}", "trainer.resume=true")
     assert resumed.returncode == 0, resumed.stderr
     after = parameters(run_dir / "checkpoints" / "last.pt")
     assert all(torch.equal(after[k], uninterrupted[k]) for k in uninterrupted)
@@ -127,12 +145,11 @@ def test_two_runs_started_together_leave_one_consistent_run(tmp_path):
     assert f"seed: {payload['config']['seed']}" in (run_dir / "config.yaml").read_text()
 
 
-def test_a_refused_command_writes_nothing(tmp_path):
+def test_a_refused_command_writes_nothing(tmp_path, finished_40):
     run_dir = tmp_path / "new"
     proc = run("train.py", *SBN, "trainer.batch_size=0", f"hydra.run.dir={run_dir}")
     assert proc.returncode == 2 and not run_dir.exists()
-    done = tmp_path / "done"
-    assert run("train.py", *SBN, "trainer.max_steps=40", f"hydra.run.dir={done}").returncode == 0
+    done = copy_run(finished_40, tmp_path / "done")
     before = sorted(p.relative_to(done) for p in done.rglob("*"))
     refused = run("train.py", *SBN, "trainer.max_steps=40", "model.layers=[5]", f"hydra.run.dir={done}",
                   "trainer.resume=true")
@@ -141,9 +158,8 @@ def test_a_refused_command_writes_nothing(tmp_path):
     assert not (done / ".hydra" / "resumes.yaml").exists()
 
 
-def test_a_killed_writers_temporary_files_are_removed_at_resume(tmp_path):
-    run_dir = tmp_path / "run"
-    assert run("train.py", *SBN, "trainer.max_steps=40", f"hydra.run.dir={run_dir}").returncode == 0
+def test_a_killed_writers_temporary_files_are_removed_at_resume(tmp_path, finished_40):
+    run_dir = copy_run(finished_40, tmp_path / "run")
     orphan = run_dir / "checkpoints" / ".last.pt.99999.tmp"
     orphan.write_bytes(b"half a checkpoint")
     os.utime(orphan, (time.time() - 60, time.time() - 60))
@@ -153,9 +169,8 @@ def test_a_killed_writers_temporary_files_are_removed_at_resume(tmp_path):
 
 
 @pytest.mark.parametrize("section", ["loop", "rng", "learner"])
-def test_a_checkpoint_without_its_loop_or_rng_is_one_line_at_resume(tmp_path, section):
-    run_dir = tmp_path / "run"
-    assert run("train.py", *SBN, "trainer.max_steps=40", f"hydra.run.dir={run_dir}").returncode == 0
+def test_a_checkpoint_without_its_loop_or_rng_is_one_line_at_resume(tmp_path, finished_40, section):
+    run_dir = copy_run(finished_40, tmp_path / "run")
     last = run_dir / "checkpoints" / "last.pt"
     payload = load_checkpoint(last)
     del payload[section]
@@ -281,9 +296,9 @@ def test_a_full_disk_is_one_line_and_keeps_the_last_good_checkpoint(small_disk):
         assert load_checkpoint(last)["step"] % 200 == 0
 
 
-def test_a_read_only_run_directory_is_one_line(read_only, tmp_path):
+def test_a_read_only_run_directory_is_one_line(read_only, tmp_path, finished_40):
     source, where, seal = read_only
-    assert run("train.py", *SBN, "trainer.max_steps=40", f"hydra.run.dir={source / 'run'}").returncode == 0
+    copy_run(finished_40, source / "run")
     seal()
     for args in ([f"hydra.run.dir={where / 'new'}"], [f"hydra.run.dir={where / 'run'}", "trainer.resume=true"]):
         proc = run("train.py", *SBN, "trainer.max_steps=80", *args)

@@ -139,7 +139,24 @@ def test_backend_choice(backend, monkeypatch):
         backend("blas")
 
 
+def test_bad_backend_is_one_line_error_in_the_script(monkeypatch):
+    """What ``python evaluate.py`` does with NVIL_GEMM=blas, run in this process: the import-time reading
+    (``strict=False``) leaves the backend as it was, and the script stops with one error line naming the value."""
+    from conftest import run_script
+
+    before = gemm.backend()
+    monkeypatch.setenv(gemm.VARIABLE, "blas")
+    assert gemm.choose_backend(strict=False) == before and gemm.backend() == before
+    proc = run_script("evaluate.py", "checkpoint=nowhere.pt", env={"NVIL_GEMM": "blas"})
+    err = proc.stderr.strip()
+    assert proc.returncode != 0 and err.startswith("error: ") and "\n" not in err, err
+    assert "NVIL_GEMM='blas'" in err and "Traceback" not in proc.stderr
+    assert gemm.backend() == before
+
+
+@pytest.mark.slow
 def test_bad_backend_is_one_line_error():
+    """The same in a process of its own, where the bad value is already in the environment at import."""
     env = dict(os.environ, NVIL_GEMM="blas", HYDRA_FULL_ERROR="0")
     proc = subprocess.run([sys.executable, str(ROOT / "evaluate.py"), "checkpoint=nowhere.pt"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)

@@ -92,7 +92,7 @@ def test_nvil_gradient_matches_exact_elbo_gradient(switches, model):
     torch.manual_seed(0)
     learner = make_learner(switches, model=model)
     if switches["input_baseline"] or switches["constant_baseline"]:
-        train_baselines(learner, steps=600)
+        train_baselines(learner, steps=300)
     estimates = gradient_groups(learner)
     exact = exact_gradient(learner)
     worst = 0.0
@@ -112,7 +112,7 @@ def test_variance_reduction_lowers_inference_gradient_variance():
     inference gradient than the raw signal (normalisation undone, so both estimate the same vector)."""
     torch.manual_seed(0)
     on = make_learner(ALL_ON)
-    train_baselines(on, steps=1500)
+    train_baselines(on, steps=750)
     off = make_learner(ALL_OFF)
     off.model.load_state_dict(on.model.state_dict())
     off.inference.load_state_dict(on.inference.state_dict())

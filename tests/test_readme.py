@@ -868,9 +868,10 @@ def readme_python_blocks(text: str | None = None) -> list[str]:
     return re.findall(r"^```python\n(.*?)^```", README.read_text() if text is None else text, flags=re.M | re.S)
 
 
-def test_readme_python_blocks_run(tmp_path, monkeypatch):
-    """Each ```python block runs as written, in a directory of its own (its outputs/ land there); the example's AIS
-    estimate is certified and agrees with the exact answer it prints beside it (log Z by enumeration)."""
+def run_python_blocks(tmp_path, monkeypatch) -> None:
+    """Runs each ```python block in a directory of its own (its outputs/ land there); where a block computes an AIS
+    ``result`` and an ``exact`` one beside it, the AIS estimate is certified and agrees with the exact answer (log
+    Z by enumeration)."""
     blocks = readme_python_blocks()
     assert blocks, "the README shows no Python example"
     for i, code in enumerate(blocks):
@@ -883,6 +884,50 @@ def test_readme_python_blocks_run(tmp_path, monkeypatch):
             assert ais.certified is True, ais.warnings
             shared = ais.extras["log_z_stderr"]  # the same test images: only log Z's error separates the two
             assert abs(ais.mean_log_p - exact.mean_log_p) < 4 * shared + 1e-3
+
+
+@pytest.mark.slow
+def test_readme_python_blocks_run(tmp_path, monkeypatch):
+    """Each ```python block runs as written, at the budgets it shows (``run_python_blocks``)."""
+    run_python_blocks(tmp_path, monkeypatch)
+
+
+# Budgets appended to the overrides of nvil.train and nvil.evaluate by the default run's sibling of
+# test_readme_python_blocks_run (the last value of a key wins, as for the commands' budgets).
+PYTHON_TRAIN_BUDGET = ["trainer.max_steps=500"]
+PYTHON_EVAL_BUDGET = {"estimator=ais": ["estimator.num_betas=2000"]}
+# ... and the keyword settings that replace those given to nvil.evaluate_model (HMC-based AIS: its cost is one
+# sequence of moves per temperature, for the pilot, the forward run and BDMC's two directions).
+PYTHON_MODEL_BUDGET = {"num_betas": 50}
+
+
+def test_readme_python_blocks_run_at_a_small_budget(tmp_path, monkeypatch):
+    """The same blocks, the same code and checks (``run_python_blocks``), with fewer training steps and AIS
+    temperatures given to the calls of ``nvil.train``, ``nvil.evaluate`` and ``nvil.evaluate_model`` that they make:
+    every name, argument and result field the blocks use is exercised, and the AIS estimate of the trained RBM is
+    still certified and agrees with enumeration."""
+    import nvil
+
+    train, evaluate, evaluate_model, calls = nvil.train, nvil.evaluate, nvil.evaluate_model, []
+
+    def budgeted_train(*overrides, **kwargs):
+        calls.append("train")
+        return train(*overrides, *PYTHON_TRAIN_BUDGET, **kwargs)
+
+    def budgeted_evaluate(checkpoint, *overrides):
+        calls.append("evaluate")
+        extra = [o for given in overrides for o in PYTHON_EVAL_BUDGET.get(given, [])]
+        return evaluate(checkpoint, *overrides, *extra)
+
+    def budgeted_evaluate_model(*args, **settings):
+        calls.append("evaluate_model")
+        return evaluate_model(*args, **{**settings, **PYTHON_MODEL_BUDGET})
+
+    monkeypatch.setattr(nvil, "train", budgeted_train)
+    monkeypatch.setattr(nvil, "evaluate", budgeted_evaluate)
+    monkeypatch.setattr(nvil, "evaluate_model", budgeted_evaluate_model)
+    run_python_blocks(tmp_path, monkeypatch)
+    assert calls, "the blocks call none of nvil.train, nvil.evaluate, nvil.evaluate_model: no budget applied"
 
 
 def test_readme_python_block_parsing():

@@ -163,8 +163,8 @@ def test_learners_own_chains_give_the_exact_gradient_once_mixed(mode, options):
         assert learner.particles.x.shape[0] == 3 * 1000
     if mode == "trans_sap":
         assert learner.last_tt_accept is not None and 0.2 < learner.last_tt_accept.item() < 1
-    est = torch.stack([surrogate_gradient(learner, x) for _ in range(400)])
-    batch_means = est.view(20, 20, -1).mean(1)
+    est = torch.stack([surrogate_gradient(learner, x) for _ in range(200)])
+    batch_means = est.view(20, 10, -1).mean(1)
     se = batch_means.std(0) / math.sqrt(20)
     z = (est.mean(0) - exact) / se
     assert z.abs().max() < 4, f"{mode}: the mean estimate is {z.abs().max():.1f} standard errors off"

@@ -225,8 +225,8 @@ def plain_functions(model: LinearGaussianVAE):
 def test_a_namespace_of_plain_functions_is_a_model(linear):
     model, x = linear
     plain = plain_functions(model)
-    a = evaluate_model(plain, x, "ais", num_betas=100, num_chains=8, num_simulated=20, iwae_samples=100, start="prior")
-    b = evaluate_model(model, x, "ais", num_betas=100, num_chains=8, num_simulated=0, iwae_samples=0, start="prior")
+    a = evaluate_model(plain, x, "ais", num_betas=50, num_chains=8, num_simulated=20, iwae_samples=100, start="prior")
+    b = evaluate_model(model, x, "ais", num_betas=50, num_chains=8, num_simulated=0, iwae_samples=0, start="prior")
     torch.testing.assert_close(a.log_p, b.log_p, rtol=0, atol=1e-4)  # the same draws, the same numbers
     assert a.certified is True, a.warnings
     assert within(a.log_p, model.exact_log_p(x))[2]
@@ -237,9 +237,9 @@ def test_a_log_likelihood_that_ignores_z_fails_the_checks(linear):
     broken = plain_functions(model)
     right = broken.log_likelihood
     broken.log_likelihood = lambda x, z: right(x, torch.zeros_like(z))
-    result = evaluate_model(broken, x, "ais", num_betas=50, num_chains=4, num_simulated=30, iwae_samples=100)
+    result = evaluate_model(broken, x, "ais", num_betas=20, num_chains=4, num_simulated=30, iwae_samples=100)
     assert "likelihood_consistency" in result.failed and result.certified is False
-    healthy = ModelBDMC(num_simulated=30, num_betas=50, num_chains=4).estimate(plain_functions(model))
+    healthy = ModelBDMC(num_simulated=30, num_betas=20, num_chains=4).estimate(plain_functions(model))
     assert "likelihood_consistency" not in healthy.failed
 
 
@@ -348,7 +348,7 @@ def user_files(tmp_path):
 def test_evaluate_py_scores_a_users_module_with_its_weights(user_files, capsys):
     tmp, truth = user_files
     result = nvil.evaluate(tmp / "w.pt", f"model_module={tmp / 'decoder.py'}:Decoder", f"data_file={tmp / 'x.pt'}",
-                           "estimator=ais", "estimator.num_betas=100", "estimator.num_chains=8",
+                           "estimator=ais", "estimator.num_betas=50", "estimator.num_chains=8",
                            "estimator.num_simulated=20", "estimator.iwae_samples=100", "eval.progress=false")
     assert within(result.log_p, truth)[2] and result.certified is True, result.warnings
     record = (tmp / "w.pt.eval.jsonl").read_text().splitlines()
