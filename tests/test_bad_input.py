@@ -12,6 +12,7 @@ import io
 import json
 import random
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
