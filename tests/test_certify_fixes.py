@@ -84,7 +84,7 @@ def test_top_log_z_enumerates_the_smaller_side_and_refuses_when_neither_fits():
     top = random_dbn([3, 12], seed=1).top
     via_visible = top_log_z_exact(top)
     assert torch.allclose(via_visible.double(), top.log_z_exact().double(), atol=1e-4)
-    with pytest.raises(ConfigError, match="top-RBM log Z") as err:
+    with pytest.raises(ConfigError, match="log Z of the model.s top machine") as err:
         check_top_enumerable(top, max_units=2)
     assert "\n" not in str(err.value)
 
