@@ -279,11 +279,13 @@ def rbm_log_z_reverse(model: BoltzmannMachine, base: BaseRate, x_init: torch.Ten
 # ---- what estimator=ais needs beside log Z ----------------------------------------------------------------------
 
 
-def free_energy_log_p(model, data, log_z: float, batch_size: int, progress=None) -> torch.Tensor:
-    """log p(x) = -F(x) - log Z for every row."""
+def free_energy_log_p(model, data, log_z: float, batch_size: int, progress=None, log_p_star=None) -> torch.Tensor:
+    """log p(x) = -F(x) - log Z for every row; ``log_p_star``: another per-row log p*(x) in place of -F(x) (a DBM's
+    mean-field bound, ``DBM.variational_bound``)."""
+    log_p_star = log_p_star or (lambda x: -model.free_energy(x))
     out = []
     for s0, s1 in chunks(data.shape[0], batch_size):
-        out.append((-model.free_energy(take_rows(data, s0, s1)) - log_z).double().cpu())
+        out.append((log_p_star(take_rows(data, s0, s1)) - log_z).double().cpu())
         if progress is not None:
             progress.update(s1 - s0)
     return torch.cat(out)

@@ -31,9 +31,7 @@ from nvil.core.config import positive_int
 from nvil.core.errors import ConfigError
 from nvil.estimators.ais_rbm import base_rate, check_boltzmann, free_energy_log_p
 from nvil.estimators.annealing import LogZ
-from nvil.data import take_rows
-from nvil.estimators.base import (Estimator, Result, check_rows, chunks, default_generator, phase_namer,
-                                   shows_progress)
+from nvil.estimators.base import Estimator, Result, check_rows, default_generator, phase_namer, shows_progress
 from nvil.estimators.certify import (CertifiedLogZ, certified_log_z, check_sources, log_p_extras,
                                      stored_particles)
 from nvil.estimators.log_z import cached_log_z, log_z_key
@@ -162,14 +160,13 @@ class AIS(Estimator):
         if shows_progress(progress) and hasattr(progress, "reset"):
             progress.reset()  # the bar counts examples: -F(v) - log Z per batch, after the log Z phase
         side = self.side(c)
-        if owner is None:
-            log_p = free_energy_log_p(model, data, side.log_z, self.batch_size, progress)
-        else:
-            log_p = mean_field_log_p(owner, data, side.log_z, self.batch_size, progress)
+        log_p = free_energy_log_p(model, data, side.log_z, self.batch_size, progress,
+                                  None if owner is None else owner.variational_bound)
         result = Result(self.name, log_p, time.perf_counter() - t0, seed,
                         {**c.extras(), "num_betas": c.forward.num_betas, "schedule": self.settings.schedule},
                         shared_stderr=side.stderr)
         if owner is not None:
+            result.extras["lower_bound"] = "mean-field lower bound"
             result.extras["log_p_is"] = ("the mean-field lower bound per example, -E(v, mu) + H(mu) - log Z (the "
                                          "paper's number); estimator=chib or ais_posterior estimate log p(v) itself")
         if checkpoint is not None:
@@ -179,18 +176,6 @@ class AIS(Estimator):
         result.extras.update(log_p_extras(result.mean, c, side.log_z))
         result.carry(c)
         return result
-
-
-@torch.no_grad()
-def mean_field_log_p(dbm, data, log_z: float, batch_size: int, progress=None) -> torch.Tensor:
-    """The mean-field bound on log p(v) of a DBM for every row (``DBM.variational_bound`` - log Z)."""
-    out = []
-    for s0, s1 in chunks(data.shape[0], batch_size):
-        x = take_rows(data, s0, s1)
-        out.append((dbm.variational_bound(x) - log_z).double().cpu())
-        if progress is not None:
-            progress.update(s1 - s0)
-    return torch.cat(out)
 
 
 class RAISE(AIS):

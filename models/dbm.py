@@ -23,12 +23,9 @@ E_q[E(v, h)] = E(v, mu)).
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from nvil.backend.native.bernoulli_log_prob import bernoulli_log_prob
-from nvil.core.errors import ConfigError
-from nvil.core.ops import chunks, enumerate_states
 from nvil.models.binary_density import BinaryDensity, DensityBuilder
 from nvil.models.rbm import BoltzmannMachine
 from nvil.models.visible import Bernoulli, bernoulli_sample
@@ -110,8 +107,7 @@ class DBM(nn.Module):
 
     @torch.no_grad()
     def init_visible_bias(self, train_mean: torch.Tensor, eps: float = 1e-3) -> None:
-        p = train_mean.to(self.top.b).clamp(eps, 1 - eps)
-        self.bias(0).copy_(torch.log(p) - torch.log1p(-p))
+        self.bias(0).copy_(self.visible_layer.bias_from_mean(train_mean.to(self.top.b), eps))
 
     def filters(self) -> torch.Tensor:
         return self.weight(1).detach().T
@@ -161,13 +157,13 @@ class DBM(nn.Module):
         logits = [v] + [None] * L
         from_v = self.bias(1) + v @ self.weight(1)
         for _ in range(max_iter):
-            moved = 0.0
+            moved = []
             for l in range(1, L + 1):
                 logits[l] = self.layer_input(l, mus, from_v)
                 new = torch.sigmoid(logits[l])
-                moved = max(moved, (new - mus[l]).abs().max().item() if new.numel() else 0.0)
+                moved.append((new - mus[l]).abs().amax() if new.numel() else new.new_zeros(()))
                 mus[l] = new
-            if moved < tol:
+            if torch.stack(moved).max().item() < tol:
                 break
         return logits if return_logits else mus
 
@@ -208,22 +204,6 @@ class DBM(nn.Module):
 
     def log_z_exact(self, max_units: int = 20) -> torch.Tensor:
         return self.top.log_z_exact(max_units)
-
-    def exact_log_prob(self, v: torch.Tensor, log_z=None, max_units: int = 20) -> torch.Tensor:
-        """log p(v) = log sum_{h_even} p*(v, h_even) - log Z, the even hidden layers enumerated (at most
-        ``max_units`` of them) and the odd ones summed out."""
-        if self.n_latent > max_units:
-            raise ConfigError(f"exact log p(v) of a DBM enumerates its {self.n_latent} even hidden units; the limit is "
-                              f"{max_units}")
-        n_v, top = self.n_visible, self.top
-        a = top.c + v @ top.W[:n_v]  # the odd units' input from v, [rows, K]
-        terms = []
-        for s0, s1 in chunks(2**self.n_latent, max(1, 2**22 // max(1, v.shape[0] * top.n_hidden))):
-            h = enumerate_states(self.n_latent, s0, s1, device=v.device, dtype=v.dtype)
-            odd = F.softplus(a.unsqueeze(1) + (h @ top.W[n_v:]).unsqueeze(0)).sum(-1)  # [rows, states]
-            terms.append(odd + h @ top.b[n_v:])
-        log_p_star = v @ top.b[:n_v] + torch.cat(terms, -1).logsumexp(-1)
-        return log_p_star - (self.log_z_exact(max_units) if log_z is None else log_z)
 
 
 class MeanFieldQ:

@@ -27,6 +27,7 @@ from torch import nn
 
 from nvil.core.config import positive_float, positive_int
 from nvil.core.errors import ConfigError
+from nvil.estimators.exact import exact_log_marginal
 from nvil.estimators.partition import AIS
 from nvil.learners.base import Learner
 from nvil.learners.dbm_pretrain import Pretraining
@@ -156,7 +157,7 @@ class DBMSAP(Learner):
         out["val/variational_bound_ais"] = ais.mean
         if dbm.top.n_hidden <= 20 and dbm.n_latent <= 12:
             log_z = dbm.log_z_exact().item()
-            out["val/log_p_exact"] = dbm.exact_log_prob(valid, log_z).mean().item()
+            out["val/log_p_exact"] = (exact_log_marginal(dbm, valid) - log_z).mean().item()
             out["val/variational_bound"] = out["val/variational_bound_unnormalised"] - log_z
         return out
 
