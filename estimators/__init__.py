@@ -36,6 +36,7 @@ from nvil.estimators.partition import AIS, RAISE
 from nvil.estimators.per_example import AISPosterior
 from nvil.estimators.reverse_ais import BDMC
 from nvil.estimators.settings import AISSettings, CertifySettings, LogZSettings
+from nvil.models.protocol import protocol_only
 
 ESTIMATORS = {"iwae": IWAE, "elbo": ELBO, "exact": Exact, "classify": Classify, "ais": AIS,
               "raise": RAISE, "ais_posterior": AISPosterior, "chib": Chib, "harmonic": Harmonic,
@@ -73,12 +74,37 @@ def estimator_settings(cfg) -> dict:
     return out
 
 
-def build_estimator(cfg):
-    """The estimator ``cfg`` (``estimator.*``: a Hydra config or any mapping with ``name``) describes."""
+# A model seen through the protocol alone (a user's model, the VAE: no capability of a built-in family) is scored by
+# the estimator of ``MODEL_ESTIMATORS`` that does the same job: its name and the settings both take (the config's
+# own names, left, as the protocol estimator's, right; the other keys of the config file are the built-in's own).
+PROTOCOL_ROUTES = {
+    "iwae": ("iwae", {"num_samples": "num_samples", "batch_size": "batch_size"}),
+    "ais_hmc": ("ais", {"num_betas": "num_betas", "schedule": "schedule", "num_runs": "num_chains",
+                        "num_leapfrog": "num_leapfrog", "step_size": "step_size", "target_accept": "target_accept",
+                        "adapt": "adapt", "pilot_chains": "pilot_chains", "batch_size": "batch_size",
+                        "min_example_ess": "min_example_ess"}),
+    "bdmc": ("bdmc", {"num_simulated": "num_simulated", "num_betas": "num_betas", "schedule": "schedule",
+                      "num_runs": "num_chains", "batch_size": "batch_size", "max_gap": "max_gap",
+                      "num_leapfrog": "num_leapfrog", "step_size": "step_size", "target_accept": "target_accept",
+                      "adapt": "adapt", "pilot_chains": "pilot_chains"}),
+    "exact": ("exact", {"batch_size": "batch_size", "max_latent": "max_latent"}),
+}
+
+
+def build_estimator(cfg, model=None):
+    """The estimator ``cfg`` (``estimator.*``: a Hydra config or any mapping with ``name``) describes; for a
+    ``model`` seen through the protocol alone, the protocol estimator of ``PROTOCOL_ROUTES``."""
     name = cfg.get("name")
     if name not in ESTIMATORS:
         raise ConfigError(f"unknown estimator {name!r}; known estimators: {', '.join(sorted(ESTIMATORS))}")
-    return ESTIMATORS[name](**estimator_settings(cfg))
+    settings = estimator_settings(cfg)
+    if model is None or not protocol_only(model):
+        return ESTIMATORS[name](**settings)
+    if name not in PROTOCOL_ROUTES:
+        raise ConfigError(f"estimator={name} needs a capability a {type(model).__name__} does not declare (it follows "
+                          f"the model protocol alone); use estimator={', '.join(sorted(PROTOCOL_ROUTES))}")
+    target, keys = PROTOCOL_ROUTES[name]
+    return MODEL_ESTIMATORS[target](**{keys[k]: v for k, v in settings.items() if k in keys})
 
 
 __all__ = ["AIS", "AISHMC", "AISPosterior", "AISSettings", "BDMC", "CertifySettings", "Chib", "ChibMH", "Classify",

@@ -42,6 +42,7 @@ from nvil.estimators.per_example import PerExample
 from nvil.mcmc.adapt import multiplicative_adapt
 from nvil.mcmc.hmc import HMC
 from nvil.models.gaussian import FORMS
+from nvil.models.protocol import CONTINUOUS_LATENTS, capable
 
 CONTINUOUS_HINT = "model=gbn or dbn_dynamic"
 # Upper clamp of the adapted step size: large enough not to bind (in auxiliary form the posterior's scale is at
@@ -55,7 +56,7 @@ class ContinuousLatent:
     needs_log_z = False  # the prior is normalised: exp(log w) estimates p(x) itself
 
     def __init__(self, model, estimator: str, form: str) -> None:
-        if not model.family == "continuous":
+        if not capable(model, CONTINUOUS_LATENTS):
             raise ConfigError(f"estimator={estimator} integrates over continuous latent variables ({CONTINUOUS_HINT}); "
                               f"this checkpoint holds a {type(model).__name__}: use chib, ais_posterior, harmonic or "
                               "iwae for binary latents, ais or raise for Boltzmann machines")

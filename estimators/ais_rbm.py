@@ -29,6 +29,7 @@ from nvil.core.ops import chunks
 from nvil.data import take_rows
 from nvil.estimators.annealing import LogZ, ais
 from nvil.mcmc.gibbs import BlockGibbs, forward_sweep, forward_sweep_eager, sweep_uniforms
+from nvil.models.protocol import CONTINUOUS_LATENTS, FREE_ENERGY, capable
 from nvil.models.rbm import BaseRate, BoltzmannMachine, State, as_beta
 
 # ---- the base-rate model A: every switch on the kind of pixel -------------------------------------------------
@@ -292,8 +293,8 @@ def free_energy_log_p(model, data, log_z: float, batch_size: int, progress=None,
 
 
 def check_boltzmann(model, name: str) -> None:
-    if model.family != "boltzmann":
-        use = ("ais_hmc, chib_mh or iwae" if model.family == "continuous"
+    if not capable(model, FREE_ENERGY):
+        use = ("ais_hmc, chib_mh or iwae" if capable(model, CONTINUOUS_LATENTS)
                else "ais_posterior, chib, harmonic or iwae (dbn: also dbn_bound)")
         raise ConfigError(f"estimator={name} estimates the partition function of a Boltzmann machine (model=rbm or "
                           f"srbm); this checkpoint holds a {type(model).__name__}: use {use}")

@@ -8,6 +8,7 @@ NaN / Infinity tokens that strict JSON parsers reject."""
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import sys
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from nvil.core.ops import chunks, log_mean_exp, mean_and_stderr  # noqa: F401  (chunks: re-exported, its old home)
+from nvil.estimators.door import admit, certify_finite
 
 
 class Certificate:
@@ -62,6 +64,8 @@ class Result(Certificate):
     shared_stderr: float = 0.0
     # [runs, num_examples]: each independent run's own estimate, for the per-run spread.
     run_log_p: torch.Tensor | None = None
+    # What the estimator's settings call its runs (``num_chains`` for AIS on a user's model), for the JSON line.
+    runs_name: str = "num_runs"
     # The certificate (``Certificate``): the checks that ran, those that failed, one sentence per failure.
     checks: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
@@ -98,7 +102,7 @@ class Result(Certificate):
             out["stderr_examples"] = round(self.stderr_examples, 4)
         if self.run_log_p is not None:
             run_means = self.run_log_p.double().mean(1)
-            out["num_runs"] = int(run_means.numel())
+            out[self.runs_name] = int(run_means.numel())
             out["run_spread"] = round(run_means.std().item(), 4) if run_means.numel() > 1 else 0.0
             out["mean_log_p_per_run"] = round(run_means.mean().item(), 4)
             if run_means.numel() > 1:  # an estimator whose runs combine otherwise (harmonic) says so in its extras
@@ -197,8 +201,32 @@ class Estimator:
     row_offset_aware: bool = False
     config_only: tuple[str, ...] = ()
 
+    def __init_subclass__(cls, **kwargs) -> None:
+        """Every subclass's ``estimate`` goes through the one door (``nvil.estimators.door``): its rows (and
+        ``train=`` / ``init=`` rows) are admitted first, and a non-finite result fails its certificate."""
+        super().__init_subclass__(**kwargs)
+        if "estimate" in cls.__dict__:
+            cls.estimate = _through_the_door(cls.__dict__["estimate"])
+
     def dataset_inputs(self, model, data, split: str, rows: tuple[int, int], **_) -> dict:
         return {}
+
+
+def _through_the_door(estimate):
+    @functools.wraps(estimate)
+    def admitted(self, model, data=None, *args, **kwargs):
+        if data is not None:
+            data = admit(model, data, "data")
+        for key in ("train", "init"):
+            if kwargs.get(key) is not None and not isinstance(kwargs[key], tuple):
+                kwargs[key] = admit(model, kwargs[key], key)
+        result = estimate(self, model, data, *args, **kwargs)
+        if isinstance(result, Certificate) and hasattr(result, "log_p"):
+            certify_finite(result)
+        return result
+
+    admitted.through_the_door = True
+    return admitted
 
 
 # ---- progress ----------------------------------------------------------------------------------------------

@@ -36,6 +36,7 @@ from nvil.estimators.certify import stored_particles
 from nvil.estimators.log_z import apply_log_z, has_top_log_z, top_log_z
 from nvil.estimators.per_example import BOLTZMANN_ESTIMATORS
 from nvil.estimators.settings import LOG_Z, LogZSettings
+from nvil.models.protocol import CONTINUOUS_LATENTS, FREE_ENERGY, capable
 
 MAX_ELEMENTS = 2**22  # floats per chunk of samples (estimator.max_elements): the logits stay in the caches and heap
 
@@ -119,11 +120,11 @@ class SampledBound(Estimator):
         self.log_z_settings = LogZSettings.of(log_z)
 
     def check(self, model, inference) -> None:
-        if model.family == "boltzmann":
+        if capable(model, FREE_ENERGY):
             raise ConfigError(f"estimator={self.name} draws h from an inference network q(h | v), which a Boltzmann "
                               "machine does not have (its hidden units are summed exactly in its free energy); for "
                               f"model=rbm or srbm use estimator={BOLTZMANN_ESTIMATORS}")
-        if inference is None and not has_top_log_z(model) and not model.family == "continuous":
+        if inference is None and not has_top_log_z(model) and not capable(model, CONTINUOUS_LATENTS):
             raise ConfigError(f"estimator={self.name} needs a model with an inference network (sbn, fdarn), a DBN, "
                               "a DBM or a Gaussian net (gbn, dbn_dynamic: the prior is the proposal)")
 
@@ -148,7 +149,7 @@ class SampledBound(Estimator):
                               "starts from base rates of the training data passed up the net")
         t0 = time.perf_counter()
         log_z, log_z_se, extras, certificate = 0.0, 0.0, {}, None
-        if model.family == "continuous":  # the weak baseline: the prior as the proposal
+        if capable(model, CONTINUOUS_LATENTS):  # the weak baseline: the prior as the proposal
             inference, extras = model.prior_proposal(), {"proposal": "prior"}
         if has_top_log_z(model):
             inference = model.recognition()

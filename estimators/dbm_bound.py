@@ -20,6 +20,7 @@ from nvil.core.errors import ConfigError
 from nvil.estimators.base import NO_PROGRESS, BatchProgress
 from nvil.estimators.per_example import LatentModel, PerExample
 from nvil.estimators.settings import LOG_Z, LogZSettings
+from nvil.models.protocol import TOP_MACHINE, VARIATIONAL_BOUND, capable
 
 
 class DBMBound(PerExample):
@@ -37,7 +38,7 @@ class DBMBound(PerExample):
         self.tol = positive_float(mean_field_tol, "estimator.mean_field_tol")
 
     def check(self, model, inference) -> None:
-        if getattr(model, "family", None) != "dbm":
+        if not (capable(model, VARIATIONAL_BOUND) and capable(model, TOP_MACHINE)):
             raise ConfigError("estimator=dbm_bound is the mean-field bound of a deep Boltzmann machine (model=dbm); "
                               "for a DBN use estimator=dbn_bound, for sbn or fdarn estimator=elbo")
 

@@ -19,6 +19,7 @@ from nvil.core.errors import ConfigError
 from nvil.estimators.base import NO_PROGRESS, BatchProgress
 from nvil.estimators.per_example import LatentModel, PerExample
 from nvil.estimators.settings import LOG_Z, LogZSettings
+from nvil.models.protocol import LAYER_STACK, TOP_MACHINE, capable
 
 
 class DBNBound(PerExample):
@@ -35,7 +36,7 @@ class DBNBound(PerExample):
         self.num_samples = positive_int(num_samples, "estimator.num_samples")
 
     def check(self, model, inference) -> None:
-        if model.family != "dbn":
+        if not (capable(model, LAYER_STACK) and capable(model, TOP_MACHINE)):
             raise ConfigError("estimator=dbn_bound is the bound of a deep belief net (model=dbn); for sbn or fdarn "
                               "use estimator=elbo, for rbm estimator=ais")
 

@@ -21,6 +21,7 @@ from nvil.core.ops import StreamingLogMeanExp, enumerate_states
 from nvil.data import take_rows
 from nvil.estimators.base import Estimator, Result, check_rows, check_seed, chunks
 from nvil.estimators.log_z import has_top_log_z
+from nvil.models.protocol import CONTINUOUS_LATENTS, FREE_ENERGY, capable
 
 MAX_LATENT = 20
 
@@ -30,7 +31,7 @@ def split_layers(h: torch.Tensor, layers: list[int]) -> list[torch.Tensor]:
 
 
 def check_enumerable(model, max_latent: int = MAX_LATENT) -> None:
-    if model.family == "continuous":
+    if capable(model, CONTINUOUS_LATENTS):
         raise ConfigError(f"estimator=exact enumerates binary latent states; this {type(model).__name__} has "
                           "continuous latents: use estimator=ais_hmc, chib_mh or iwae")
     if model.n_latent > max_latent:
@@ -99,7 +100,7 @@ class Exact(Estimator):
         self.max_latent = positive_int(max_latent, "estimator.max_latent")
 
     def check(self, model, inference) -> None:
-        if model.family == "boltzmann":  # Boltzmann machines: log Z by enumeration
+        if capable(model, FREE_ENERGY):  # Boltzmann machines: log Z by enumeration
             model.check_exact(self.max_latent)
         else:
             check_enumerable(model, self.max_latent)
@@ -113,7 +114,7 @@ class Exact(Estimator):
         check_rows(model, data)
         check_seed(seed)
         t0 = time.perf_counter()
-        if model.family == "boltzmann":
+        if capable(model, FREE_ENERGY):
             log_p = exact_boltzmann_log_prob(model, data, batch_size=self.batch_size, progress=progress)
             extras = {"log_z": round(model.log_z_exact().item(), 4)}
         else:

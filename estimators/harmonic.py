@@ -16,6 +16,7 @@ from nvil.core.ops import log_mean_exp
 from nvil.estimators.base import NO_PROGRESS, BatchProgress
 from nvil.estimators.per_example import LatentModel, PerExample
 from nvil.mcmc.sequential_gibbs import SequentialGibbs
+from nvil.models.protocol import CLOSED_FORM_LIKELIHOOD, capable
 
 
 class Harmonic(PerExample):
@@ -37,7 +38,7 @@ class Harmonic(PerExample):
         self.burn_in = burn_in
 
     def check(self, model, inference) -> None:
-        if getattr(model, "family", None) == "dbm":
+        if not capable(model, CLOSED_FORM_LIKELIHOOD):
             raise ConfigError("estimator=harmonic needs p(v | h) in closed form, which a DBM's latent layers do not give "
                               "(h_1 couples v and h_2); use estimator=chib or ais_posterior")
         super().check(model, inference)

@@ -30,6 +30,7 @@ from nvil.estimators.certify import (SOURCES, CertifiedLogZ, certified_log_z, ch
                                      log_p_extras, reference_bound, run_checks)
 from nvil.estimators.log_z_cache import LogZCache, Untrusted
 from nvil.estimators.settings import AISSettings, CertifySettings, LogZSettings
+from nvil.models.protocol import TOP_MACHINE, capable
 
 
 def parameter_digest(module: torch.nn.Module) -> str:
@@ -52,13 +53,10 @@ def nvil_version() -> str:
         return "unknown"
 
 
-TOP_LOG_Z_FAMILIES = ("dbn", "dbm")
-
-
 def has_top_log_z(model) -> bool:
     """Whether log p(v) = log p*(v) - log Z needs the log Z of the Boltzmann machine ``model.top``: a DBN's top RBM,
     a DBM's bipartite form (even layers | odd layers); ``model.top_data(train)`` gives its data rows."""
-    return getattr(model, "family", None) in TOP_LOG_Z_FAMILIES
+    return capable(model, TOP_MACHINE)
 
 
 def cache_path(checkpoint) -> Path | None:

@@ -55,6 +55,7 @@ class ModelBDMC(BDMC):
     certifies."""
 
     name = "bdmc"
+    runs_name = "num_chains"
 
     def __init__(self, *, num_simulated: int = 50, num_betas: int = 1000, schedule: str = "sigmoid",
                  num_chains: int = 16, start: str | None = None, batch_size: int = 50, max_gap: float = 1.0,

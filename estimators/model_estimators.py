@@ -63,6 +63,7 @@ class ModelAIS(PerExample):
     name = "ais"
     importance_runs = True
     uses_log_z = False
+    runs_name = "num_chains"
 
     def __init__(self, *, num_betas: int = 1000, schedule: str = "sigmoid", num_chains: int = 16,
                  start: str | None = None, batch_size: int = 50, num_leapfrog: int = 10, step_size: float = 0.05,
@@ -124,7 +125,8 @@ class ModelAIS(PerExample):
                 share.finish()
         per_run = torch.cat(runs)
         result = Result(self.name, self.combine(per_run), time.perf_counter() - t0, seed, self.settings(pm),
-                        run_log_p=per_run.T.contiguous())
+                        run_log_p=per_run.T.contiguous(),
+                        runs_name=self.runs_name)
         self.certify(result, per_run)
         if self.iwae_samples:
             self.compare_with_iwae(pm, x, result, seed, row_offset)

@@ -36,6 +36,13 @@ from nvil.estimators.certify import (CertifiedLogZ, certified_log_z, check_sourc
                                      stored_particles)
 from nvil.estimators.log_z import cached_log_z, log_z_key
 from nvil.estimators.settings import AISSettings, CertifySettings
+from nvil.models.protocol import TOP_MACHINE, VARIATIONAL_BOUND, capable
+
+
+def scores_top_bound(model) -> bool:
+    """Whether ``estimator=ais`` scores ``model`` by its per-row variational bound on log p*(v) less the AIS log Z
+    of its top machine (a DBM), rather than by -F(v) - log Z of the model itself (an RBM)."""
+    return capable(model, TOP_MACHINE) and capable(model, VARIATIONAL_BOUND)
 
 
 class AIS(Estimator):
@@ -90,11 +97,11 @@ class AIS(Estimator):
         self.accel = check_mode(accel, what="estimator.accel")
 
     def check(self, model, inference) -> None:
-        if getattr(model, "family", None) != "dbm":
+        if not scores_top_bound(model):
             check_boltzmann(model, self.name)
 
     def dataset_inputs(self, model, data, split, rows, checkpoint=None, payload=None, **_) -> dict:
-        machine = model.top if model.family == "dbm" else model
+        machine = model.top if scores_top_bound(model) else model
         return {"train": data.split("train"), "particles": stored_particles(payload, machine.n_visible),
                 "checkpoint": checkpoint}
 
@@ -151,7 +158,7 @@ class AIS(Estimator):
             check_rows(model, init, "init")
         t0 = time.perf_counter()
         phase = phase_namer(progress, self.name)
-        machine, owner = (model.top, model) if model.family == "dbm" else (model, None)
+        machine, owner = (model.top, model) if scores_top_bound(model) else (model, None)
         if owner is not None:  # a DBM: log Z of its bipartite form, from data rows [v, mean-field even layers]
             train, init = owner.top_data(train), None if init is None else owner.top_data(init)
         c, cached = self.log_z(machine, train, train if init is None else init, seed, generator,

@@ -45,6 +45,7 @@ from nvil.estimators.exact import split_layers
 from nvil.estimators.log_z import apply_log_z, has_top_log_z, top_log_z
 from nvil.estimators.settings import LOG_Z, LogZSettings
 from nvil.models.binary_density import require_bernoulli_visibles
+from nvil.models.protocol import BINARY_LATENTS, CONTINUOUS_LATENTS, FREE_ENERGY, capable
 
 BOLTZMANN_ESTIMATORS = "ais, raise, exact or classify"
 CONTINUOUS_ESTIMATORS = "ais_hmc, chib_mh or iwae"
@@ -55,10 +56,10 @@ class LatentModel:
     estimators that sum over them."""
 
     def __init__(self, model, inference, estimator: str) -> None:
-        if model.family == "continuous":
+        if capable(model, CONTINUOUS_LATENTS):
             raise ConfigError(f"estimator={estimator} sums over binary latent units; this checkpoint holds a "
                               f"{type(model).__name__} with continuous latents: use {CONTINUOUS_ESTIMATORS}")
-        if model.family == "boltzmann":
+        if capable(model, FREE_ENERGY) or not capable(model, BINARY_LATENTS):
             raise ConfigError(f"estimator={estimator} sums over one test case's latent units, and an RBM's hidden "
                               f"units are summed exactly; for model=rbm or srbm use estimator={BOLTZMANN_ESTIMATORS}")
         self.model = model
@@ -91,6 +92,7 @@ class PerExample(Estimator):
     row_offset_aware = True  # evaluate_checkpoint passes the first row's index in the whole split
     uses_log_z = True  # False where the estimate needs no normalised prior (the harmonic mean)
     importance_runs = False  # True where each run's exp(estimate) is an importance weight (AIS): per-example ESS
+    runs_name = "num_runs"  # what the subclass's settings call its runs per example (errors and the JSON line)
 
     def __init__(self, *, num_runs: int = 1, batch_size: int = 100, accel: str = "none",
                  log_z: LogZSettings | Mapping | None = None, min_example_ess: float | None = None) -> None:
@@ -99,7 +101,7 @@ class PerExample(Estimator):
         ``nvil.mcmc.sequential_gibbs``); ``log_z``: a DBN's top-RBM log Z (``LogZSettings`` or a mapping of its
         fields; None: the estimator takes none); ``min_example_ess``: importance-weight runs only, the per-example
         ESS below which the certificate fails (None: max(1.5, 0.2 num_runs))."""
-        self.num_runs = positive_int(num_runs, "estimator.num_runs")
+        self.num_runs = positive_int(num_runs, f"estimator.{self.runs_name}")
         self.batch_size = positive_int(batch_size, "estimator.batch_size")
         self.accel = check_mode(accel, None, "estimator.accel")
         self.log_z_settings = None if log_z is None else LogZSettings.of(log_z)
@@ -157,7 +159,8 @@ class PerExample(Estimator):
             share.finish()
         per_run = torch.cat(runs) - log_z  # [examples, runs]
         result = Result(self.name, self.combine(per_run), time.perf_counter() - t0, seed, dict(self.settings()),
-                        shared_stderr=log_z_se, run_log_p=per_run.T.contiguous())
+                        shared_stderr=log_z_se, run_log_p=per_run.T.contiguous(),
+                        runs_name=self.runs_name)
         if certificate is not None:
             apply_log_z(result, *certificate)
         self.certify(result, per_run)

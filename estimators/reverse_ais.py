@@ -34,6 +34,7 @@ from nvil.estimators.base import (
 )
 from nvil.estimators.per_example import LatentModel, pilot_steps, posterior_ladder
 from nvil.models.gaussian import FORMS
+from nvil.models.protocol import ANCESTRAL, CONTINUOUS_LATENTS, capable
 
 
 @dataclass
@@ -87,6 +88,7 @@ class BDMC(Estimator):
     estimator simulates its own data); ``log_p`` is the forward side, ``mean_log_p_upper`` the reverse one.
     """
 
+    runs_name = "num_runs"  # what the settings call the chains per simulated example (errors, the JSON line)
     name = "bdmc"
     simulates_own_data = True  # evaluate_checkpoint refuses to shard it: every shard would simulate the same rows
     # The running batch's share of the progress bar, one unit per AIS step in either direction; set by ``estimate``
@@ -106,7 +108,7 @@ class BDMC(Estimator):
         means both directions use; ``step_size`` throughout without ``adapt``), ``form`` (auxiliary | centred) and
         ``accel`` (none | compile | cudagraphs)."""
         self.num_simulated = positive_int(num_simulated, "estimator.num_simulated")
-        self.num_runs = positive_int(num_runs, "estimator.num_runs")
+        self.num_runs = positive_int(num_runs, f"estimator.{self.runs_name}")
         self.batch_size = positive_int(batch_size, "estimator.batch_size")
         self.num_betas = positive_int(num_betas, "estimator.num_betas")
         self.schedule = schedule
@@ -129,11 +131,11 @@ class BDMC(Estimator):
 
     def latent_model(self, model, inference):
         """``ContinuousLatent`` (Gaussian nets) or ``LatentModel`` (SBN / fDARN with an inference network)."""
-        if model.family in ("boltzmann", "dbn", "dbm"):
+        if not capable(model, ANCESTRAL):
             raise ConfigError(f"estimator=bdmc simulates exact (h, v) pairs by ancestral sampling, which a "
                               f"{type(model).__name__} does not allow; for Boltzmann machines use estimator=raise "
                               f"(forward and reverse AIS for log Z) or estimator=ais")
-        if model.family == "continuous":
+        if capable(model, CONTINUOUS_LATENTS):
             return ContinuousLatent(model, self.name, self.form)
         return LatentModel(model, inference, self.name)
 
@@ -231,7 +233,7 @@ class BDMC(Estimator):
         log_w_rev = torch.cat(rev)     # [examples, runs]: log w_rev, each exp() unbiased for 1 / p(v)
         lower = combine_runs(lower_runs)
         upper = -log_mean_exp(log_w_rev, 1)
-        result = BDMCResult(self.name, lower, 0.0, seed, run_log_p=lower_runs.T.contiguous(), log_p_upper=upper,
+        result = BDMCResult(self.name, lower, 0.0, seed, run_log_p=lower_runs.T.contiguous(), runs_name=self.runs_name, log_p_upper=upper,
                             run_log_p_upper=(-log_w_rev).T.contiguous(), simulated=v_all.cpu())
         result.extras.update(self.report(lm, result, accept))
         result.seconds = time.perf_counter() - t0
@@ -254,13 +256,13 @@ class BDMC(Estimator):
         result.check("bdmc_order", not mean_gap < -3 * se_gap,  # a NaN gap fails bdmc_gap, not this
                      f"bdmc_order: the reverse-AIS (upper) side lies {-mean_gap:.4g} nats below the forward-AIS (lower) "
                      f"side on average, more than 3 standard errors of the per-example gap ({3 * se_gap:.4g}), an "
-                     f"inverted sandwich that means a bug or too few runs (raise estimator.num_runs or "
+                     f"inverted sandwich that means a bug or too few runs (raise estimator.{self.runs_name} or "
                      f"estimator.num_simulated)")
         r = lambda x: round(x, 4)  # noqa: E731
         out = {"mean_log_p_upper": r(mean_upper), "stderr_upper": r(se_upper), "bdmc_gap": r(mean_gap),
                "bdmc_gap_stderr": r(se_gap), "bdmc_gap_per_example_q50_q90_max": [r(x) for x in q],
                "max_gap": self.max_gap, "certifies": f"estimator={target} {settings}", "num_betas": self.num_betas,
-               "schedule": self.schedule, "num_simulated": self.num_simulated, "num_runs": self.num_runs,
+               "schedule": self.schedule, "num_simulated": self.num_simulated, self.runs_name: self.num_runs,
                "latents": "continuous" if self.continuous(lm) else "binary"}
         if self.continuous(lm):
             out.update({"num_leapfrog": self.num_leapfrog, "form": self.form, "adapt": self.adapt,

@@ -1,6 +1,8 @@
 """What the loop validates on, per model family, and the score early stopping keeps the best of.
 
 - directed models with an inference network: ``val/elbo``, the ELBO with ``num_samples`` from q;
+- models seen through the protocol alone with a proposal (the VAE): ``val/iwae``, Burda et al.'s L_K with
+  K = ``num_samples`` draws of q(z | x);
 - Boltzmann machines small enough to enumerate (<= 20 hidden units, or pixels for a semi-RBM):
   ``val/log_p_exact`` and ``train/log_p_exact`` (on a training subset), exact log-likelihoods;
 - Gaussian belief nets (continuous latents): ``val/log_likelihood``, log p(x) by AIS with HMC transitions
@@ -24,14 +26,22 @@ from nvil.estimators.ais import schedule
 from nvil.estimators.ais_hmc import ContinuousLatent, ais_hmc_log_w
 from nvil.estimators.base import combine_runs
 from nvil.estimators.bounds import elbo
+from nvil.estimators.model_bounds import ModelIWAE
+from nvil.models.protocol import CONTINUOUS_LATENTS, FREE_ENERGY, capable, draw_seed, protocol_only
 from nvil.models.rbm import BoltzmannMachine
 
 
 def score_tag(model, inference) -> str:
-    """The ELBO for a model trained with an inference network, else what its family can score (``FAMILY_TAG``)."""
+    """The ELBO for a model trained with an inference network, else what its family can score (by its capabilities)."""
     if inference is not None:
         return "val/elbo"
-    return FAMILY_TAG[model.family](model)
+    if capable(model, CONTINUOUS_LATENTS):
+        return "val/log_likelihood"
+    if capable(model, FREE_ENERGY):
+        return _boltzmann_tag(model)
+    if protocol_only(model) and callable(getattr(model, "proposal", None)):
+        return "val/iwae"
+    raise ConfigError(f"a {type(model).__name__} trained without an inference network has no validation score")
 
 
 def _boltzmann_tag(model) -> str:
@@ -47,7 +57,6 @@ def _exact_feasible(model) -> bool:
         return False
 
 
-FAMILY_TAG = {"continuous": lambda model: "val/log_likelihood", "boltzmann": _boltzmann_tag}
 PIXEL_TAG = {"bernoulli": "val/pseudo_log_likelihood", "gaussian": "val/neg_reconstruction_error"}
 
 
@@ -79,6 +88,8 @@ SCORE = {  # tag -> the scores logged under it
     "val/elbo": lambda j: {"val/elbo": elbo(j.model, j.inference, j.valid, j.num_samples, generator=j.g).mean().item()},
     "val/log_likelihood": lambda j: {"val/log_likelihood": continuous_log_likelihood(
         j.model, j.valid, j.num_samples, j.ais_betas, j.g).mean().item()},
+    "val/iwae": lambda j: {"val/iwae": ModelIWAE(num_samples=j.num_samples).estimate(
+        j.model, j.valid, seed=draw_seed(j.g)).mean},
     "val/log_p_exact": _exact,
     "val/pseudo_log_likelihood": lambda j: {"val/pseudo_log_likelihood": stochastic_pseudo_log_likelihood(
         j.model, j.valid, j.g).mean().item()},

@@ -27,6 +27,7 @@ from torch import nn
 
 from nvil.backend.native.bernoulli_log_prob import bernoulli_log_prob
 from nvil.models.binary_density import BinaryDensity, DensityBuilder
+from nvil.models.protocol import BINARY_LATENTS, TOP_MACHINE, VARIATIONAL_BOUND
 from nvil.models.rbm import BoltzmannMachine
 from nvil.models.visible import Bernoulli, bernoulli_sample
 
@@ -37,7 +38,8 @@ def binary_entropy(mu: torch.Tensor) -> torch.Tensor:
 
 
 class DBM(nn.Module):
-    family = "dbm"
+    capabilities = frozenset({TOP_MACHINE, VARIATIONAL_BOUND, BINARY_LATENTS})
+    data_support = "binary"
     visible_layer = Bernoulli()
 
     def __init__(self, n_visible: int, sizes: list[int]) -> None:

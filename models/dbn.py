@@ -24,12 +24,14 @@ from torch import nn
 
 from nvil.backend.native.bernoulli_log_prob import bernoulli_log_prob
 from nvil.models.binary_density import BinaryDensity, DensityBuilder, layer_slices
+from nvil.models.protocol import BINARY_LATENTS, CLOSED_FORM_LIKELIHOOD, LAYER_STACK, TOP_MACHINE
 from nvil.models.rbm import BoltzmannMachine
 from nvil.models.visible import Bernoulli, bernoulli_sample
 
 
 class DBN(nn.Module):
-    family = "dbn"
+    capabilities = frozenset({TOP_MACHINE, LAYER_STACK, BINARY_LATENTS, CLOSED_FORM_LIKELIHOOD})
+    data_support = "binary"
     visible_layer = Bernoulli()  # every layer of the stack is binary
 
     def __init__(self, n_visible: int, sizes: list[int]) -> None:

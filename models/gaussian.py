@@ -30,6 +30,7 @@ from torch import nn
 
 from nvil.core.errors import ConfigError
 from nvil.models.gaussian_grad import LogJoint
+from nvil.models.protocol import ANCESTRAL, CLOSED_FORM_LIKELIHOOD, CONTINUOUS_LATENTS
 from nvil.models.visible import LOG_2PI, VISIBLE, gaussian_log_prob
 
 FORMS = ("auxiliary", "centred")
@@ -48,7 +49,7 @@ class GaussianNet(nn.Module):
     (index into ``log_sigmas``); ``obs_parent`` and ``obs_link`` (index into ``emissions``) for the
     observed vectors, whose concatenation is a data row."""
 
-    family = "continuous"
+    capabilities = frozenset({CONTINUOUS_LATENTS, ANCESTRAL, CLOSED_FORM_LIKELIHOOD})
     is_continuous_latent = True
 
     def __init__(self, form: str, visible: str, nonlinearity: str, sigma: float, visible_sigma: float,
@@ -87,6 +88,11 @@ class GaussianNet(nn.Module):
             self.offsets.append(self.offsets[-1] + n)
 
     # ---- bookkeeping -------------------------------------------------------------------------------
+    @property
+    def data_support(self) -> str:
+        """What a data row holds (``nvil.estimators.door``): binary values, or real ones."""
+        return "binary" if self.visible == "bernoulli" else "real"
+
     @property
     def n_latent(self) -> int:
         return self.offsets[-1]

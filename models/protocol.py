@@ -67,6 +67,47 @@ class Latent:
         return list(torch.split(z, list(self.layers), dim=-1))
 
 
+# ---- capabilities: what a model declares it offers, which the estimators and learners ask for ----------------
+# A model lists them in its class attribute ``capabilities``; an algorithm asks ``capable(model, NAME)``, never
+# for a family's name, so a new family with the same capabilities reaches the same algorithms unchanged.
+
+FREE_ENERGY = "free_energy"
+"""Hidden units summed in closed form: log p*(v) = -free_energy(v), exact block-Gibbs conditionals
+(``sample_h`` / ``sample_x_given_h`` with ``beta``); log Z is the model's own (RBM, semi-RBM)."""
+TOP_MACHINE = "top_machine"
+"""log p(v) = log p*(v) - log Z of the bipartite Boltzmann machine ``model.top``, whose data rows are
+``model.top_data(v)``; every estimator shares that log Z (DBN's top RBM, DBM's even | odd form)."""
+VARIATIONAL_BOUND = "variational_bound"
+"""``model.variational_bound(v)``: a per-row lower bound on log p*(v) from a mean-field posterior (DBM)."""
+BINARY_LATENTS = "binary_latents"
+"""Binary latent layers per example with ``latent_density(v)`` (log P*(v, h) and Gibbs conditionals) and an
+approximate posterior (an inference network, or ``model.recognition()``)."""
+CONTINUOUS_LATENTS = "continuous_latents"
+"""Gaussian latents: ``log_prior(state, form)``, ``log_likelihood(x, state, form)`` for HMC in ``form`` and
+``prior_proposal()`` (Gaussian belief nets)."""
+ANCESTRAL = "ancestral"
+"""Exact joint draws (h, v) by ancestral sampling: the simulated data of BDMC."""
+CLOSED_FORM_LIKELIHOOD = "closed_form_likelihood"
+"""p(v | h) in closed form given the latent layers the estimators sample (the harmonic mean needs it)."""
+LAYER_STACK = "layer_stack"
+"""A stack of RBMs (``model.rbms``) trained one layer at a time, with the greedy up-pass as its posterior."""
+CAPABILITIES = (FREE_ENERGY, TOP_MACHINE, VARIATIONAL_BOUND, BINARY_LATENTS, CONTINUOUS_LATENTS, ANCESTRAL,
+                CLOSED_FORM_LIKELIHOOD, LAYER_STACK)
+
+
+def capable(model, capability: str) -> bool:
+    """Whether ``model`` declares ``capability`` (one of ``CAPABILITIES``) in its ``capabilities``."""
+    if capability not in CAPABILITIES:
+        raise ValueError(f"unknown capability {capability!r}; the capabilities are {', '.join(CAPABILITIES)}")
+    return capability in getattr(model, "capabilities", ())
+
+
+def protocol_only(model) -> bool:
+    """Whether the estimators see ``model`` through the protocol alone (latent, log_prior, log_likelihood, the
+    samplers, a proposal): a user's model or the VAE, which declare no capability of the built-in families."""
+    return not any(c in CAPABILITIES for c in getattr(model, "capabilities", ()))
+
+
 def _sizes(size) -> tuple[int, ...]:
     if isinstance(size, int) and not isinstance(size, bool):
         return (size,)
@@ -85,8 +126,6 @@ class ProtocolModel:
 
     ``base`` is what AIS anneals from and IWAE samples from: ``prior`` (f_0 = p(z)) or ``proposal`` (f_0 = q(z | x));
     both are normalised, so exp(log w) is unbiased for p(x) in either case."""
-
-    family = "protocol"
 
     def __init__(self, obj, what: str = "the model") -> None:
         missing = [name for name in REQUIRED if not callable(getattr(obj, name, None))]

@@ -29,6 +29,7 @@ from torch import nn
 from nvil.backend import gemm
 from nvil.core.errors import ConfigError
 from nvil.core.ops import chunks, enumerate_states
+from nvil.models.protocol import FREE_ENERGY
 from nvil.models.rbm_grad import BIAS_GRAD, free_energy_grad
 from nvil.models.visible import VISIBLE, Bernoulli, LateralBernoulli, bernoulli_sample
 
@@ -66,7 +67,7 @@ def temper(beta, t: torch.Tensor) -> torch.Tensor:
 
 
 class BoltzmannMachine(nn.Module):
-    family = "boltzmann"
+    capabilities = frozenset({FREE_ENERGY})
     visible_offset = None  # an AIS intermediate distribution (nvil.estimators.ais_rbm.TemperedRBM) sets b_A here
 
     def __init__(self, n_visible: int, n_hidden: int, visible: str = "binary", lateral: bool = False,
@@ -91,6 +92,11 @@ class BoltzmannMachine(nn.Module):
             self.register_buffer("off_diagonal", 1.0 - torch.eye(self.n_pixels))
 
     # ---- bookkeeping ---------------------------------------------------------------------------
+    @property
+    def data_support(self) -> str:
+        """What a data row holds (``nvil.estimators.door``): binary pixels (and one-hot labels), or real values."""
+        return "real" if self.visible_layer.name == "gaussian" else "binary"
+
     @property
     def n_visible(self) -> int:
         """Width of x = [v, y]: what data rows and checkpoints carry."""
@@ -270,6 +276,22 @@ class BoltzmannMachine(nn.Module):
     def exact_log_prob(self, x: torch.Tensor, log_z: torch.Tensor | None = None) -> torch.Tensor:
         """log p(x) = -F(x) - log Z (densities for Gaussian visibles)."""
         return -self.free_energy(x) - (self.log_z_exact() if log_z is None else log_z)
+
+    @torch.no_grad()
+    def sample(self, n: int, generator: torch.Generator | None = None, gibbs_sweeps: int = 1000):
+        """Approximate samples of p(v) = sum_h exp(-E(v, h)) / Z: ``gibbs_sweeps`` block-Gibbs sweeps (h | v, then
+        v | h) from h drawn uniformly, as the DBN's and DBM's ``sample``. Returns (v [n, n_visible], h [n, n_hidden])."""
+        h = bernoulli_sample(torch.full((n, self.n_hidden), 0.5, device=self.W.device, dtype=self.W.dtype), generator)
+        x = self.sample_x_given_h(h, 1.0, generator)
+        for _ in range(gibbs_sweeps):
+            h = self.sample_h(x, 1.0, generator)
+            x = self.sample_x_given_h(h, 1.0, generator, x=x)
+        return x, h
+
+    def extra_repr(self) -> str:
+        lateral = ", lateral=True" if self.L is not None else ""
+        labels = f", n_labels={self.n_labels}" if self.n_labels else ""
+        return f"n_visible={self.n_pixels}, n_hidden={self.n_hidden}, visible={self.visible!r}{lateral}{labels}"
 
     @torch.no_grad()
     def init_chains(self, x: torch.Tensor, generator=None) -> State:

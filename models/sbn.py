@@ -21,6 +21,7 @@ from torch import nn
 from nvil.backend import gemm
 from nvil.backend.native.bernoulli_log_prob import bernoulli_log_prob
 from nvil.models.autoregressive import AutoregressiveLinear
+from nvil.models.protocol import ANCESTRAL, BINARY_LATENTS, CLOSED_FORM_LIKELIHOOD
 from nvil.models.binary_density import BinaryDensity, DensityBuilder, layer_slices, require_bernoulli_visibles
 from nvil.models.visible import VISIBLE, bernoulli_sample
 
@@ -31,7 +32,7 @@ VISIBLES = ("bernoulli", "multinomial")
 class SBN(nn.Module):
     """A belief network with ``layers`` = [|h_1|, ..., |h_n|] binary latent units."""
 
-    family = "directed"
+    capabilities = frozenset({BINARY_LATENTS, ANCESTRAL, CLOSED_FORM_LIKELIHOOD})
 
     def __init__(self, n_visible: int, layers: list[int], prior: str = "factorial", visible: str = "bernoulli",
                  doc_length: int = 100) -> None:
@@ -50,6 +51,11 @@ class SBN(nn.Module):
         self.decoders = nn.ModuleList(gemm.Linear(sizes[i + 1], sizes[i]) for i in range(len(self.layers)))
         self.prior_logits = nn.Parameter(torch.zeros(self.layers[-1]))
         self.prior_ar = AutoregressiveLinear(self.layers[-1]) if prior == "autoregressive" else None
+
+    @property
+    def data_support(self) -> str:
+        """What a data row holds (``nvil.estimators.door``): binary pixels, or word counts."""
+        return "binary" if self.visible == "bernoulli" else "counts"
 
     @property
     def n_latent(self) -> int:

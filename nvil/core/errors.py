@@ -19,8 +19,9 @@ class CheckpointError(UserError):
     pass
 
 
-class DataError(UserError):
-    pass
+class DataError(UserError, ValueError):
+    """Rows an estimator or a dataset cannot take (non-finite values, a wrong shape or support): one line naming
+    the problem and the remedy (``nvil.estimators.door``)."""
 
 
 class TrainingDiverged(UserError):

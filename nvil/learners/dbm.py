@@ -34,6 +34,7 @@ from nvil.learners.dbm_pretrain import Pretraining
 from nvil.learners.negative_phase import PHASES
 from nvil.learners.sap import filter_grid
 from nvil.learners.settings import TTSettings
+from nvil.models.protocol import TOP_MACHINE, VARIATIONAL_BOUND, capable
 from nvil.models.visible import bernoulli_sample
 
 
@@ -64,7 +65,7 @@ class DBMSAP(Learner):
                  tt: TTSettings | Mapping | None = TTSettings(), validation_betas: int = 1000,
                  validation_chains: int = 100) -> None:
         super().__init__()
-        if getattr(model, "family", None) != "dbm":
+        if not (capable(model, VARIATIONAL_BOUND) and capable(model, TOP_MACHINE)):
             raise ConfigError("learner=dbm_sap trains deep Boltzmann machines (model=dbm)")
         n_rbms = len(model.sizes)
         steps = [pretrain_steps] * n_rbms if isinstance(pretrain_steps, int) else list(pretrain_steps or [])

@@ -27,6 +27,7 @@ from nvil.estimators.validation import stochastic_pseudo_log_likelihood
 from nvil.learners.base import Learner
 from nvil.learners.sap import SAP, filter_grid
 from nvil.learners.settings import SAPSettings, ScheduleSettings
+from nvil.models.protocol import LAYER_STACK, capable
 
 LAYER_LEARNERS = ("cd", "sap")
 PROPAGATE = ("mean", "sample")
@@ -51,7 +52,7 @@ class Greedy(Learner):
                  momentum_switch: int | None = None,
                  schedule: ScheduleSettings | Mapping | None = ScheduleSettings()) -> None:
         super().__init__()
-        if model.family != "dbn":
+        if not capable(model, LAYER_STACK):
             raise ConfigError("learner=greedy trains deep belief nets (model=dbn)")
         if per_layer is not None and len(per_layer) != len(model.rbms):
             raise ConfigError(f"learner.per_layer must have one entry per RBM ({len(model.rbms)}), "

@@ -38,6 +38,7 @@ from nvil.core.errors import ConfigError
 from nvil.learners.base import DataParallel, grad_norms
 from nvil.mcmc.adapt import DualAveraging
 from nvil.mcmc.hmc import HMC, differentiable
+from nvil.models.protocol import CONTINUOUS_LATENTS, capable
 
 ADAPT = ("fixed", "dual_averaging")
 
@@ -69,7 +70,7 @@ class MCEM(DataParallel):
         posterior); ``prior_std``: the N(0, prior_std^2) prior on weights and biases (MAP), None for maximum
         likelihood. ``device`` and ``seed``: the generator, and the chains' start (``bind_data``)."""
         super().__init__()
-        if not model.family == "continuous":
+        if not capable(model, CONTINUOUS_LATENTS):
             raise ConfigError(f"learner={self.NAME} trains Gaussian belief nets (model=gbn or dbn_dynamic), "
                               f"not a {type(model).__name__}")
         self.model, self.device, self.seed = model, torch.device(device), seed

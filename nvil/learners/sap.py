@@ -41,6 +41,7 @@ from nvil.core.errors import ConfigError
 from nvil.learners.base import DataParallel, grad_norms
 from nvil.learners.negative_phase import PHASES
 from nvil.learners.settings import PTSettings, SAPSettings, ScheduleSettings, TTSettings
+from nvil.models.protocol import FREE_ENERGY, capable
 from nvil.models.rbm import State
 
 
@@ -62,7 +63,7 @@ def filter_grid(w: torch.Tensor, n: int = 64) -> torch.Tensor:
 
 
 class SAP(DataParallel):
-    """Maximum likelihood for a Boltzmann machine (``model.family == "boltzmann"``: model=rbm or srbm); ``mode`` picks
+    """Maximum likelihood for a Boltzmann machine (a model with the ``free_energy`` capability: model=rbm or srbm); ``mode`` picks
     the negative phase (``MODES``: sap, trans_sap, pt_sap, cd, exact_ml; the module's docstring). The keywords are
     those of ``SAPSettings`` (``nvil.learners.settings``, where each is documented), defaults configs/learner/sap.yaml:
     ``SAP(rbm, None, lr=0.01, num_particles=100, k=1)``, ``SAP(rbm, None, mode="cd", k=25)``. ``device`` and
@@ -81,7 +82,7 @@ class SAP(DataParallel):
         super().__init__()
         if mode not in PHASES:
             raise ConfigError(f"SAP's mode must be one of {list(PHASES)}, got {mode!r}")
-        if model.family != "boltzmann":
+        if not capable(model, FREE_ENERGY):
             raise ConfigError(f"learner={mode} trains Boltzmann machines (model=rbm or srbm), not this model")
         s = self.settings = SAPSettings(lr, momentum, weight_decay, num_particles, k, closed_form, reuse_hidden,
                                         k_final, k_ramp, k_every, lr_over_k, momentum_initial, momentum_switch, schedule,
