@@ -4,8 +4,12 @@
     from nvil.models import RBM
     from nvil.estimators import AIS
 
-    run = nvil.train("model=rbm", "learner=sap", "trainer.max_steps=1000")   # what train.py does, in-process
-    result = nvil.evaluate(run.checkpoint, "estimator=ais")                   # what evaluate.py does
+    run = nvil.train(model="rbm", learner="sap", **{"trainer.max_steps": 1000})  # what train.py does, in-process
+    result = nvil.evaluate(run.checkpoint, estimator="ais", num_chains=200)     # what evaluate.py does
+    model = nvil.load(run.checkpoint)                                            # the model, on the CPU
+    x, h = model.sample(64)                                                      # every family samples
+    result = nvil.evaluate(model, x_test, estimator="ais")                       # rows of the caller's own
+    d = nvil.compare(run.checkpoint, other, estimator="iwae")                    # paired difference
 
     class MyVAE(nn.Module):                                                   # a model of the user's own
         latent = nvil.Latent.continuous(50)
@@ -22,12 +26,14 @@ from __future__ import annotations
 
 import importlib
 
-_API = {"train": "nvil.app.api", "evaluate": "nvil.app.api", "Run": "nvil.app.api", "Latent": "nvil.models.protocol",
+_API = {"train": "nvil.app.api", "evaluate": "nvil.app.api", "Run": "nvil.app.api", "load": "nvil.app.api",
+        "compare": "nvil.app.api", "Latent": "nvil.models.protocol",
         "evaluate_model": "nvil.estimators.model_estimators"}
 
 
 def __getattr__(name: str):
-    """``nvil.train``, ``nvil.evaluate``, ``nvil.Run``, ``nvil.Latent``, ``nvil.evaluate_model`` and
+    """``nvil.train``, ``nvil.evaluate``, ``nvil.load``, ``nvil.compare``, ``nvil.Run``, ``nvil.Latent``,
+    ``nvil.evaluate_model`` and
     ``nvil.__version__`` (PEP 562): each is looked up when
     first asked for, so that ``import nvil.models`` imports neither the training loop nor package metadata."""
     if name == "__version__":

@@ -1,10 +1,18 @@
-"""``nvil.train`` and ``nvil.evaluate``: what ``train.py`` and ``evaluate.py`` do, from Python (a notebook, a
-script of one's own), with the same Hydra overrides and the same files in the run directory.
+"""``nvil.train``, ``nvil.evaluate``, ``nvil.load`` and ``nvil.compare``: what ``train.py`` and ``evaluate.py`` do,
+from Python (a notebook, a script of one's own), with the same config and the same files in the run directory.
 
-    run = nvil.train("model=rbm", "learner=sap", "data=synthetic", "trainer.max_steps=1000")
+    run = nvil.train(model="rbm", learner="sap", data="synthetic", **{"trainer.max_steps": 1000})
     run.metrics["steps"], run.checkpoint, run.run_dir
-    result = nvil.evaluate(run.checkpoint, "estimator=ais")
+    result = nvil.evaluate(run.checkpoint, estimator="ais", num_chains=200)   # or "estimator=ais" strings
     result.mean_log_p, result.stderr, result.certified, result.warnings
+    model = nvil.load(run.checkpoint); x, h = model.sample(64)
+    nvil.evaluate(model, x_test, estimator="ais")                              # on rows the caller holds
+    nvil.compare("a.pt", "b.pt", estimator="iwae")                             # paired on the same examples
+
+Keywords are config groups (``model="rbm"``) and dotted keys (``**{"trainer.max_steps": 1000}``); for
+``evaluate`` a bare keyword is a setting of the estimator (``num_chains=1000`` is ``estimator.num_chains=1000``).
+Each becomes the override the command line would take, with its value written in Hydra's grammar (strings quoted,
+lists and booleans as YAML), so that the run records what the user set.
 
 Errors raise ``nvil.core.errors.UserError`` (``ConfigError`` for the overrides, ``CheckpointError`` for a checkpoint)
 with the one-line message the scripts print. Nothing process-wide is changed beyond what the run itself sets (torch's thread count while it runs,
@@ -26,6 +34,7 @@ from hydra.initialize import get_gh_backup, restore_gh_from_backup
 from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
+from nvil.app import objects
 from nvil.app.cli import explain, user_model_overrides
 from nvil.app.main import evaluate as evaluate_job
 from nvil.app.main import train_job
@@ -69,11 +78,54 @@ def compose_config(config_name: str, overrides: list[str]) -> DictConfig:
         restore_gh_from_backup(backup)
 
 
-def train(*overrides: str, run_dir: str | Path | None = None) -> Run:
+def hydra_value(value) -> str:
+    """``value`` in Hydra's override grammar: booleans and None as YAML, lists and mappings element by element, a
+    string quoted where it holds characters the grammar reads (spaces, commas, brackets, quotes, ``=``)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(hydra_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{k}:{hydra_value(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, Path):
+        value = str(value)
+    if isinstance(value, str):
+        if value and all(c.isalnum() or c in "._-/+~:@" for c in value) and value not in ("true", "false", "null"):
+            return value
+        return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    raise ConfigError(f"a setting's value must be a number, string, boolean, None, list or dict, got "
+                      f"{type(value).__name__}")
+
+
+def as_overrides(args, keywords: dict, bare_prefix: str = "") -> list[str]:
+    """The overrides ``args`` (strings, or one list of them) and ``keywords`` stand for: ``key=value`` for each
+    keyword, ``bare_prefix`` before a key without a dot."""
+    out = []
+    for a in args:
+        items = a if isinstance(a, (list, tuple)) else [a]
+        for o in items:
+            if not isinstance(o, str):
+                raise ConfigError(f"an override must be a string such as 'trainer.max_steps=100', got {o!r}; give "
+                                  "settings as keywords: nvil.train(model='rbm', **{'trainer.max_steps': 100})")
+            out.append(o)
+    for key, value in keywords.items():
+        name = key if "." in key or not bare_prefix else bare_prefix + key
+        out.append(f"{name}={hydra_value(value)}")
+    return out
+
+
+def train(*overrides, run_dir: str | Path | None = None, **settings) -> Run:
     """Train (and run the family's final evaluation, unless ``final_eval.enabled=false``) as
-    ``python train.py *overrides`` would, in this process. ``run_dir`` (or the override ``hydra.run.dir=DIR``)
-    defaults to ``outputs/DATE/TIME`` under the working directory, as Hydra's; ``trainer.resume=true`` continues
-    the run there. The run's log goes to ``train.log`` in it."""
+    ``python train.py *overrides`` would, in this process. ``overrides``: strings (or one list of strings);
+    ``settings``: config groups and dotted keys as keywords (``model="rbm"``, ``**{"trainer.max_steps": 1000}``).
+    ``run_dir`` (or the override ``hydra.run.dir=DIR``) defaults to ``outputs/DATE/TIME`` under the working
+    directory, as Hydra's; ``trainer.resume=true`` continues the run there. The run's log goes to ``train.log``
+    in it. Returns the ``Run``; raises ``ConfigError`` (one line) for a bad setting."""
+    overrides = as_overrides(overrides, settings)
     rest = [o for o in overrides if not o.startswith(RUN_DIR_KEY)]
     given = [o[len(RUN_DIR_KEY):] for o in overrides if o.startswith(RUN_DIR_KEY)]
     run_dir = Path(run_dir or (given[-1] if given else Path("outputs") / time.strftime("%Y-%m-%d/%H-%M-%S")))
@@ -83,11 +135,52 @@ def train(*overrides: str, run_dir: str | Path | None = None) -> Run:
     return Run(run_dir=run_dir, metrics=metrics)
 
 
-def evaluate(checkpoint: str | Path, *overrides: str) -> Result:
-    """Evaluate ``checkpoint`` as ``python evaluate.py checkpoint=PATH *overrides`` would: the estimator's
-    ``Result`` (also printed as one JSON line on stdout and appended to ``<checkpoint>.eval.jsonl``)."""
-    overrides = user_model_overrides([f"checkpoint={checkpoint}", *overrides])
-    return evaluate_job(compose_config("evaluate", overrides), overrides)
+SCRIPT_KEYS = ("seed",)  # keywords of evaluate that are evaluate.py's own keys, not the estimator's
+
+
+def evaluate(source, x=None, *overrides, estimator=None, **settings) -> Result:
+    """log p(v) with its certificate: the estimator's ``Result``.
+
+    - ``evaluate(checkpoint, *overrides, estimator=NAME, **settings)``: as ``python evaluate.py checkpoint=PATH``
+      would, on the checkpoint's own data split (printed as one JSON line and appended to
+      ``<checkpoint>.eval.jsonl``); ``settings`` are the estimator's (``num_chains=1000``) or dotted keys
+      (``**{"eval.num_examples": 100}``), ``seed=`` evaluate.py's seed;
+    - ``evaluate(model_or_checkpoint, x, estimator=NAME_OR_OBJECT, **settings)``: on the rows ``x`` (a tensor or
+      a numpy array, checked by ``nvil.estimators.door``), for a loaded model (``nvil.load``), any built-in
+      model or a user's protocol model; ``seed=``, ``train=`` and ``inference=`` as ``objects.estimate``.
+
+    Raises ``ConfigError``, ``CheckpointError`` or ``DataError`` with one line naming the problem."""
+    if isinstance(x, str):  # evaluate(checkpoint, "estimator=exact", ...): overrides, no rows
+        overrides, x = (x, *overrides), None
+    if x is None and isinstance(source, (str, Path)):
+        given = as_overrides(overrides, {k: v for k, v in settings.items() if k not in SCRIPT_KEYS}, "estimator.")
+        given = [*([f"estimator={estimator}"] if estimator is not None else []), *given,
+                 *(f"{k}={hydra_value(settings[k])}" for k in SCRIPT_KEYS if k in settings)]
+        if any(not isinstance(e, str) for e in ([estimator] if estimator is not None else [])):
+            raise ConfigError("evaluating a checkpoint from its path takes an estimator's name; for an estimator "
+                              "object give the rows too: nvil.evaluate(nvil.load(path), x, estimator=AIS(...))")
+        given = user_model_overrides([f"checkpoint={source}", *given])
+        return evaluate_job(compose_config("evaluate", given), given)
+    if overrides:
+        raise ConfigError(f"override strings {list(overrides)} apply to a checkpoint evaluated on its own split; "
+                          "with rows x give settings as keywords (num_chains=1000)")
+    if x is None:
+        raise ConfigError(f"evaluating a {type(source).__name__} needs the rows to score: nvil.evaluate(model, x, "
+                          "estimator=...)")
+    model = objects.load(source) if isinstance(source, (str, Path)) else source
+    return objects.estimate(model, x, estimator, **settings)
+
+
+def compare(a, b, x=None, *overrides, estimator="iwae", seed: int = 0, **settings) -> objects.Comparison:
+    """The paired difference log p_a(v) - log p_b(v) of two checkpoints (or models, with rows ``x``): both
+    estimated with the same estimator, settings and seed, on the same examples, so each example's random draws
+    are the same for both and the noise they share cancels. Returns a ``Comparison`` (``mean_difference``,
+    ``stderr``, ``unpaired_stderr``, both ``Result`` objects)."""
+    results = [evaluate(m, x, *overrides, estimator=estimator, seed=seed, **settings) for m in (a, b)]
+    return objects.paired(*results)
+
+
+load = objects.load
 
 
 class _log_to:

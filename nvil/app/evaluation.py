@@ -119,11 +119,12 @@ def _evaluate_checkpoint(path: Path, estimator_cfg, spec: EvalSpec) -> Result:
     if d.enabled and spec.sharded:
         raise ConfigError("eval.shard / eval.num_shards split the work between separate jobs; under torchrun the "
                           "ranks already share the examples, so leave them unset")
-    estimator = build_estimator(estimator_cfg)
+    build_estimator(estimator_cfg)  # a bad setting is refused before the checkpoint is read
+    model, inference, payload = load_model(path, dev)
+    estimator = build_estimator(estimator_cfg, model)
     if estimator.simulates_own_data and (d.enabled or spec.sharded):
         raise ConfigError(f"estimator={estimator.name} simulates its own examples, so sharding it (torchrun, eval.shard) "
                           "would repeat them on every shard; run it in one process")
-    model, inference, payload = load_model(path, dev)
     estimator.check(model, inference)  # refuse before any work starts
     # estimators batch ~EVAL_ROWS chains, samples or examples per product: threads by that work
     torch.set_num_threads(choose_threads(spec.threads, model_work((model, inference), EVAL_ROWS), "eval.threads"))

@@ -60,11 +60,12 @@ def train(cfg: DictConfig, run_dir: str | Path, accepted=None) -> dict:
     writes anything (``nvil.app.loop.fit``)."""
     started = time.perf_counter()
     plan = final_plan(cfg)
-    estimators = [build_estimator(est) for est, _ in plan]
+    for est, _ in plan:
+        build_estimator(est)  # a bad setting is refused before the data is read
 
     def check(model, inference, data):  # refused before the first step, not after the last
-        for estimator, (_, num_examples), key in zip(estimators, plan, ("num_examples", "then_num_examples")):
-            estimator.check(model, inference)
+        for (est, num_examples), key in zip(plan, ("num_examples", "then_num_examples")):
+            build_estimator(est, model).check(model, inference)
             available = data.split(cfg.final_eval.split).shape[0]
             if num_examples is not None and num_examples > available:
                 raise ConfigError(f"final_eval.{key}={num_examples} but the {cfg.final_eval.split} split has "

@@ -1,0 +1,126 @@
+"""The Python API on objects: a checkpoint loaded as its model, an estimate of a model on rows the caller holds, and
+the paired difference of two models on the same examples and random draws.
+
+    model = nvil.load("run/checkpoints/best.pt")                # the model, on the CPU (device= to move it)
+    x, h = model.sample(64)                                     # every family samples
+    r = nvil.evaluate(model, x_test, estimator="ais", num_chains=1000)
+    d = nvil.compare("a.pt", "b.pt", x_test, estimator="iwae")  # d.mean_difference, d.stderr
+
+Settings are the estimator's constructor keywords (``nvil.estimators``), named as the user names them: a setting
+the estimator does not take is refused in one line that lists those it does.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from nvil.app.evaluation import load_model
+from nvil.core.config import resolve_device
+from nvil.core.errors import ConfigError
+from nvil.core.ops import mean_and_stderr
+from nvil.estimators import ESTIMATORS, MODEL_ESTIMATORS, build_estimator
+from nvil.estimators.base import Estimator, Result
+from nvil.estimators.model_estimators import build_model_estimator
+from nvil.models.protocol import protocol_only
+
+
+def load(path: str | Path, device: str | torch.device = "cpu") -> torch.nn.Module:
+    """The model a checkpoint holds, rebuilt from the model registry (``torch.load(weights_only=True)``), in eval
+    mode on ``device`` (``auto``: CUDA where there is one).
+
+    Two plain attributes (not submodules, so ``state_dict`` is the checkpoint's) travel with it: ``inference_network``
+    (q(h | v), or None for families that need none) and ``checkpoint`` (the path it came from).
+
+    Raises ``CheckpointError`` (one line) for a missing, corrupt or foreign file."""
+    path = Path(path)
+    model, inference, _ = load_model(path, resolve_device(str(device)))
+    object.__setattr__(model, "inference_network", inference)
+    object.__setattr__(model, "checkpoint", path)
+    return model
+
+
+def builtin(model) -> bool:
+    """Whether ``model`` declares capabilities of the built-in families (``nvil.models.protocol``)."""
+    return not protocol_only(model)
+
+
+def estimator_object(name_or_estimator, settings: dict, model) -> Estimator:
+    """The estimator ``name_or_estimator`` (a name of the registry, or an estimator object, which takes no further
+    settings) with ``settings`` as its keywords."""
+    if isinstance(name_or_estimator, Estimator):
+        if settings:
+            raise ConfigError(f"settings {sorted(settings)} were given beside an estimator object; set them on "
+                              f"{type(name_or_estimator).__name__}(...) itself")
+        return name_or_estimator
+    if name_or_estimator is None:
+        raise ConfigError("name the estimator: estimator='ais', 'iwae', 'exact', ... (or an estimator object)")
+    if not isinstance(name_or_estimator, str):
+        raise ConfigError(f"estimator must be a name or an estimator object, got {type(name_or_estimator).__name__}")
+    if builtin(model):
+        if name_or_estimator not in ESTIMATORS:
+            raise ConfigError(f"unknown estimator {name_or_estimator!r}; known estimators: {', '.join(sorted(ESTIMATORS))}")
+        return build_estimator({"name": name_or_estimator, **settings})
+    if name_or_estimator not in MODEL_ESTIMATORS:
+        raise ConfigError(f"estimator={name_or_estimator} does not score a user's model; its estimators are "
+                          f"{', '.join(sorted(MODEL_ESTIMATORS))}")
+    return build_model_estimator(name_or_estimator, **settings)
+
+
+def estimate(model, x, estimator, *, seed: int = 0, train=None, inference=None, progress=None,
+             **settings) -> Result:
+    """``estimator`` (a name and its keyword ``settings``, or an object) on the rows ``x`` of ``model``: the
+    ``Result``. ``train``: the training rows where the estimator needs them (an RBM's base rates, a DBN's log Z;
+    default ``x``); ``inference``: q(h | v) (default the loaded model's ``inference_network``)."""
+    est = estimator_object(estimator, settings, model)
+    accepted = inspect.signature(est.estimate).parameters
+    inputs = {"seed": seed, "progress": progress}
+    if "inference" in accepted:
+        inputs["inference"] = inference if inference is not None else getattr(model, "inference_network", None)
+    if "train" in accepted and x is not None:
+        inputs["train"] = x if train is None else train
+    check = getattr(est, "check", None)
+    if callable(check):
+        check(model, inputs.get("inference")) if builtin(model) else check(model)
+    return est.estimate(model, x, **inputs)
+
+
+@dataclass
+class Comparison:
+    """log p_a(x) - log p_b(x), paired on the same examples and random draws.
+
+    ``mean_difference`` and ``stderr``: the mean of the per-example differences and its standard error (the
+    estimates' shared terms, such as each model's log Z, added in quadrature); ``unpaired_stderr``: the standard
+    error the two means would have as independent estimates, for comparison; ``a`` and ``b``: both ``Result`` objects."""
+
+    a: Result
+    b: Result
+    log_p_difference: torch.Tensor
+
+    @property
+    def mean_difference(self) -> float:
+        return mean_and_stderr(self.log_p_difference)[0]
+
+    @property
+    def stderr(self) -> float:
+        se = mean_and_stderr(self.log_p_difference)[1]
+        return math.sqrt(se**2 + self.a.shared_stderr**2 + self.b.shared_stderr**2)
+
+    @property
+    def unpaired_stderr(self) -> float:
+        return math.sqrt(self.a.stderr**2 + self.b.stderr**2)
+
+    def __str__(self) -> str:
+        return (f"{self.a.estimator}: log p_a - log p_b = {self.mean_difference:.4f} ± {self.stderr:.4f} nats over "
+                f"{self.log_p_difference.numel():,} paired examples (unpaired ± {self.unpaired_stderr:.4f})")
+
+
+def paired(a: Result, b: Result) -> Comparison:
+    if a.log_p.shape != b.log_p.shape:
+        raise ConfigError(f"the two estimates cover different examples ({a.log_p.numel()} and {b.log_p.numel()}); "
+                          "a paired comparison needs the same rows")
+    return Comparison(a, b, a.log_p.double() - b.log_p.double())
