@@ -15,6 +15,7 @@ from nvil.models.gaussian import NONLINEARITIES, DynamicBayesNet, GaussianBelief
 from nvil.models.inference import LayeredInference
 from nvil.models.rbm import BoltzmannMachine
 from nvil.models.sbn import PRIORS, SBN, VISIBLES
+from nvil.models.vae import VAE
 
 RBM = BoltzmannMachine  # RBM(n_visible, n_hidden); a semi-RBM (lateral visible couplings) with lateral=True
 
@@ -144,9 +145,26 @@ def _build_dbn_dynamic(cfg, n_visible: int):
     return DynamicBayesNet(length, latent, obs, **_gaussian_options(cfg, "gaussian")), None
 
 
+def _build_vae(cfg, n_visible: int):
+    """Variational autoencoder (Burda et al. 2016's architecture): Gaussian latent layers ``latent`` (one or two),
+    tanh MLPs ``hidden`` (one list per stochastic layer), Bernoulli pixels; trained by learner=iwae."""
+    latent, hidden = cfg.get("latent"), cfg.get("hidden")
+    if isinstance(latent, int) and not isinstance(latent, bool):
+        raise ConfigError(f"model.latent must be a list of layer sizes such as [{latent}] (write model.latent=[{latent}])")
+    if (isinstance(latent, str) or not isinstance(latent, Sequence) or isinstance(hidden, str)
+            or not isinstance(hidden, Sequence) or any(isinstance(h, str) or not isinstance(h, Sequence) for h in hidden)):
+        raise ConfigError(f"model.latent must be a list such as [50] and model.hidden a list of lists such as "
+                          f"[[200, 200]], got latent={_show(latent)}, hidden={_show(hidden)}")
+    if any(isinstance(n, bool) or not isinstance(n, int) for n in [*latent, *(n for h in hidden for n in h)]):
+        raise ConfigError(f"model.latent and model.hidden must hold positive integers, got {list(latent)}, "
+                          f"{[list(h) for h in hidden]}")
+    return VAE(n_visible, list(latent), [list(h) for h in hidden]), None
+
+
 N_LABELS = 10
 MODELS: dict[str, Callable] = {"sbn": _build_sbn, "fdarn": _build_fdarn, "rbm": _build_rbm, "srbm": _build_srbm,
-                               "dbn": _build_dbn, "dbm": _build_dbm, "gbn": _build_gbn, "dbn_dynamic": _build_dbn_dynamic}
+                               "dbn": _build_dbn, "dbm": _build_dbm, "gbn": _build_gbn, "dbn_dynamic": _build_dbn_dynamic,
+                               "vae": _build_vae}
 
 
 def build_model(cfg, n_visible: int) -> tuple[nn.Module, nn.Module | None]:

@@ -17,6 +17,7 @@ from nvil.core.errors import ConfigError
 from nvil.learners import (DRIVER_KEYS, LEARNERS, MCEM, NVIL, SAP, VIMCO, Greedy, TTSettings, build_learner,
                            learner_settings, parameters)
 from nvil.models.dbm import DBM
+from nvil.models.vae import VAE
 from nvil.models.dbn import DBN
 from nvil.models.gaussian import GaussianBeliefNet
 from nvil.models.rbm import BoltzmannMachine
@@ -47,6 +48,8 @@ def models(name: str):
         return DBM(6, [5, 4]), None
     if name in ("mcem_hmc", "map_latents"):
         return GaussianBeliefNet(6, [3, 2]), None
+    if name == "iwae":
+        return VAE(6, [2], [[4]]), None
     return tiny_model(layers=(4, 3), seed=5)
 
 

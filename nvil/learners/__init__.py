@@ -15,6 +15,7 @@ from nvil.core.errors import ConfigError
 from nvil.learners.discrete import ARM, ESTIMATORS, REBAR, RELAX, RLOO, VIMCO, DisARM, GumbelST
 from nvil.learners.dbm import DBMSAP
 from nvil.learners.greedy import Greedy
+from nvil.learners.iwae import ImportanceWeighted
 from nvil.learners.mcem import MCEM, MAPLatents
 from nvil.learners.nvil import NVIL
 from nvil.learners.sap import SAP
@@ -22,6 +23,7 @@ from nvil.learners.settings import PTSettings, SAPSettings, ScheduleSettings, TT
 from nvil.learners.wake_sleep import WakeSleep
 
 LEARNERS = {"nvil": NVIL, "wake_sleep": WakeSleep, "greedy": Greedy, "dbm_sap": DBMSAP, "mcem_hmc": MCEM, "map_latents": MAPLatents,
+            "iwae": ImportanceWeighted,
             **{mode: SAP for mode in SAP.MODES}, **ESTIMATORS}
 DIRECTED = ("nvil", "wake_sleep", *ESTIMATORS)
 # Keys of a learner config that are not settings: its name (SAP's ``mode`` for the Boltzmann-machine learners) and
@@ -73,6 +75,6 @@ def build_learner(cfg, model, inference, device, seed: int):
     return LEARNERS[name](model, inference, device=device, seed=seed, **settings)
 
 
-__all__ = ["ARM", "DBMSAP", "DIRECTED", "DisARM", "Greedy", "GumbelST", "LEARNERS", "MAPLatents", "MCEM", "NVIL", "PTSettings",
+__all__ = ["ARM", "DBMSAP", "DIRECTED", "DisARM", "Greedy", "GumbelST", "ImportanceWeighted", "LEARNERS", "MAPLatents", "MCEM", "NVIL", "PTSettings",
            "REBAR", "RELAX", "RLOO", "SAP", "SAPSettings", "ScheduleSettings", "TTSettings", "VIMCO", "WakeSleep",
            "build_learner", "learner_settings", "parameters"]
