@@ -36,7 +36,8 @@ from nvil.estimators.certify import stored_particles
 from nvil.estimators.log_z import apply_log_z, has_top_log_z, top_log_z
 from nvil.estimators.per_example import BOLTZMANN_ESTIMATORS
 from nvil.estimators.settings import LOG_Z, LogZSettings
-from nvil.models.protocol import CONTINUOUS_LATENTS, FREE_ENERGY, capable
+from nvil.estimators.model_bounds import ModelIWAE
+from nvil.models.protocol import FREE_ENERGY, capable, follows_protocol
 
 MAX_ELEMENTS = 2**22  # floats per chunk of samples (estimator.max_elements): the logits stay in the caches and heap
 
@@ -124,9 +125,17 @@ class SampledBound(Estimator):
             raise ConfigError(f"estimator={self.name} draws h from an inference network q(h | v), which a Boltzmann "
                               "machine does not have (its hidden units are summed exactly in its free energy); for "
                               f"model=rbm or srbm use estimator={BOLTZMANN_ESTIMATORS}")
-        if inference is None and not has_top_log_z(model) and not capable(model, CONTINUOUS_LATENTS):
+        if inference is None and not has_top_log_z(model) and not follows_protocol(model):
             raise ConfigError(f"estimator={self.name} needs a model with an inference network (sbn, fdarn), a DBN, "
-                              "a DBM or a Gaussian net (gbn, dbn_dynamic: the prior is the proposal)")
+                              "a DBM, or a model that follows the protocol (vae, gbn, dbn_dynamic, your own: its "
+                              "proposal q(z | x), or the prior where it has none)")
+
+    def protocol_bound(self, model) -> ModelIWAE | None:
+        """The protocol's bound (``ModelIWAE``) where ``model`` follows the protocol and has neither an inference
+        network nor a top machine here: one code path for a user's model, the VAE and the Gaussian nets."""
+        if not follows_protocol(model) or has_top_log_z(model):
+            return None
+        return ModelIWAE(num_samples=self.num_samples, batch_size=self.batch_size, bound=self.name)
 
     def dataset_inputs(self, model, data, split, rows, checkpoint=None, payload=None, **_) -> dict:
         if not has_top_log_z(model):
@@ -137,20 +146,22 @@ class SampledBound(Estimator):
     def estimate(self, model, data, *, inference=None, seed: int = 0, generator=None, progress=None, train=None,
                  checkpoint=None, row_offset: int = 0, log_z_particles=None) -> Result:
         """The bound for each row of ``data`` [examples, model.n_visible]. ``inference``: q (an SBN's or fDARN's
-        inference network; a DBN uses its greedy up-pass, a Gaussian net its prior). Each batch draws from a
+        inference network; a DBN uses its greedy up-pass; a model that follows the protocol without one, its proposal or
+        prior through ``ModelIWAE``). Each batch draws from a
         generator seeded by (``seed``, first row + ``row_offset``), so ``generator`` is optional. For a DBN
         q is the greedy up-pass and log P = log P* - log Z with the shared top-RBM log Z, whose base-rate model
         needs ``train`` (the training rows), cached beside ``checkpoint`` and started from ``log_z_particles``."""
         self.check(model, inference)
+        protocol_bound = self.protocol_bound(model) if inference is None else None
+        if protocol_bound is not None:
+            return protocol_bound.estimate(model, data, seed=seed, progress=progress, row_offset=row_offset)
         check_rows(model, data)
         generator = default_generator(generator, seed, model, data)
         if has_top_log_z(model) and train is None:
             raise ConfigError(f"estimator={self.name} on a {type(model).__name__} needs train= (the training rows): its log Z "
                               "starts from base rates of the training data passed up the net")
         t0 = time.perf_counter()
-        log_z, log_z_se, extras, certificate = 0.0, 0.0, {}, None
-        if capable(model, CONTINUOUS_LATENTS):  # the weak baseline: the prior as the proposal
-            inference, extras = model.prior_proposal(), {"proposal": "prior"}
+        log_z, log_z_se, certificate = 0.0, 0.0, None
         if has_top_log_z(model):
             inference = model.recognition()
             certificate = top_log_z(model, train, self.log_z_settings, checkpoint, shows_progress(progress),
@@ -164,7 +175,7 @@ class SampledBound(Estimator):
                                            progress=progress,
                                            seed=seed, row_offset=row_offset)
         result = Result(self.name, log_p.cpu() - log_z, time.perf_counter() - t0, seed,
-                        {"num_samples": self.num_samples, **extras, "bound": self.WORDING[self.name]},
+                        {"num_samples": self.num_samples, "bound": self.WORDING[self.name]},
                         shared_stderr=log_z_se)
         if certificate is not None:
             apply_log_z(result, *certificate)

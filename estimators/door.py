@@ -5,7 +5,8 @@
 
 - type: a ``torch.Tensor`` or a numpy array (converted); anything else is refused;
 - dtype: a built-in model's rows are cast to its parameters' dtype (float64, integers and booleans accepted) and
-  moved to its device; a user's model (``nvil.models.protocol``) gets its rows as given, numpy converted;
+  moved to its device; a user's model (``nvil.models.protocol``) gets floating rows in its parameters' dtype and
+  on their device, other rows as given (numpy converted);
 - values: every value finite (the count and the first bad row are named);
 - shape: ``[examples, model.n_visible]`` where the model has ``n_visible``; a user's model is asked once, on two
   rows, whether its ``log_likelihood`` takes them, and a failure is named with the shape it was given;
@@ -22,6 +23,7 @@ import math
 import torch
 
 from nvil.core.errors import DataError
+from nvil.models.protocol import protocol_only
 
 SUPPORTS = ("binary", "counts", "real")
 BINARISE = ("binarise it first: torch.bernoulli(x) for a stochastic draw (data.binarize=fixed or dynamic, the "
@@ -74,9 +76,12 @@ def check_support(x: torch.Tensor, support: str | None, what: str) -> None:
 
 
 def _user_model(model):
-    """The user's object behind a ``ProtocolModel`` (or the object itself), or None for a built-in model."""
+    """The user's object behind a ``ProtocolModel`` (or the object itself), or None for a built-in model (one that
+    declares a capability of the built-in families, ``nvil.models.protocol``, even where it follows the protocol)."""
     obj = getattr(model, "obj", model)
-    return obj if callable(getattr(obj, "log_likelihood", None)) and hasattr(obj, "latent") else None
+    if protocol_only(obj) and callable(getattr(obj, "log_likelihood", None)) and hasattr(obj, "latent"):
+        return obj
+    return None
 
 
 def admit(model, x, what: str = "data") -> torch.Tensor:
@@ -101,6 +106,10 @@ def admit(model, x, what: str = "data") -> torch.Tensor:
             x = x.float()
     check_support(x, getattr(user if user is not None else model, "data_support", None), what)
     if user is not None:
+        first = _parameter(user)
+        if first is not None and x.is_floating_point() and first.is_floating_point() and (
+                x.dtype != first.dtype or x.device != first.device):
+            x = x.to(device=first.device, dtype=first.dtype)  # integer rows (token ids, say) stay as given
         _probe(user, x, what)
     return x
 
@@ -113,8 +122,9 @@ def _probe(user, x: torch.Tensor, what: str) -> None:
                         f"{tuple(x.shape)}")
     first = _parameter(user)
     rows = x[:2]
-    z = torch.zeros(rows.shape[0], user.latent.size, dtype=first.dtype if first is not None else torch.float32,
-                    device=first.device if first is not None else x.device)
+    like = first if first is not None and first.is_floating_point() else x
+    z = torch.zeros(rows.shape[0], user.latent.size, device=like.device,
+                    dtype=like.dtype if like.is_floating_point() else torch.get_default_dtype())
     try:
         with torch.no_grad():
             out = user.log_likelihood(rows, z)

@@ -2,7 +2,9 @@
 such a model shares:
 
 - ``ModelIWAE``: Burda et al. 2016's L_K = log (1/K) sum_k p(x, z_k) / q(z_k | x), z_k from the proposal or the
-  prior, a stochastic lower bound on log p(x);
+  prior, a stochastic lower bound on log p(x) (``bound="elbo"``: the mean of the K log weights instead, the ELBO);
+  ``estimator=iwae`` and ``elbo`` hand every model that follows the protocol and has no inference network of its
+  own (a user's model, the VAE, the Gaussian nets) to it;
 - ``ModelExact``: log p(x) = logsumexp_z log p(x, z) over the 2^D states of at most 20 binary units.
 
 Both are batched over examples x samples (or states), each batch drawing from a generator seeded by (seed, first row).
@@ -19,7 +21,7 @@ import torch
 
 from nvil.core.config import positive_int
 from nvil.core.errors import ConfigError
-from nvil.core.ops import StreamingLogMeanExp, chunks, enumerate_states
+from nvil.core.ops import StreamingLogMeanExp, StreamingMean, chunks, enumerate_states
 from nvil.estimators.base import BatchProgress, Estimator, Result, batch_generator, check_seed
 from nvil.models.protocol import ProtocolModel
 
@@ -73,14 +75,21 @@ def check_start(start) -> None:
 
 
 class ModelIWAE(Estimator):
-    """``estimator=iwae`` on a user's model: L_K with K = ``num_samples`` draws from ``start`` (prior | proposal;
-    None: the proposal where the model defines one)."""
+    """``estimator=iwae`` on a model seen through the protocol: L_K with K = ``num_samples`` draws from ``start``
+    (prior | proposal; None: the proposal where the model defines one); ``bound="elbo"``: the mean of the K log
+    weights (``estimator=elbo``)."""
 
     name = "iwae"
     row_offset_aware = True
+    WORDING = {"iwae": "stochastic lower bound: E[estimate] <= log p(x), tight as num_samples grows",
+               "elbo": "stochastic lower bound: E[estimate] = ELBO = log p(x) - KL(q(z | x) || p(z | x)); more "
+                       "samples lower its variance, not its gap"}
 
     def __init__(self, *, num_samples: int = 1000, start: str | None = None, batch_size: int = 100,
-                 max_pairs: int = MAX_PAIRS) -> None:
+                 max_pairs: int = MAX_PAIRS, bound: str = "iwae") -> None:
+        if bound not in self.WORDING:
+            raise ConfigError(f"unknown bound {bound!r}; known bounds: {', '.join(self.WORDING)}")
+        self.name = bound
         self.num_samples = positive_int(num_samples, "estimator.num_samples")
         check_start(start)
         self.start = start
@@ -104,7 +113,7 @@ class ModelIWAE(Estimator):
                 g = batch_generator(seed, row_offset + s0, x.device)
                 base = pm.base(start, xb)
                 share = BatchProgress(progress, s1 - s0, self.num_samples)
-                acc = StreamingLogMeanExp()
+                acc = StreamingLogMeanExp() if self.name == "iwae" else StreamingMean()
                 for k0, k1 in chunks(self.num_samples, max(1, self.max_pairs // xb.shape[0])):
                     k = k1 - k0
                     z = base.sample(k, g)  # [k, B, D]
@@ -114,8 +123,7 @@ class ModelIWAE(Estimator):
                 out.append(acc.result().cpu())
                 share.finish()
         return Result(self.name, torch.cat(out), time.perf_counter() - t0, seed,
-                      {"num_samples": self.num_samples, "proposal": start,
-                       "bound": "stochastic lower bound: E[estimate] <= log p(x), tight as num_samples grows"})
+                      {"num_samples": self.num_samples, "proposal": start, "bound": self.WORDING[self.name]})
 
 
 # ---- exact -----------------------------------------------------------------------------------------------------

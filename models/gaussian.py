@@ -30,7 +30,7 @@ from torch import nn
 
 from nvil.core.errors import ConfigError
 from nvil.models.gaussian_grad import LogJoint
-from nvil.models.protocol import ANCESTRAL, CLOSED_FORM_LIKELIHOOD, CONTINUOUS_LATENTS
+from nvil.models.protocol import ANCESTRAL, CLOSED_FORM_LIKELIHOOD, CONTINUOUS_LATENTS, Latent
 from nvil.models.visible import LOG_2PI, VISIBLE, gaussian_log_prob
 
 FORMS = ("auxiliary", "centred")
@@ -195,14 +195,24 @@ class GaussianNet(nn.Module):
         eps = torch.randn(n, self.n_latent, generator=generator, device=device or w.device, dtype=w.dtype)
         return eps if (form or self.form) == "auxiliary" else self.to_centred(eps)
 
+    @property
+    def latent(self) -> Latent:
+        """The state as the model protocol sees it (``nvil.models.protocol``): continuous, in this net's form, so
+        ``log_prior``, ``log_likelihood``, ``sample_prior`` and ``sample_likelihood`` are the protocol's."""
+        return Latent.continuous(self.n_latent)
+
+    @torch.no_grad()
+    def sample_likelihood(self, state: torch.Tensor, generator=None) -> torch.Tensor:
+        """x ~ p(x | z(state)), one row per state [N, n_visible]."""
+        zs = self.latents(state)
+        return torch.cat([self.visible_layer.sample(self.emission(j, zs[self.obs_parent[j]]), generator,
+                                                    self.log_sigma_x) for j in range(len(self.obs_sizes))], -1)
+
     @torch.no_grad()
     def sample(self, n: int, generator=None) -> tuple[torch.Tensor, torch.Tensor]:
         """Ancestral samples (x [n, n_visible], state [n, n_latent])."""
         state = self.sample_prior(n, generator)
-        zs = self.latents(state)
-        xs = [self.visible_layer.sample(self.emission(j, zs[self.obs_parent[j]]), generator, self.log_sigma_x)
-              for j in range(len(self.obs_sizes))]
-        return torch.cat(xs, -1), state
+        return self.sample_likelihood(state, generator), state
 
     @torch.no_grad()
     def visible_probs(self, state: torch.Tensor) -> torch.Tensor:
@@ -218,21 +228,6 @@ class GaussianNet(nn.Module):
         rest stays as drawn, so both forms start from the same parameters."""
         mean = train_mean.reshape(-1, self.emissions[0].out_features).mean(0)
         self.emissions[0].bias.copy_(self.visible_layer.bias_from_mean(mean, 1e-3, logit=torch.logit))
-
-    def prior_proposal(self) -> "PriorProposal":
-        return PriorProposal(self)
-
-
-class PriorProposal:
-    """The prior as the proposal of an importance-sampled bound: log w = log p(x, s) - log p(s) = log p(x | s).
-    The weak baseline (``estimator=iwae`` on a Gaussian net); ``sample`` mirrors the inference networks'."""
-
-    def __init__(self, net: GaussianNet) -> None:
-        self.net = net
-
-    def sample(self, x: torch.Tensor, generator=None):
-        state = self.net.sample_prior(x.shape[:-1].numel(), generator, x.device).view(*x.shape[:-1], -1)
-        return state, [self.net.log_prior(state)]
 
 
 class GaussianBeliefNet(GaussianNet):

@@ -83,8 +83,9 @@ BINARY_LATENTS = "binary_latents"
 """Binary latent layers per example with ``latent_density(v)`` (log P*(v, h) and Gibbs conditionals) and an
 approximate posterior (an inference network, or ``model.recognition()``)."""
 CONTINUOUS_LATENTS = "continuous_latents"
-"""Gaussian latents: ``log_prior(state, form)``, ``log_likelihood(x, state, form)`` for HMC in ``form`` and
-``prior_proposal()`` (Gaussian belief nets)."""
+"""Gaussian latents in a choice of parameterisations: ``log_prior(state, form)``, ``log_likelihood(x, state, form)``
+and ``posterior(x, form)`` (its gradient in closed form) for HMC in ``form`` (Gaussian belief nets); in the net's
+own form these are also the protocol's densities."""
 ANCESTRAL = "ancestral"
 """Exact joint draws (h, v) by ancestral sampling: the simulated data of BDMC."""
 CLOSED_FORM_LIKELIHOOD = "closed_form_likelihood"
@@ -106,6 +107,13 @@ def protocol_only(model) -> bool:
     """Whether the estimators see ``model`` through the protocol alone (latent, log_prior, log_likelihood, the
     samplers, a proposal): a user's model or the VAE, which declare no capability of the built-in families."""
     return not any(c in CAPABILITIES for c in getattr(model, "capabilities", ()))
+
+
+def follows_protocol(model) -> bool:
+    """Whether ``model`` has the protocol's ``latent``, ``log_prior`` and ``log_likelihood`` (a user's model, the
+    VAE, the Gaussian nets), whatever capabilities it declares besides."""
+    return isinstance(getattr(model, "latent", None), Latent) and all(
+        callable(getattr(model, name, None)) for name in REQUIRED)
 
 
 def _sizes(size) -> tuple[int, ...]:
