@@ -6,6 +6,7 @@ process. Each rule has a broken input that must trip it, so the checks have powe
 from __future__ import annotations
 
 import ast
+import json
 import os
 import subprocess
 import sys
@@ -152,18 +153,55 @@ def test_the_checks_have_power(tmp_path):
                                        "nvil.models.a (nvil.models) imports nvil.estimators.b (nvil.estimators)"]
 
 
-def test_importing_nvil_changes_nothing_in_the_process():
-    """``import nvil`` (and its models and estimators) in a fresh process leaves ``os.environ`` as it was and loads
-    neither the training loop nor Hydra; ``nvil.train`` is there, loaded on first use."""
-    code = ("import os, sys, json; before = dict(os.environ); import nvil, nvil.models, nvil.estimators; "
-            "changed = sorted(k for k in set(before) | set(os.environ) if before.get(k) != os.environ.get(k)); "
-            "print(json.dumps([changed, 'nvil.app.loop' in sys.modules, 'hydra' in sys.modules, "
-            "callable(nvil.train)]))")
+IMPORT_PROBE = """
+import builtins, json, logging, os, sys, warnings
+import torch
+opened, forks = [], []
+_open, _fork = builtins.open, os.register_at_fork
+builtins.open = lambda f, *a, **k: (opened.append(str(f)), _open(f, *a, **k))[1]
+os.register_at_fork = lambda **k: (forks.append(sorted(k)), _fork(**k))[1]
+before = (dict(os.environ), torch.get_num_threads(), torch.get_default_dtype(), len(warnings.filters),
+          len(logging.getLogger().handlers), torch.are_deterministic_algorithms_enabled())
+import nvil, nvil.models, nvil.estimators
+from nvil.backend import gemm
+after = (dict(os.environ), torch.get_num_threads(), torch.get_default_dtype(), len(warnings.filters),
+         len(logging.getLogger().handlers), torch.are_deterministic_algorithms_enabled())
+builtins.open, os.register_at_fork = _open, _fork
+changed = sorted(k for k in set(before[0]) | set(after[0]) if before[0].get(k) != after[0].get(k))
+print(json.dumps({"environ": changed, "process": [str(a) for a, b in zip(before[1:], after[1:]) if a != b],
+                  "proc_files": [f for f in opened if f.startswith("/proc")], "at_fork": forks,
+                  "gemm_chosen": gemm._backend is not None, "loop": "nvil.app.loop" in sys.modules,
+                  "hydra": "hydra" in sys.modules, "train": callable(nvil.train)}))
+"""
+NOTHING_CHANGED = {"environ": [], "process": [], "proc_files": [], "at_fork": [], "gemm_chosen": False,
+                   "loop": False, "hydra": False, "train": True}
+
+
+def import_probe(code: str = IMPORT_PROBE) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("ATEN_CPU_CAPABILITY", "TORCHINDUCTOR_CACHE_DIR")}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT.parent, env=env,
                          timeout=120)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip().splitlines()[-1] == '[[], false, false, true]'
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_importing_nvil_changes_nothing_in_the_process():
+    """``import nvil`` (and its models and estimators) in a fresh process leaves ``os.environ``, torch's threads,
+    default dtype and determinism, the warning filters and the root logger as they were; reads nothing under /proc
+    (the CPU is read where a product first needs it); installs no at-fork hook; loads neither the training loop nor
+    Hydra; ``nvil.train`` is there, loaded on first use."""
+    assert import_probe() == NOTHING_CHANGED
+
+
+def test_the_import_probe_sees_a_side_effect():
+    """The broken variant: an import that registers an at-fork hook, reads /proc/cpuinfo and adds a warning filter
+    must be seen."""
+    code = IMPORT_PROBE.replace("import nvil, nvil.models, nvil.estimators",
+                                "import nvil, nvil.models, nvil.estimators; os.register_at_fork(after_in_child=list); "
+                                "open('/proc/cpuinfo').close(); warnings.simplefilter('ignore', UserWarning)")
+    seen = import_probe(code)
+    assert seen["at_fork"] == [["after_in_child"]] and seen["proc_files"] == ["/proc/cpuinfo"]
+    assert len(seen["process"]) == 1  # the warning filters
 
 
 def test_no_oversized_file():

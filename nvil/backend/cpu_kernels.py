@@ -31,6 +31,7 @@ runs the other set (``bench/cpu_kernels.py``'s children did; tests/test_cpu_kern
 
 from __future__ import annotations
 
+import functools
 import getpass
 import os
 import tempfile
@@ -41,14 +42,16 @@ PREFERRED = "avx2"
 CHOICES = ("auto", "avx2", "avx512", "default", "torch")
 
 
-def cpu_flags() -> set[str]:
-    """The CPU's instruction-set flags from /proc/cpuinfo (empty where there is none: macOS, Windows)."""
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """The CPU's instruction-set flags from /proc/cpuinfo (empty where there is none: macOS, Windows), read once,
+    on first use."""
     try:
         with open("/proc/cpuinfo") as f:
             line = next((line for line in f if line.startswith("flags")), "")
     except OSError:
-        return set()
-    return set(line.partition(":")[2].split())
+        return frozenset()
+    return frozenset(line.partition(":")[2].split())
 
 
 def requested(argv: list[str], key: str) -> str:

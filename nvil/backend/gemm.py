@@ -49,17 +49,19 @@ def cpu_vendor() -> str:
 
 def backend() -> str:
     """"onednn" or "aten": ``NVIL_GEMM`` where set, else oneDNN on an AMD CPU with AVX-512 (where MKL runs AVX2).
-    Chosen when this module is imported (``choose_backend``), so a compiled graph reads it as a constant."""
-    return _backend
+    Chosen on the first product (``choose_backend``; importing the package reads neither the environment nor the
+    CPU), then fixed, so a compiled graph reads it as a constant."""
+    return _backend if _backend is not None else choose_backend(strict=False)
 
 
 def choose_backend(strict: bool = True) -> str:
-    """Read ``NVIL_GEMM`` and the CPU and set ``backend()``: on import (``strict=False``: a bad value leaves torch's
-    product, for ``train.py`` / ``evaluate.py`` to report), again where they start (``nvil.app.cli.run_task``: a bad
-    value is a one-line ConfigError), and in tests that change the variable."""
+    """Read ``NVIL_GEMM`` and the CPU and set ``backend()``: on the first product (``strict=False``: a bad value
+    leaves torch's product, for ``train.py`` / ``evaluate.py`` to report), where they start (``nvil.app.cli.run_task``:
+    a bad value is a one-line ConfigError), and in tests that change the variable."""
     global _backend
     choice = os.environ.get(VARIABLE, "auto").lower()
     if not strict and choice not in BACKENDS:
+        _backend = _backend or "aten"
         return _backend
     if choice not in BACKENDS:
         raise ConfigError(f"{VARIABLE}={choice!r} is not one of {', '.join(BACKENDS)}")
@@ -73,15 +75,14 @@ def choose_backend(strict: bool = True) -> str:
     return choice
 
 
-_backend = "aten"
-choose_backend(strict=False)
+_backend: str | None = None  # not chosen yet
 
 
 def _takes_onednn(a: torch.Tensor, b: torch.Tensor, n: int) -> bool:
     """Whether the product of a [..., k] and the 2-D b with n output columns goes to oneDNN: the backend chosen, at
     least ``MIN_MACS`` multiply-adds, float32 CPU tensors, no autograd through them. The cheapest tests first: every
     product of a step asks."""
-    return (_backend == "onednn" and a.numel() * n >= MIN_MACS and a.dim() >= 2 and b.dim() == 2
+    return (backend() == "onednn" and a.numel() * n >= MIN_MACS and a.dim() >= 2 and b.dim() == 2
             and a.dtype == torch.float32 and b.dtype == torch.float32 and a.device.type == "cpu"
             and not (torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)))
 

@@ -124,8 +124,8 @@ class BlockGibbs:
 # ---- uniforms for many chains, drawn in parallel ------------------------------------------------------------
 
 ROWS_PER_STREAM = 256  # chains per random stream: the draws depend on the number of chains, not on the threads
-_POOLS: dict[int, ThreadPoolExecutor] = {}
-os.register_at_fork(after_in_child=_POOLS.clear)  # a forked child has none of its parent's pool threads
+# (process id, workers) -> pool: a forked child, which has none of its parent's pool threads, makes its own.
+_POOLS: dict[tuple[int, int], ThreadPoolExecutor] = {}
 
 
 def sweep_uniforms(n: int, widths, generator=None, device="cpu", dtype=torch.float32) -> tuple[torch.Tensor, ...]:
@@ -156,6 +156,7 @@ def sweep_uniforms(n: int, widths, generator=None, device="cpu", dtype=torch.flo
         for i in range(len(blocks)):
             fill(i)
     else:
-        pool = _POOLS.get(workers) or _POOLS.setdefault(workers, ThreadPoolExecutor(workers, "sweep_uniforms"))
+        key = (os.getpid(), workers)
+        pool = _POOLS.get(key) or _POOLS.setdefault(key, ThreadPoolExecutor(workers, "sweep_uniforms"))
         list(pool.map(fill, range(len(blocks))))
     return out

@@ -61,8 +61,9 @@ def _cpu_key() -> str:
     return " ".join(sorted(cpu_flags()))
 
 
-# The pixel sweep's default kernel: register-tiled where the CPU has 512-bit registers (lateral_tiled.h).
-TILED = "avx512f" in cpu_flags()
+def tiled() -> bool:
+    """The pixel sweep's default kernel: register-tiled where the CPU has 512-bit registers (lateral_tiled.h)."""
+    return "avx512f" in cpu_flags()
 
 
 def _cache_dir() -> Path:
@@ -255,7 +256,7 @@ def lateral_sweep(v: torch.Tensor, field: torch.Tensor, thresholds: torch.Tensor
     register-tiled product over chains) or ``"list"`` (``lateral_sweep.h``: sums of the rows of L of the units that
     are on); None: tiled where the CPU has AVX-512, else list. The two make the same decisions up to rounding."""
     dtype = v.dtype
-    kernel = kernel or ("tiled" if TILED else "list")
+    kernel = kernel or ("tiled" if tiled() else "list")
     if kernel not in ("tiled", "list"):
         raise ValueError(f"lateral_sweep: kernel must be 'tiled' or 'list', got {kernel!r}")
     fn = _kernel("lateral_tiled_threads" if kernel == "tiled" else "lateral_sweep_threads", dtype)
