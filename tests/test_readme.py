@@ -894,8 +894,8 @@ def test_readme_python_blocks_run(tmp_path, monkeypatch):
 
 # Budgets appended to the overrides of nvil.train and nvil.evaluate by the default run's sibling of
 # test_readme_python_blocks_run (the last value of a key wins, as for the commands' budgets).
-PYTHON_TRAIN_BUDGET = ["trainer.max_steps=500"]
-PYTHON_EVAL_BUDGET = {"estimator=ais": ["estimator.num_betas=2000"]}
+PYTHON_TRAIN_BUDGET = {"trainer.max_steps": 500}
+PYTHON_EVAL_BUDGET = {"ais": {"num_betas": 2000}}
 # ... and the keyword settings that replace those given to nvil.evaluate_model (HMC-based AIS: its cost is one
 # sequence of moves per temperature, for the pilot, the forward run and BDMC's two directions).
 PYTHON_MODEL_BUDGET = {"num_betas": 50}
@@ -912,12 +912,11 @@ def test_readme_python_blocks_run_at_a_small_budget(tmp_path, monkeypatch):
 
     def budgeted_train(*overrides, **kwargs):
         calls.append("train")
-        return train(*overrides, *PYTHON_TRAIN_BUDGET, **kwargs)
+        return train(*overrides, **{**kwargs, **PYTHON_TRAIN_BUDGET})
 
-    def budgeted_evaluate(checkpoint, *overrides):
+    def budgeted_evaluate(source, *args, **kwargs):
         calls.append("evaluate")
-        extra = [o for given in overrides for o in PYTHON_EVAL_BUDGET.get(given, [])]
-        return evaluate(checkpoint, *overrides, *extra)
+        return evaluate(source, *args, **{**kwargs, **PYTHON_EVAL_BUDGET.get(kwargs.get("estimator"), {})})
 
     def budgeted_evaluate_model(*args, **settings):
         calls.append("evaluate_model")
