@@ -28,7 +28,6 @@ from nvil.estimators.model_estimators import (
     MODEL_ESTIMATORS,
     ModelAIS,
     ModelBDMC,
-    ModelExact,
     ModelIWAE,
     evaluate_model,
 )
@@ -78,7 +77,6 @@ def estimator_settings(cfg) -> dict:
 # the estimator of ``MODEL_ESTIMATORS`` that does the same job: its name and the settings both take (the config's
 # own names, left, as the protocol estimator's, right; the other keys of the config file are the built-in's own).
 PROTOCOL_ROUTES = {
-    "iwae": ("iwae", {"num_samples": "num_samples", "batch_size": "batch_size"}),
     "ais_hmc": ("ais", {"num_betas": "num_betas", "schedule": "schedule", "num_runs": "num_chains",
                         "num_leapfrog": "num_leapfrog", "step_size": "step_size", "target_accept": "target_accept",
                         "adapt": "adapt", "pilot_chains": "pilot_chains", "batch_size": "batch_size",
@@ -87,7 +85,6 @@ PROTOCOL_ROUTES = {
                       "num_runs": "num_chains", "batch_size": "batch_size", "max_gap": "max_gap",
                       "num_leapfrog": "num_leapfrog", "step_size": "step_size", "target_accept": "target_accept",
                       "adapt": "adapt", "pilot_chains": "pilot_chains"}),
-    "exact": ("exact", {"batch_size": "batch_size", "max_latent": "max_latent"}),
 }
 
 
@@ -98,16 +95,18 @@ def build_estimator(cfg, model=None):
     if name not in ESTIMATORS:
         raise ConfigError(f"unknown estimator {name!r}; known estimators: {', '.join(sorted(ESTIMATORS))}")
     settings = estimator_settings(cfg)
-    if model is None or not protocol_only(model):
-        return ESTIMATORS[name](**settings)
+    cls = ESTIMATORS[name]
+    if model is None or not protocol_only(model) or getattr(cls, "serves_protocol", False):
+        return cls(**settings)
     if name not in PROTOCOL_ROUTES:
+        served = set(PROTOCOL_ROUTES) | {n for n, c in ESTIMATORS.items() if getattr(c, "serves_protocol", False)}
         raise ConfigError(f"estimator={name} needs a capability a {type(model).__name__} does not declare (it follows "
-                          f"the model protocol alone); use estimator={', '.join(sorted(PROTOCOL_ROUTES))}")
+                          f"the model protocol alone); use estimator={', '.join(sorted(served))}")
     target, keys = PROTOCOL_ROUTES[name]
     return MODEL_ESTIMATORS[target](**{keys[k]: v for k, v in settings.items() if k in keys})
 
 
 __all__ = ["AIS", "AISHMC", "AISPosterior", "AISSettings", "BDMC", "CertifySettings", "Chib", "ChibMH", "Classify",
            "DBMBound", "DBNBound", "ELBO", "ESTIMATORS", "Exact", "Harmonic", "IWAE", "LogZSettings", "MODEL_ESTIMATORS",
-           "ModelAIS", "ModelBDMC", "ModelExact", "ModelIWAE", "RAISE", "Result", "SampledBound", "build_estimator",
+           "ModelAIS", "ModelBDMC", "ModelIWAE", "RAISE", "Result", "SampledBound", "build_estimator",
            "estimator_settings", "evaluate_model"]

@@ -105,6 +105,7 @@ class SampledBound(Estimator):
                "elbo": "stochastic lower bound: E[estimate] = ELBO = log p(v) - KL(q(h | v) || p(h | v)); more "
                        "samples lower its variance, not its gap"}
     row_offset_aware = True  # evaluate_checkpoint passes the first row's index in the whole split
+    serves_protocol = True  # a protocol-only model goes to ``ModelIWAE`` from here (``protocol_bound``)
 
     def __init__(self, bound: str = "iwae", *, num_samples: int = 1000, batch_size: int = 100,
                  max_elements: int = MAX_ELEMENTS, accel: str = "auto",

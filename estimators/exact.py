@@ -6,7 +6,10 @@ in log space; the states broadcast against the examples, so nothing loops over e
 For a DBN the enumerated sum is over h_1..h_{L-1} of the unnormalised P*(v, h_1..h_{L-1}) (Murray &
 Salakhutdinov 2009, Eq. 16, top layer summed out analytically), so log P(v) = log sum_h P*(v, h) - log Z with
 Z the top RBM's partition function, itself enumerated over its smaller side (``top_log_z_exact``).
-Models with continuous latent variables have nothing to enumerate and are refused.
+A model that follows the protocol (``nvil.models.protocol``: a user's model, the VAE) is enumerated through its
+``log_prior`` and ``log_likelihood`` over the 2^D states of its binary latent, by the same loop
+(``exact_log_marginal`` with the protocol's joint). Models with continuous latent variables have nothing to
+enumerate and are refused.
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ from nvil.core.ops import StreamingLogMeanExp, enumerate_states
 from nvil.data import take_rows
 from nvil.estimators.base import Estimator, Result, check_rows, check_seed, chunks
 from nvil.estimators.log_z import has_top_log_z
-from nvil.models.protocol import CONTINUOUS_LATENTS, FREE_ENERGY, capable
+from nvil.estimators.model_bounds import eval_mode
+from nvil.models.protocol import CONTINUOUS_LATENTS, FREE_ENERGY, ProtocolModel, capable, protocol_only
 
 MAX_LATENT = 20
 
@@ -31,34 +35,54 @@ def split_layers(h: torch.Tensor, layers: list[int]) -> list[torch.Tensor]:
 
 
 def check_enumerable(model, max_latent: int = MAX_LATENT) -> None:
-    if capable(model, CONTINUOUS_LATENTS):
+    continuous = (not model.binary) if isinstance(model, ProtocolModel) else capable(model, CONTINUOUS_LATENTS)
+    if continuous:
         raise ConfigError(f"estimator=exact enumerates binary latent states; this {type(model).__name__} has "
-                          "continuous latents: use estimator=ais_hmc, chib_mh or iwae")
+                          "continuous latents: use estimator=ais (with bdmc), ais_hmc, chib_mh or iwae")
     if model.n_latent > max_latent:
         raise ConfigError(
-            f"estimator=exact enumerates 2^L latent states and is limited to L <= {max_latent}; "
-            f"this model has L = {model.n_latent} latent units (use estimator=iwae)"
+            f"estimator=exact enumerates 2^D latent states and is limited to D <= {max_latent}; "
+            f"this model has D = {model.n_latent} binary latent units (use estimator=ais or iwae)"
         )
+
+
+def layered_joint(model):
+    """[states, 1, D] x [batch, n_visible] -> [states, batch]: log p(v, h) of a built-in model, h split into its
+    ``model.layers``."""
+    def joint(x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        return model.log_joint(x.unsqueeze(0), [t.unsqueeze(1) for t in split_layers(h, model.layers)])
+    return joint
+
+
+def protocol_joint(pm: ProtocolModel):
+    """The same for a model seen through the protocol: log p(z) + log p(x | z) on every (state, row) pair."""
+    def joint(x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        rows = x.unsqueeze(0).expand(z.shape[0], *x.shape).reshape(z.shape[0] * x.shape[0], *x.shape[1:])
+        return pm.log_joint(rows, z.repeat_interleave(x.shape[0], 0)).view(z.shape[0], x.shape[0]).double()
+    return joint
 
 
 @torch.no_grad()
 def exact_log_marginal(model, data: torch.Tensor, *, batch_size: int = 1000, max_elements: int = 2**26,
-                       max_latent: int = MAX_LATENT, progress=None) -> torch.Tensor:
-    """Per-example log p(v) = log sum_h p(v, h) for a directed model with ``model.layers``."""
+                       max_latent: int = MAX_LATENT, progress=None, joint=None) -> torch.Tensor:
+    """Per-example log p(v) = log sum_h p(v, h) over the 2^D states h of ``model.n_latent`` binary units;
+    ``joint(x, h)`` is log p(v, h) [states, batch] (default: ``layered_joint(model)``)."""
     check_enumerable(model, max_latent)
+    joint = joint or layered_joint(model)
     n_latent = model.n_latent
     n_states = 2**n_latent
+    width = max(getattr(model, "n_visible", 0) or 0, n_latent, 1)
     out = []
     for start, stop in chunks(data.shape[0], batch_size):
         x = take_rows(data, start, stop)
         acc = StreamingLogMeanExp()
-        s_chunk = max(1, max_elements // (x.shape[0] * model.n_visible))
+        s_chunk = max(1, max_elements // (x.shape[0] * width))
+        dtype = x.dtype if x.is_floating_point() else torch.get_default_dtype()
         for s0, s1 in chunks(n_states, s_chunk):
-            h = enumerate_states(n_latent, s0, s1, device=x.device, dtype=x.dtype)
-            hs = [t.unsqueeze(1) for t in split_layers(h, model.layers)]  # [states, 1, units]
-            acc.update(model.log_joint(x.unsqueeze(0), hs), dim=0)  # [states, batch]
+            h = enumerate_states(n_latent, s0, s1, device=x.device, dtype=dtype)
+            acc.update(joint(x, h), dim=0)
         # acc holds log mean over states; the marginal is the sum.
-        out.append(acc.result() + n_latent * torch.log(torch.tensor(2.0, dtype=x.dtype, device=x.device)))
+        out.append(acc.result() + n_latent * torch.log(torch.tensor(2.0, dtype=acc.result().dtype, device=x.device)))
         if progress is not None:
             progress.update(stop - start)
     return torch.cat(out)
@@ -88,10 +112,12 @@ def top_log_z_exact(top, max_units: int = MAX_LATENT, chunk_elements: int = 2**2
 
 
 class Exact(Estimator):
-    """``estimator=exact``: enumeration, for models with at most 20 binary latent units. A DBN's estimate
-    subtracts its top RBM's exact log Z (reported as ``log_z``)."""
+    """``estimator=exact``: enumeration, for models with at most ``max_latent`` binary latent units: a Boltzmann
+    machine's log Z, a directed net's hidden states, a DBN's (minus its top RBM's exact log Z, reported as
+    ``log_z``), or the binary latent of a model that follows the protocol."""
 
     name = "exact"
+    serves_protocol = True  # a protocol-only model (a user's, the VAE) is enumerated here too
 
     def __init__(self, *, batch_size: int = 1000, max_latent: int = MAX_LATENT) -> None:
         """``batch_size``: examples per batch; ``max_latent``: the most latent units (2^L states) enumerated, a
@@ -99,35 +125,45 @@ class Exact(Estimator):
         self.batch_size = positive_int(batch_size, "estimator.batch_size")
         self.max_latent = positive_int(max_latent, "estimator.max_latent")
 
-    def check(self, model, inference) -> None:
-        if capable(model, FREE_ENERGY):  # Boltzmann machines: log Z by enumeration
+    def check(self, model, inference=None) -> None:
+        if protocol_only(model) or isinstance(model, ProtocolModel):
+            check_enumerable(model if isinstance(model, ProtocolModel) else ProtocolModel(model), self.max_latent)
+        elif capable(model, FREE_ENERGY):  # Boltzmann machines: log Z by enumeration
             model.check_exact(self.max_latent)
         else:
             check_enumerable(model, self.max_latent)
             if has_top_log_z(model):
                 check_top_enumerable(model.top, self.max_latent)
 
-    def estimate(self, model, data, *, inference=None, seed: int = 0, generator=None, progress=None) -> Result:
+    def estimate(self, model, data, *, inference=None, seed: int = 0, generator=None, progress=None, **_) -> Result:
         """Exact log p(v) for each row of ``data`` [examples, model.n_visible]; nothing is random (``seed`` is
         recorded, ``generator`` not used)."""
         self.check(model, inference)
-        check_rows(model, data)
         check_seed(seed)
         t0 = time.perf_counter()
-        if capable(model, FREE_ENERGY):
+        extras, n_latent = {}, getattr(model, "n_latent", None)
+        if protocol_only(model) or isinstance(model, ProtocolModel):
+            pm = model if isinstance(model, ProtocolModel) else ProtocolModel(model)
+            n_latent = pm.n_latent
+            with eval_mode(pm):
+                log_p = exact_log_marginal(pm, data, batch_size=self.batch_size, max_latent=self.max_latent,
+                                           progress=progress, joint=protocol_joint(pm))
+        elif capable(model, FREE_ENERGY):
+            check_rows(model, data)
             log_p = exact_boltzmann_log_prob(model, data, batch_size=self.batch_size, progress=progress)
             extras = {"log_z": round(model.log_z_exact().item(), 4)}
         else:
+            check_rows(model, data)
             log_p = exact_log_marginal(model, data, batch_size=self.batch_size, max_latent=self.max_latent,
                                        progress=progress)
-            extras = {}
             if has_top_log_z(model):  # log P(v) = log sum_h P*(v, h) - log Z_top (Eq. 16)
                 log_z = top_log_z_exact(model.top, self.max_latent)
                 log_p = log_p - log_z.to(log_p)
                 extras = {"log_z": round(log_z.item(), 4), "log_z_is": "exact"}
-        result = Result(self.name, log_p.cpu(), time.perf_counter() - t0, seed, {"num_latent": model.n_latent, **extras})
+        result = Result(self.name, log_p.cpu(), time.perf_counter() - t0, seed, {"num_latent": n_latent, **extras})
         result.check("enumeration", bool(torch.isfinite(result.log_p).all()),
-                     "enumeration gave a non-finite log p for some example (an overflow in float32?)")
+                     "enumeration gave a non-finite log p for some example: the model gives it probability 0, or "
+                     "its log densities overflow (float32?)")
         return result
 
 

@@ -4,10 +4,10 @@ such a model shares:
 - ``ModelIWAE``: Burda et al. 2016's L_K = log (1/K) sum_k p(x, z_k) / q(z_k | x), z_k from the proposal or the
   prior, a stochastic lower bound on log p(x) (``bound="elbo"``: the mean of the K log weights instead, the ELBO);
   ``estimator=iwae`` and ``elbo`` hand every model that follows the protocol and has no inference network of its
-  own (a user's model, the VAE, the Gaussian nets) to it;
-- ``ModelExact``: log p(x) = logsumexp_z log p(x, z) over the 2^D states of at most 20 binary units.
+  own (a user's model, the VAE, the Gaussian nets) to it; batched over examples x samples, each batch drawing from
+  a generator seeded by (seed, first row).
 
-Both are batched over examples x samples (or states), each batch drawing from a generator seeded by (seed, first row).
+(Exact enumeration of a protocol model's binary latent is ``estimator=exact`` itself, ``nvil.estimators.exact``.)
 """
 
 from __future__ import annotations
@@ -21,12 +21,11 @@ import torch
 
 from nvil.core.config import positive_int
 from nvil.core.errors import ConfigError
-from nvil.core.ops import StreamingLogMeanExp, StreamingMean, chunks, enumerate_states
+from nvil.core.ops import StreamingLogMeanExp, StreamingMean, chunks
 from nvil.estimators.base import BatchProgress, Estimator, Result, batch_generator, check_seed
 from nvil.models.protocol import ProtocolModel
 
-MAX_LATENT = 20
-MAX_PAIRS = 2**15  # (x, z) pairs per call of the user's functions in iwae and exact
+MAX_PAIRS = 2**15  # (x, z) pairs per call of the user's functions in iwae
 STARTS = (None, "prior", "proposal")
 
 
@@ -124,51 +123,3 @@ class ModelIWAE(Estimator):
                 share.finish()
         return Result(self.name, torch.cat(out), time.perf_counter() - t0, seed,
                       {"num_samples": self.num_samples, "proposal": start, "bound": self.WORDING[self.name]})
-
-
-# ---- exact -----------------------------------------------------------------------------------------------------
-
-
-class ModelExact(Estimator):
-    """``estimator=exact`` on a user's model with at most ``max_latent`` binary units."""
-
-    name = "exact"
-
-    def __init__(self, *, batch_size: int = 100, max_latent: int = MAX_LATENT, max_pairs: int = MAX_PAIRS) -> None:
-        self.batch_size = positive_int(batch_size, "estimator.batch_size")
-        self.max_latent = positive_int(max_latent, "estimator.max_latent")
-        self.max_pairs = positive_int(max_pairs, "estimator.max_pairs")
-
-    def check(self, model, inference=None) -> None:
-        pm = protocol(model)
-        if not pm.binary:
-            raise ConfigError("estimator=exact enumerates binary latent states; this model's latent is continuous: "
-                              "use estimator=ais (with bdmc) or iwae")
-        if pm.n_latent > self.max_latent:
-            raise ConfigError(f"estimator=exact enumerates 2^D states and is limited to D <= {self.max_latent}; this "
-                              f"model has D = {pm.n_latent} binary units (use estimator=ais)")
-
-    @torch.no_grad()
-    def estimate(self, model, x, *, seed: int = 0, progress=None, **_) -> Result:
-        pm = protocol(model)
-        self.check(pm)
-        check_data(x)
-        t0 = time.perf_counter()
-        d, out = pm.n_latent, []
-        with eval_mode(pm):
-            for s0, s1 in chunks(x.shape[0], self.batch_size):
-                xb = x[s0:s1]
-                acc = StreamingLogMeanExp()
-                for z0, z1 in chunks(2**d, max(1, self.max_pairs // xb.shape[0])):
-                    z = enumerate_states(d, z0, z1, device=x.device)
-                    pairs = z.repeat_interleave(xb.shape[0], 0)
-                    log_joint = pm.log_joint(expand_rows(xb, z1 - z0), pairs).view(z1 - z0, -1)
-                    acc.update(log_joint.double(), dim=0)
-                out.append((acc.result() + d * math.log(2)).cpu())  # the log of a sum, not of a mean
-                if progress is not None:
-                    progress.update(s1 - s0)
-        result = Result(self.name, torch.cat(out), time.perf_counter() - t0, seed, {"num_latent": d})
-        result.check("enumeration", bool(torch.isfinite(result.log_p).all()),
-                     "enumeration gave a non-finite log p(x) for some example: the model gives it probability 0 or "
-                     "its log densities overflow")
-        return result

@@ -17,7 +17,8 @@ The estimators, batched over examples x chains (example-major), each batch drawi
   AIS (a stochastic lower bound on log p(x)) and reverse AIS from the exact posterior sample z (a stochastic upper
   bound); a mean gap above ``max_gap`` says the schedule is too short for forward AIS on real data. It also checks
   that ``log_likelihood`` and ``sample_likelihood`` agree on whether x depends on z (``likelihood_consistency``);
-- ``exact``: log p(x) = logsumexp_z log p(x, z) over the 2^D states of at most 20 binary units.
+- ``exact``: log p(x) = logsumexp_z log p(x, z) over the 2^D states of at most 20 binary units (``Exact``, the
+  one enumeration, which serves the built-in families too).
 """
 
 
@@ -34,9 +35,9 @@ from nvil.core.ops import chunks, mean_and_stderr
 from nvil.estimators.annealing import ais
 from nvil.estimators.annealing import schedule as schedule_betas
 from nvil.estimators.base import NO_PROGRESS, BatchProgress, Result, batch_generator
+from nvil.estimators.exact import Exact
 from nvil.estimators.model_bdmc import ModelBDMC, fixed_steps, path_settings
 from nvil.estimators.model_bounds import (
-    ModelExact,
     ModelIWAE,
     check_data,
     check_seed,
@@ -181,7 +182,7 @@ class ModelAIS(PerExample):
         return out
 
 
-MODEL_ESTIMATORS = {"ais": ModelAIS, "iwae": ModelIWAE, "bdmc": ModelBDMC, "exact": ModelExact}
+MODEL_ESTIMATORS = {"ais": ModelAIS, "iwae": ModelIWAE, "bdmc": ModelBDMC, "exact": Exact}
 
 
 def build_model_estimator(name: str, **settings):

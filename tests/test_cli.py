@@ -144,7 +144,7 @@ def test_exact_on_a_large_model_says_so(tmp_path):
     assert run("train.py", *SYNTHETIC, "model.layers=[21]", "trainer.max_steps=20",
                f"hydra.run.dir={run_dir}").returncode == 0
     proc = run("evaluate.py", f"checkpoint={run_dir}/checkpoints/last.pt", "estimator=exact", cwd=tmp_path)
-    assert_one_line_error(proc, "L <= 20", "L = 21")
+    assert_one_line_error(proc, "D <= 20", "D = 21")
 
 
 @pytest.mark.slow

@@ -40,7 +40,7 @@ def test_exact_marginal_matches_a_hand_sum_for_one_latent():
 
 def test_exact_refuses_large_models_with_a_clear_message():
     model = SBN(6, [21])
-    with pytest.raises(ConfigError, match=r"L <= 20.*L = 21"):
+    with pytest.raises(ConfigError, match=r"D <= 20.*D = 21"):
         exact_log_marginal(model, torch.zeros(2, 6))
 
 

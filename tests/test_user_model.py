@@ -17,7 +17,7 @@ from torch import nn
 import nvil
 from nvil.core.errors import CheckpointError, ConfigError, UserError
 from nvil.core.ops import mean_and_stderr
-from nvil.estimators import ModelAIS, ModelBDMC, ModelExact, ModelIWAE, evaluate_model
+from nvil.estimators import Exact, ModelAIS, ModelBDMC, ModelIWAE, evaluate_model
 from nvil.models.protocol import Latent, gaussian_log_prob
 
 
@@ -87,7 +87,7 @@ class BinaryVAE(nn.Module):
 
     @torch.no_grad()
     def brute_force_log_p(self, x):
-        """sum over the 1,024 states written out with itertools, independently of ModelExact's enumeration."""
+        """sum over the 1,024 states written out with itertools, independently of Exact's enumeration."""
         states = torch.tensor(list(itertools.product([0.0, 1.0], repeat=self.a.numel())))
         terms = [self.log_prior(states) + self.log_likelihood(row.expand(len(states), -1), states) for row in x]
         return torch.stack([torch.logsumexp(t.double(), 0) for t in terms])
@@ -290,7 +290,7 @@ def test_settings_a_model_cannot_use_are_refused(linear, binary):
     with pytest.raises(ConfigError, match="continuous"):
         evaluate_model(linear[0], linear[1], "exact")
     with pytest.raises(ConfigError, match="limited to D <= 4"):
-        ModelExact(max_latent=4).check(binary[0])
+        Exact(max_latent=4).check(binary[0])
     with pytest.raises(ConfigError, match="not a setting of estimator=ais"):
         evaluate_model(linear[0], linear[1], "ais", num_temperatures=10)
     with pytest.raises(ConfigError, match="unknown estimator"):
