@@ -27,6 +27,16 @@ CHILD = r'''
 import json, os, sys, time
 root, threads, groups = sys.argv[1], int(sys.argv[2]), set(sys.argv[3].split(","))
 sys.path.insert(0, root)
+if os.path.isdir(f"{root}/nvil/core"):
+    # The folders the package maps in (models/ as nvil.models, estimators/ as nvil.estimators) from this revision,
+    # not from the editable install's checkout.
+    import importlib.util
+    for _name, _folder in (("nvil.models", "models"), ("nvil.estimators", "estimators")):
+        _spec = importlib.util.spec_from_file_location(_name, f"{root}/{_folder}/__init__.py",
+                                                       submodule_search_locations=[f"{root}/{_folder}"])
+        _module = importlib.util.module_from_spec(_spec)
+        sys.modules[_name] = _module
+        _spec.loader.exec_module(_module)
 if os.path.isdir(f"{root}/nvil/backend"):  # the entry points' kernel set (older revisions chose it on import)
     from nvil.backend.cpu_kernels import choose_kernels
     choose_kernels()
