@@ -11,10 +11,8 @@ samplers and a proposal) is scored by ``evaluate_model(model, x, estimator="ais"
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Mapping
-
 from nvil.core.errors import ConfigError
+from nvil.core.registry import keywords, lookup, read_settings
 from nvil.estimators.ais_hmc import AISHMC
 from nvil.estimators.base import Result
 from nvil.estimators.bounds import ELBO, IWAE, SampledBound
@@ -52,25 +50,18 @@ SHARED_KEYS = ("accel", "batch_size")
 
 def parameters(cls) -> list[str]:
     """The keyword settings ``cls``'s constructor takes."""
-    return [p.name for p in inspect.signature(cls).parameters.values()
-            if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return keywords(cls)
 
 
 def estimator_settings(cfg) -> dict:
     """The keywords ``build_estimator`` passes: the config's keys but ``DRIVER_KEYS``, the class's ``config_only``
-    and the ``SHARED_KEYS`` it does not take; any other key it does not take is refused in one line."""
+    and the ``SHARED_KEYS`` it does not take; any other key it does not take is refused in one line
+    (``nvil.core.registry``)."""
     name = cfg.get("name")
-    cls = ESTIMATORS[name]
+    cls = lookup("estimator", name, ESTIMATORS)
     known = parameters(cls)
-    out = {}
-    for key, value in cfg.items():
-        if key in DRIVER_KEYS or key in cls.config_only or (key in SHARED_KEYS and key not in known):
-            continue
-        if key not in known:
-            raise ConfigError(f"estimator.{key} is not a setting of estimator={name}; its settings are "
-                              f"{', '.join(known)}")
-        out[key] = dict(value.items()) if isinstance(value, Mapping) else value
-    return out
+    skip = {*DRIVER_KEYS, *cls.config_only, *(k for k in SHARED_KEYS if k not in known)}
+    return read_settings("estimator", name, cfg, known, skip)
 
 
 # A model seen through the protocol alone (a user's model, the VAE: no capability of a built-in family) is scored by
@@ -92,18 +83,16 @@ def build_estimator(cfg, model=None):
     """The estimator ``cfg`` (``estimator.*``: a Hydra config or any mapping with ``name``) describes; for a
     ``model`` seen through the protocol alone, the protocol estimator of ``PROTOCOL_ROUTES``."""
     name = cfg.get("name")
-    if name not in ESTIMATORS:
-        raise ConfigError(f"unknown estimator {name!r}; known estimators: {', '.join(sorted(ESTIMATORS))}")
-    settings = estimator_settings(cfg)
-    cls = ESTIMATORS[name]
+    cls = lookup("estimator", name, ESTIMATORS)
+    given = estimator_settings(cfg)
     if model is None or not protocol_only(model) or getattr(cls, "serves_protocol", False):
-        return cls(**settings)
+        return cls(**given)
     if name not in PROTOCOL_ROUTES:
         served = set(PROTOCOL_ROUTES) | {n for n, c in ESTIMATORS.items() if getattr(c, "serves_protocol", False)}
         raise ConfigError(f"estimator={name} needs a capability a {type(model).__name__} does not declare (it follows "
                           f"the model protocol alone); use estimator={', '.join(sorted(served))}")
     target, keys = PROTOCOL_ROUTES[name]
-    return MODEL_ESTIMATORS[target](**{keys[k]: v for k, v in settings.items() if k in keys})
+    return MODEL_ESTIMATORS[target](**{keys[k]: v for k, v in given.items() if k in keys})
 
 
 __all__ = ["AIS", "AISHMC", "AISPosterior", "AISSettings", "BDMC", "CertifySettings", "Chib", "ChibMH", "Classify",

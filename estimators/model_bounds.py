@@ -13,7 +13,6 @@ such a model shares:
 from __future__ import annotations
 
 import contextlib
-import math
 import time
 import zlib
 

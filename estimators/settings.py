@@ -8,41 +8,14 @@ turns a mapping (a config block, a dict from a notebook) into one, so mappings s
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import ClassVar
 
 from nvil.backend.accel import check_mode
 from nvil.core.config import positive_float, positive_int
 from nvil.core.errors import ConfigError
+from nvil.core.registry import Settings
 from nvil.estimators.annealing import check_schedule
-
-
-class Settings:
-    """What the settings dataclasses share: ``PREFIX`` for error messages, ``of`` and ``_set``."""
-
-    PREFIX: ClassVar[str] = "estimator."
-
-    @classmethod
-    def of(cls, value=None):
-        """``value`` itself when it is one already; ``cls()`` for None; else ``cls(**mapping)``, where a null value
-        means the default (as in the config files) and a key that is not a field is refused in one line."""
-        if isinstance(value, cls):
-            return value
-        if value is None:
-            return cls()
-        if not isinstance(value, Mapping):
-            raise ConfigError(f"{cls.PREFIX.rstrip('.')} must be a mapping of settings or a {cls.__name__}, "
-                              f"got {type(value).__name__}")
-        names = [f.name for f in fields(cls)]
-        unknown = [k for k in value if k not in names]
-        if unknown:
-            raise ConfigError(f"{cls.PREFIX}{unknown[0]} is not a setting; the settings are {', '.join(names)}")
-        nullable = getattr(cls, "NULLABLE", ())
-        return cls(**{k: v for k, v in value.items() if v is not None or k in nullable})
-
-    def _set(self, name: str, value) -> None:
-        object.__setattr__(self, name, value)  # the normalised value (frozen dataclass)
 
 
 def _validate_ais(s, prefix: str) -> None:

@@ -9,6 +9,7 @@ from torch import nn
 
 from nvil.core.config import positive_float, positive_int
 from nvil.core.errors import ConfigError
+from nvil.core.registry import lookup
 from nvil.models.dbm import DBM
 from nvil.models.dbn import DBN
 from nvil.models.gaussian import NONLINEARITIES, DynamicBayesNet, GaussianBeliefNet
@@ -169,7 +170,4 @@ MODELS: dict[str, Callable] = {"sbn": _build_sbn, "fdarn": _build_fdarn, "rbm": 
 
 def build_model(cfg, n_visible: int) -> tuple[nn.Module, nn.Module | None]:
     """(model, inference network or None) for the ``model`` config group entry ``cfg``."""
-    name = cfg.get("name")
-    if not isinstance(name, str) or name not in MODELS:
-        raise ConfigError(f"unknown model {name!r}; known models: {', '.join(sorted(MODELS))}")
-    return MODELS[name](cfg, n_visible)
+    return lookup("model", cfg.get("name"), MODELS)(cfg, n_visible)

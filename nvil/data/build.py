@@ -11,13 +11,12 @@ naming its settings."""
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Mapping, Sequence
 from typing import Callable
 
 import torch
 
 from nvil.core.errors import ConfigError
+from nvil.core.registry import keywords, read_settings
 from nvil.data.bow import bow_data
 from nvil.data.checks import binarization as check_binarization
 from nvil.data.dataset import Dataset
@@ -32,17 +31,7 @@ DATASETS: dict[str, Callable[..., Dataset]] = {"mnist": mnist_data, "synthetic":
 
 def parameters(builder: Callable) -> list[str]:
     """The keywords a dataset builder takes, in its signature's order."""
-    return [p.name for p in inspect.signature(builder).parameters.values()
-            if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
-
-
-def _plain(value):
-    """A config value as the builders take it: lists for sequences (a ``ListConfig``), dicts for mappings."""
-    if isinstance(value, Mapping):
-        return dict(value.items())
-    if isinstance(value, Sequence) and not isinstance(value, str):
-        return list(value)
-    return value
+    return keywords(builder)
 
 
 def dataset_name(cfg) -> str:
@@ -59,15 +48,7 @@ def dataset_settings(cfg) -> dict:
     """The keywords ``build_dataset`` passes ``DATASETS[cfg.name]``: every key of ``cfg`` but ``name``, as given (a
     null stays None); a key the builder does not take is refused in one line."""
     name = dataset_name(cfg)
-    known = parameters(DATASETS[name])
-    out = {}
-    for key, value in cfg.items():
-        if key == "name":
-            continue
-        if key not in known:
-            raise ConfigError(f"data.{key} is not a setting of data={name}; its settings are {', '.join(known)}")
-        out[key] = _plain(value)
-    return out
+    return read_settings("data", name, cfg, parameters(DATASETS[name]), skip=("name",))
 
 
 def build_dataset(cfg, device: torch.device | str = "cpu") -> Dataset:

@@ -8,10 +8,8 @@ inference, device=device, seed=seed, **learner_settings(cfg))``."""
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Mapping, Sequence
-
 from nvil.core.errors import ConfigError
+from nvil.core.registry import keywords, lookup, read_settings
 from nvil.learners.discrete import ARM, ESTIMATORS, REBAR, RELAX, RLOO, VIMCO, DisARM, GumbelST
 from nvil.learners.dbm import DBMSAP
 from nvil.learners.greedy import Greedy
@@ -35,34 +33,16 @@ RUN_KEYWORDS = ("device", "seed", "mode")
 
 def parameters(cls) -> list[str]:
     """The settings ``cls``'s constructor takes as keywords (not the model, inference network, device or seed)."""
-    return [p.name for p in inspect.signature(cls).parameters.values()
-            if p.kind == p.KEYWORD_ONLY and p.name not in RUN_KEYWORDS]
-
-
-def plain(value):
-    """A config value as plain Python: mappings as dicts, lists as lists (an OmegaConf container or a dict)."""
-    if isinstance(value, Mapping):
-        return {k: plain(v) for k, v in value.items()}
-    if isinstance(value, Sequence) and not isinstance(value, str):
-        return [plain(v) for v in value]
-    return value
+    return keywords(cls, exclude=RUN_KEYWORDS, keyword_only=True)
 
 
 def learner_settings(cfg) -> dict:
     """The keywords ``build_learner`` passes: the config's keys but ``DRIVER_KEYS`` (with ``mode=name`` for SAP's
-    family); a key the class does not take is refused in one line naming its settings."""
+    family); a key the class does not take is refused in one line naming its settings (``nvil.core.registry``)."""
     name = cfg.get("name")
-    if name not in LEARNERS:
-        raise ConfigError(f"unknown learner {name!r}; known learners: {', '.join(sorted(LEARNERS))}")
-    known = parameters(LEARNERS[name])
-    out = {"mode": name} if LEARNERS[name] is SAP else {}
-    for key, value in cfg.items():
-        if key in DRIVER_KEYS:
-            continue
-        if key not in known:
-            raise ConfigError(f"learner.{key} is not a setting of learner={name}; its settings are {', '.join(known)}")
-        out[key] = plain(value)
-    return out
+    cls = lookup("learner", name, LEARNERS)
+    mode = {"mode": name} if cls is SAP else {}
+    return {**mode, **read_settings("learner", name, cfg, parameters(cls), DRIVER_KEYS)}
 
 
 def build_learner(cfg, model, inference, device, seed: int):

@@ -12,12 +12,12 @@ from typing import ClassVar
 
 from nvil.core.config import positive_float, positive_int
 from nvil.core.errors import ConfigError
-from nvil.estimators.settings import Settings as _Settings
+from nvil.core.registry import Settings as _Settings
 from nvil.mcmc import uniform_betas
 
 
 class Settings(_Settings):
-    """``of`` and ``_set`` of the estimators' settings, with the learners' prefix."""
+    """``of`` and ``_set`` of the one settings base (``nvil.core.registry.Settings``), with the learners' prefix."""
 
     PREFIX: ClassVar[str] = "learner."
 
