@@ -214,3 +214,10 @@ def test_the_readme_links_resolve():
     text = (ROOT / "README.md").read_text()
     targets = [t.split("#")[0] for t in re.findall(r"\]\(([^)\s]+)\)", text) if not re.match(r"[a-z]+:", t)]
     assert targets and not [t for t in targets if not (ROOT / t).exists()]
+
+
+def test_the_run_spread_names_the_chains_where_the_estimate_counts_chains():
+    line = {"estimator": "ais", "mean_log_p": -84.47, "stderr": 8.74, "num_examples": 10, "num_chains": 16,
+            "run_spread": 0.0852, "certified": True, "checks": ["run_spread"], "failed_checks": [], "warnings": [],
+            "split": "test"}
+    assert headline(line).endswith("run spread 0.09 nats over 16 chains]"), headline(line)

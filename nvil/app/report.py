@@ -76,7 +76,8 @@ def evidence(line: dict) -> list[str]:
     if "example_ess" in checks:
         out.append("per-example ESS")
     if "run_spread" in checks and _finite(line.get("run_spread")):
-        out.append(f"run spread {_nats(line['run_spread'])} nats over {line.get('num_runs', '?')} runs")
+        runs, unit = (line["num_runs"], "runs") if "num_runs" in line else (line.get("num_chains", "?"), "chains")
+        out.append(f"run spread {_nats(line['run_spread'])} nats over {runs} {unit}")
     return out or [c.replace("_", " ") for c in checks]
 
 
