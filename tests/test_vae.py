@@ -143,3 +143,24 @@ def test_train_then_evaluate_a_vae(tmp_path):
     assert nvil.evaluate(model, x, estimator="iwae", num_samples=20).log_p.shape == (16,)
     with pytest.raises(nvil.core.errors.ConfigError, match="needs a capability"):
         nvil.evaluate(run.checkpoint, estimator="chib", **{"eval.progress": False})
+
+
+def test_two_stochastic_layers_agree_with_quadrature(monkeypatch):
+    """z_2 -> z_1 -> x with q(z_1 | x) q(z_2 | z_1): IWAE and AIS from the proposal against a 2-D quadrature; the
+    broken variant (the top layer's prior ignored in log p(z)) must miss it."""
+    vae = tiny_vae(latent=(1, 1), hidden=((4,), (3,)))  # its prior sums to 1 on the grid (the test above)
+    x = vae.sample(30, torch.Generator().manual_seed(5))[0]
+    truth = quadrature_log_p(vae, x, n=601)
+    iwae = ModelIWAE(num_samples=2000).estimate(vae, x, seed=1)
+    gap = (iwae.log_p - truth).double()
+    se = gap.std().item() / math.sqrt(len(gap))
+    assert abs(gap.mean().item()) < 3 * se + 5e-3
+    ais = ModelAIS(num_betas=200, num_chains=8, iwae_samples=200, num_simulated=10).estimate(vae, x, seed=1)
+    err = (ais.log_p - truth).double()
+    assert abs(err.mean().item()) < 3 * err.std().item() / math.sqrt(len(err)) + 5e-3
+    top = vae.latent.layers[0]
+    right = VAE.log_prior
+    monkeypatch.setattr(VAE, "log_prior", lambda self, z: right(self, z) - GaussianLayer.log_prob(
+        z[:, -top:], torch.zeros(top, dtype=z.dtype), torch.zeros(top, dtype=z.dtype)))
+    wrong = ModelIWAE(num_samples=2000).estimate(vae, x, seed=1)
+    assert abs((wrong.log_p - truth).mean().item()) > 10 * se
