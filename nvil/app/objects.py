@@ -26,7 +26,7 @@ from nvil.core.ops import mean_and_stderr
 from nvil.estimators import ESTIMATORS, MODEL_ESTIMATORS, build_estimator
 from nvil.estimators.base import Estimator, Result
 from nvil.estimators.model_estimators import build_model_estimator
-from nvil.models.protocol import protocol_only
+from nvil.models.protocol import follows_protocol, protocol_only
 
 
 def load(path: str | Path, device: str | torch.device = "cpu") -> torch.nn.Module:
@@ -49,6 +49,15 @@ def builtin(model) -> bool:
     return not protocol_only(model)
 
 
+def serves(name: str, model) -> bool:
+    """Whether the registry's estimator ``name`` takes ``model`` (its own check, at its default settings)."""
+    try:
+        ESTIMATORS[name]().check(model, getattr(model, "inference_network", None))
+    except ConfigError:
+        return False
+    return True
+
+
 def estimator_object(name_or_estimator, settings: dict, model) -> Estimator:
     """The estimator ``name_or_estimator`` (a name of the registry, or an estimator object, which takes no further
     settings) with ``settings`` as its keywords."""
@@ -64,6 +73,8 @@ def estimator_object(name_or_estimator, settings: dict, model) -> Estimator:
     if builtin(model):
         if name_or_estimator not in ESTIMATORS:
             raise ConfigError(f"unknown estimator {name_or_estimator!r}; known estimators: {', '.join(sorted(ESTIMATORS))}")
+        if name_or_estimator in MODEL_ESTIMATORS and follows_protocol(model) and not serves(name_or_estimator, model):
+            return build_model_estimator(name_or_estimator, **settings)  # a Gaussian net's ais: the protocol's AIS
         return build_estimator({"name": name_or_estimator, **settings})
     if name_or_estimator not in MODEL_ESTIMATORS:
         raise ConfigError(f"estimator={name_or_estimator} does not score a user's model; its estimators are "
