@@ -167,11 +167,19 @@ if "sequential" in groups:
         sweep = SequentialGibbs([(1.0, model.latent_density(binary(chains)))])
         h = (torch.rand(chains, model.n_latent) < 0.5).float()
         out[f"sequential Gibbs sweep over h, {name}, {chains} chains"] = per_call(lambda: sweep.sweep(h, generator=g), n)
+if "ais_hmc" in groups:  # estimator=ais_hmc on a GBN 784-64-64 (the Gaussian nets' AIS, with its pilot run)
+    from nvil.estimators.ais_hmc import AISHMC
+    from nvil.models.gaussian import GaussianBeliefNet
+    net = GaussianBeliefNet(784, [64, 64], form="auxiliary", init_scale=0.3)
+    x = binary(20, 0.2)
+    est = AISHMC(num_betas=200, num_runs=8, batch_size=20)
+    out["AIS-HMC estimate, GBN 784-64-64, 20 examples x 8 chains, 200 betas"] = per_call(
+        lambda: est.estimate(net, x, seed=0), 2)
 print(json.dumps(out))
 '''
 
 
-GROUPS = ("nvil", "autoregressive", "discrete", "iwae", "gibbs", "sap", "ais", "sequential")
+GROUPS = ("nvil", "autoregressive", "discrete", "iwae", "gibbs", "sap", "ais", "sequential", "ais_hmc")
 
 
 def main() -> None:

@@ -24,7 +24,7 @@ def run(net, x, betas, autograd: bool, seed: int) -> float:
     g = torch.Generator().manual_seed(seed)
     path = fixed_kernel_path(lm, x, betas, adapt=False, num_leapfrog=10, step_size=0.05, generator=g)
     if autograd:
-        path._posterior = None  # the general path: HMC differentiates the tempered density by autograd
+        path._closed = None  # the general path: HMC differentiates the tempered density by autograd
     t0 = time.perf_counter()
     with torch.no_grad():
         log_w, _ = ais(path, path.start(g, 0.05), betas, g)

@@ -8,7 +8,7 @@ beta_k (Neal 2011, Sec. 5.3.2). exp(log w) is unbiased for p(x) (Neal 2001) when
 leaves its f_beta invariant and is chosen independently of the chain it moves, so log p(x) is under-estimated in
 expectation (Jensen).
 
-Step sizes (``pilot_step_sizes``): a pilot AIS run of ``pilot_chains`` chains per example, each with its own step
+Step sizes (``nvil.estimators.model_paths.pilot_steps``): a pilot AIS run of ``pilot_chains`` chains per example, each with its own step
 size multiplied by 1.02 or 0.98 after every move towards an acceptance of ``target_accept`` (Wu et al. 2017,
 Sec. 5), kept within [1e-4, ``max_step_size``]; per example and beta, the geometric mean over its pilot chains is
 the step size every main chain of that example uses at that beta. The pilot chains are then thrown away: the
@@ -21,28 +21,26 @@ the truth; with 3 leapfrog steps the error changes sign (0.906 +- 0.003). With p
 1.000 +- 0.004 (tests/test_ais_hmc_unbiased.py). ``adapt=false``: every move uses the constant ``step_size``,
 and no pilot runs.
 
-The sampler runs in the auxiliary form by default (the state is eps, the prior is N(0, I)); ``form=centred``
+The path is the one every AIS over a model's latent variables runs, ``nvil.estimators.model_paths.ModelPath``, with
+the prior as its base; the net declares ``closed_form_gradient``, so its leapfrog steps use ``GaussianNet.posterior``
+instead of autograd (``nvil.backend.registry``). The sampler runs in the auxiliary form by default (the state is eps, the prior is N(0, I)); ``form=centred``
 runs on z. Both estimate the same p(x).
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 
-from nvil.backend.accel import accelerate, check_mode, compiled
+from nvil.backend.accel import check_mode
 from nvil.core.config import positive_float, positive_int
 from nvil.core.errors import ConfigError
 from nvil.estimators.annealing import ais
-from nvil.estimators.annealing import pilot_step_sizes as pilot_steps
 from nvil.estimators.annealing import schedule as schedule_betas
 from nvil.estimators.base import NO_PROGRESS, BatchProgress
+from nvil.estimators.model_paths import ModelPath, pilot_steps
 from nvil.estimators.per_example import PerExample
-from nvil.mcmc.adapt import multiplicative_adapt
-from nvil.mcmc.hmc import HMC
 from nvil.models.gaussian import FORMS
-from nvil.models.protocol import CONTINUOUS_LATENTS, capable
+from nvil.models.protocol import CONTINUOUS_LATENTS, Latent, ProtocolModel, capable
 
 CONTINUOUS_HINT = "model=gbn or dbn_dynamic"
 # Upper clamp of the adapted step size: large enough not to bind (in auxiliary form the posterior's scale is at
@@ -51,7 +49,8 @@ MAX_STEP_SIZE = 10.0
 
 
 class ContinuousLatent:
-    """A Gaussian net seen by a per-example estimator: the state of every chain lives in ``form``."""
+    """A Gaussian net in the sampler's ``form``, as the model protocol sees it (``nvil.models.protocol``): its
+    densities, draws and closed-form gradient in that form, so the one AIS path (``ModelPath``) runs on it."""
 
     needs_log_z = False  # the prior is normalised: exp(log w) estimates p(x) itself
 
@@ -63,6 +62,8 @@ class ContinuousLatent:
         if form not in FORMS:
             raise ConfigError(f"estimator.form must be one of {list(FORMS)}, got {form!r}")
         self.model, self.form = model, form
+        self.latent = Latent.continuous(model.n_latent)
+        self.capabilities = model.capabilities
 
     def log_prior(self, state):
         return self.model.log_prior(state, self.form)
@@ -77,87 +78,35 @@ class ContinuousLatent:
         """log p(s) + log p(x | s) with its closed-form gradient (``GaussianNet.posterior``); ``tempered(beta)``."""
         return self.model.posterior(x, self.form)
 
-    def sample_prior(self, n: int, generator, device):
-        return self.model.sample_prior(n, generator, device, self.form)
+    def sample_prior(self, n: int, generator, device=None):
+        return self.model.sample_prior(n, generator, device or generator.device, self.form)
 
-
-class PathState(NamedTuple):
-    position: torch.Tensor   # [chains, n_latent]
-    log_prior: torch.Tensor  # log p(s)
-    log_lik: torch.Tensor    # log p(x | s)
-    step_size: torch.Tensor  # [chains]: the step size of the last move (adapted: of the next one)
-    accept_sum: torch.Tensor  # [chains], sum of acceptance probabilities so far (for the report)
-
-
-class PriorPosteriorPath:
-    """f_beta(s) = p(s) p(x | s)^beta for each chain's own x; HMC moves with per-chain step sizes: ``steps[beta]``
-    ([chains], fixed in advance) where ``steps`` is given, else each chain's own, adapted after every move where
-    ``adapt`` (the pilot run of ``pilot_step_sizes``) or constant."""
-
-    def __init__(self, lm: ContinuousLatent, x: torch.Tensor, num_leapfrog: int, target_accept: float, adapt: bool,
-                 accel: str = "none", max_step_size: float | None = MAX_STEP_SIZE, steps: dict | None = None):
-        self.lm, self.x = lm, x
-        self.num_leapfrog, self.target_accept, self.adapt = num_leapfrog, target_accept, adapt
-        self.max_step_size, self.steps = max_step_size, steps
-        # Compiled (with accel) once per path, beta a tensor argument so that a new beta is not a new graph.
-        self._tempered = accelerate(self._tempered_log_density, accel, x.device, "estimator.accel")
-        # Eager, the net's closed-form gradient instead of autograd (V^T x computed once per path).
-        self._posterior = None if compiled(accel) else lm.posterior(x)
-
-    def _tempered_log_density(self, s: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
-        return self.lm.log_prior(s) + beta * self.lm.log_likelihood(self.x, s)
-
-    @torch.no_grad()
-    def state(self, position, step_size, accept_sum) -> PathState:
-        return PathState(position, self.lm.log_prior(position), self.lm.log_likelihood(self.x, position), step_size, accept_sum)
-
-    def log_f(self, state: PathState, beta: float) -> torch.Tensor:
-        return state.log_prior + beta * state.log_lik
-
-    def transition(self, state: PathState, beta: float, generator=None) -> PathState:
-        beta_t = torch.tensor(beta, dtype=state.position.dtype, device=state.position.device)
-        target = (lambda s: self._tempered(s, beta_t)) if self._posterior is None else self._posterior.tempered(beta_t)
-        hmc = HMC(target, self.num_leapfrog)
-        step = state.step_size if self.steps is None else self.steps[beta]
-        new, info = hmc.step(hmc.init(state.position), generator=generator, step_size=step)
-        if self.steps is None and self.adapt:
-            step = multiplicative_adapt(step, info.accept_prob, self.target_accept, max_step=self.max_step_size)
-        return self.state(new.position, step, state.accept_sum + info.accept_prob)
-
-    def start(self, generator, step_size: float) -> PathState:
-        """Exact samples of f_0 = p(s), one per chain, each with ``step_size``."""
-        n, dev = self.x.shape[0], self.x.device
-        return self.state(self.lm.sample_prior(n, generator, dev), torch.full((n,), float(step_size), device=dev),
-                          torch.zeros(n, device=dev))
-
-
-def pilot_step_sizes(lm: ContinuousLatent, x: torch.Tensor, betas: torch.Tensor, *, chains: int, pilot_chains: int,
-                     step_size: float, num_leapfrog: int, target_accept: float, generator=None, accel: str = "none",
-                     max_step_size: float | None = MAX_STEP_SIZE, on_step=None) -> dict:
-    """beta -> [rows of x] step sizes for ``x`` (``chains`` rows per example, example-major): a pilot AIS run of
-    ``pilot_chains`` chains per example from ``step_size``, each adapting its own step size after every move
-    (Wu et al. 2017, Sec. 5); per example and beta, the geometric mean over its pilot chains, repeated for its
-    ``chains`` rows. The pilot chains are thrown away."""
-    if x.shape[0] % chains:
-        raise ValueError(f"{x.shape[0]} rows are not whole examples of {chains} chains each")
-    xp = x[::chains].repeat_interleave(pilot_chains, 0)
-    path = PriorPosteriorPath(lm, xp, num_leapfrog, target_accept, True, accel, max_step_size)
-    return pilot_steps(path, path.start(generator, step_size), betas, pilot_chains, chains, generator, on_step)
+    def sample_likelihood(self, state, generator):
+        if self.form != self.model.form:
+            state = self.model.to_centred(state) if self.form == "auxiliary" else self.model.to_auxiliary(state)
+        return self.model.sample_likelihood(state, generator)
 
 
 def fixed_kernel_path(lm: ContinuousLatent, x: torch.Tensor, betas: torch.Tensor, *, chains: int = 1,
                       pilot_chains: int = 2, num_leapfrog: int = 10, step_size: float = 0.05,
                       target_accept: float = 0.65, adapt: bool = True, generator=None, accel: str = "none",
-                      max_step_size: float | None = MAX_STEP_SIZE, on_step=None) -> PriorPosteriorPath:
-    """The path for ``x`` (``chains`` rows per example, example-major) whose every move is a fixed
-    f_beta-invariant HMC kernel: step sizes from ``pilot_step_sizes`` where ``adapt``, else ``step_size``
-    throughout. Used in either direction (forward AIS, and reverse AIS in ``nvil.estimators.reverse_ais.BDMC``)."""
-    steps = None
+                      max_step_size: float | None = MAX_STEP_SIZE, on_step=None) -> ModelPath:
+    """The prior-to-posterior path for ``x`` (``chains`` rows per example, example-major) along ``ModelPath`` whose
+    every move is a fixed f_beta-invariant HMC kernel: step sizes from a pilot run (``model_paths.pilot_steps``)
+    where ``adapt``, else ``step_size`` throughout. Used in either direction (forward AIS, and reverse AIS in
+    ``nvil.estimators.reverse_ais.BDMC``)."""
+    if x.shape[0] % chains:
+        raise ValueError(f"{x.shape[0]} rows are not whole examples of {chains} chains each")
+    pm = ProtocolModel(lm, "the Gaussian net")
+    settings = {"num_leapfrog": num_leapfrog, "target_accept": target_accept, "max_step_size": max_step_size,
+                "accel": accel}
     if adapt:
-        steps = pilot_step_sizes(lm, x, betas, chains=chains, pilot_chains=pilot_chains, step_size=step_size,
-                                 num_leapfrog=num_leapfrog, target_accept=target_accept, generator=generator,
-                                 accel=accel, max_step_size=max_step_size, on_step=on_step)
-    return PriorPosteriorPath(lm, x, num_leapfrog, target_accept, False, accel, max_step_size, steps)
+        steps = pilot_steps(pm, x[::chains], "prior", betas, pilot_chains, step_size, chains, generator, on_step,
+                            **settings)
+    else:
+        constant = torch.full((x.shape[0],), float(step_size), device=x.device)
+        steps = {beta: constant for beta in betas.tolist()}
+    return ModelPath(pm, x, pm.base("prior", x), adapt=False, steps=steps, **settings)
 
 
 def ais_hmc_log_w(lm: ContinuousLatent, x: torch.Tensor, betas: torch.Tensor, *, chains: int = 1,
@@ -165,8 +114,9 @@ def ais_hmc_log_w(lm: ContinuousLatent, x: torch.Tensor, betas: torch.Tensor, *,
                   adapt: bool = True, generator=None, accel: str = "none",
                   max_step_size: float | None = MAX_STEP_SIZE, on_step=None):
     """One AIS run per row of x (``chains`` rows per example, example-major; each row its own example by
-    default), its step sizes from ``fixed_kernel_path``: (log w [rows] float64, final PathState). ``on_step(k,
-    increment)``: as in ``nvil.estimators.ais.ais`` (progress), over the pilot's steps, then the run's."""
+    default), its step sizes from ``fixed_kernel_path``: (log w [rows] float64, final ``ModelState``).
+    ``on_step(k, increment)``: as in ``nvil.estimators.annealing.ais`` (progress), over the pilot's steps, then
+    the run's."""
     path = fixed_kernel_path(lm, x, betas, chains=chains, pilot_chains=pilot_chains, num_leapfrog=num_leapfrog,
                              step_size=step_size, target_accept=target_accept, adapt=adapt, generator=generator,
                              accel=accel, max_step_size=max_step_size, on_step=on_step)
@@ -187,7 +137,7 @@ class AISHMC(PerExample):
         linear | paper); ``num_runs``: chains per example; ``num_leapfrog``: leapfrog steps per HMC move;
         ``step_size``: the initial step size of a pilot run of ``pilot_chains`` chains per example adapting
         towards ``target_accept``, clamped at ``max_step_size`` (None: no clamp), whose per-example geometric
-        means the main chains use (``pilot_step_sizes``); ``adapt=False``: ``step_size`` throughout; ``form``:
+        means the main chains use (``nvil.estimators.model_paths.pilot_steps``); ``adapt=False``: ``step_size`` throughout; ``form``:
         auxiliary (eps) | centred (z), the same p(x);
         ``batch_size``: examples per batch (chains = batch_size x num_runs); ``accel``: none | compile (the
         tempered log density compiled) | cudagraphs (CUDA only); ``min_example_ess``: as ``PerExample``."""

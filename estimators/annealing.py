@@ -15,7 +15,7 @@ A path is any object with ``log_f(state, beta) -> [chains]`` and ``transition(st
 it may add ``log_ratio(state, beta_prev, beta)``, the increment log f_beta - log f_beta_prev in one pass, and
 ``fused_step(state, beta_prev, beta, generator) -> (increment, state)``, the increment and the move in one call.
 The paths: ``nvil.estimators.ais_rbm.RBMPath`` (a Boltzmann machine from its base-rate model), ``nvil.estimators.ais.
-PosteriorPath`` (Q(h | v) to the posterior), ``nvil.estimators.ais_hmc.PriorPosteriorPath`` (prior to posterior, HMC).
+PosteriorPath`` (Q(h | v) to the posterior), ``nvil.estimators.model_paths.ModelPath`` (a model's prior or proposal to its posterior: HMC, Gibbs or Metropolis flips).
 
 The ladder is built once per estimate (``make_ladder``, then ``Ladder.betas``) and passed down to every run
 that walks it: forward, reverse (the same betas backwards) and the pilot of an adaptive ladder.

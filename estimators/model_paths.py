@@ -6,8 +6,9 @@ from the normalised base f_0 (the prior p(z), or the proposal q(z | x)) at beta 
 p(x, z) at beta = 1, whose normaliser is p(x) (Neal 2001; with the prior as f_0 this is p(z) p(x | z)^beta, the path
 of Wu et al. 2017). The moves leave each f_beta invariant:
 
-- continuous z: one HMC transition (Neal 2011, Sec. 5.3.2), gradients by autograd through the user's code, with a
-  step size per chain and beta. They come from a pilot run (``pilot_steps``): chains of their own whose step size is
+- continuous z: one HMC transition (Neal 2011, Sec. 5.3.2), gradients by autograd through the user's code (or,
+  from the prior, the model's own closed-form gradient where it declares ``closed_form_gradient``: the Gaussian
+  nets), with a step size per chain and beta. They come from a pilot run (``pilot_steps``): chains of their own whose step size is
   multiplied by 1.02 or 0.98 after each move towards an acceptance of ``target_accept`` (Wu et al. 2017, Sec. 5),
   the geometric mean over each example's pilot chains then fixed for that example's chains at that beta. A step size
   adapted on the chain it moves depends on the state the move starts from, and the weights lose their
@@ -28,10 +29,12 @@ from typing import NamedTuple
 
 import torch
 
+from nvil.backend.accel import accelerate, compiled
 from nvil.core.errors import ConfigError
 from nvil.estimators.annealing import pilot_step_sizes
 from nvil.mcmc.adapt import multiplicative_adapt
 from nvil.mcmc.hmc import HMC
+from nvil.models.protocol import CLOSED_FORM_GRADIENT, PriorBase, capable
 
 BINARY_MOVES = ("gibbs", "mh")
 
@@ -54,9 +57,12 @@ class ModelPath:
 
     def __init__(self, model, x, base, *, num_leapfrog: int = 10, target_accept: float = 0.65, adapt: bool = True,
                  max_step_size: float | None = 10.0, moves: str = "gibbs", num_moves: int | None = None,
-                 num_flips: int = 1, steps: dict | None = None) -> None:
+                 num_flips: int = 1, steps: dict | None = None, accel: str = "none") -> None:
         """``steps``: beta -> [chains] step sizes fixed in advance (``pilot_steps``); None: each chain's own, adapted
-        after each move where ``adapt`` (the pilot run itself)."""
+        after each move where ``adapt`` (the pilot run itself). HMC's target: with the prior as base, f_beta(z) =
+        p(z) p(x | z)^beta, and a model that declares ``closed_form_gradient`` gives it with its gradient
+        (``model.posterior(x).tempered(beta)``); otherwise log f_beta by autograd, compiled once per path where
+        ``accel`` (nvil.backend.accel) says, beta a tensor argument so that a new beta is not a new graph."""
         if moves not in BINARY_MOVES:
             raise ConfigError(f"moves must be one of {list(BINARY_MOVES)}, got {moves!r}")
         self.model, self.x, self.base = model, x, base
@@ -65,6 +71,19 @@ class ModelPath:
         self.moves, self.num_flips = moves, num_flips
         self.num_moves = model.n_latent if num_moves is None else num_moves
         self.steps = steps
+        self._log_f_beta = accelerate(self._log_density, accel, x.device, "estimator.accel")
+        self._closed = None
+        if (not model.binary and isinstance(base, PriorBase) and capable(model.obj, CLOSED_FORM_GRADIENT)
+                and not compiled(accel)):
+            self._closed = model.obj.posterior(x)
+
+    def _log_density(self, z: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
+        return (1 - beta) * self.base.log_prob(z) + beta * self.model.log_joint(self.x, z)
+
+    def start(self, generator, step_size: float) -> ModelState:
+        """An exact draw of f_0 per chain, each with ``step_size``."""
+        z = self.base.sample(1, generator)[0]
+        return self.state(z, torch.full((z.shape[0],), float(step_size), device=z.device))
 
     def state(self, z: torch.Tensor, step_size: torch.Tensor | None = None,
               accept_sum: torch.Tensor | None = None) -> ModelState:
@@ -88,10 +107,12 @@ class ModelPath:
     # ---- continuous z ------------------------------------------------------------------------------------------
 
     def hmc(self, state: ModelState, beta: float, generator) -> ModelState:
-        def log_density(z):
-            return (1 - beta) * self.base.log_prob(z) + beta * self.model.log_joint(self.x, z)
-
-        kernel = HMC(log_density, self.num_leapfrog)
+        beta_t = torch.tensor(beta, dtype=state.z.dtype, device=state.z.device)
+        if self._closed is not None:
+            target = self._closed.tempered(beta_t)
+        else:
+            target = lambda z: self._log_f_beta(z, beta_t)  # noqa: E731
+        kernel = HMC(target, self.num_leapfrog)
         step = state.step_size if self.steps is None else self.steps[beta]
         new, info = kernel.step(kernel.init(state.z), generator=generator, step_size=step)
         if self.steps is None and self.adapt:
@@ -135,12 +156,11 @@ class ModelPath:
 
 
 def pilot_steps(model, x, base_kind: str, betas: torch.Tensor, pilot_chains: int, step_size: float, chains: int,
-                generator, **settings) -> dict:
+                generator, on_step=None, **settings) -> dict:
     """beta -> [examples x ``chains``] step sizes for the rows of ``x`` (one per example): a pilot AIS run of
-    ``pilot_chains`` chains per example adapting its own step sizes, each example's geometric mean over its pilot
-    chains at each beta, repeated for its ``chains`` chains (example-major). Its chains are then thrown away."""
+    ``pilot_chains`` chains per example adapting its own step sizes from ``step_size`` (Wu et al. 2017, Sec. 5),
+    each example's geometric mean over its pilot chains at each beta, repeated for its ``chains`` chains
+    (example-major). Its chains are then thrown away. ``on_step(k, increment)``: each of the pilot's steps."""
     xp = x.repeat_interleave(pilot_chains, 0)
-    path = ModelPath(model, xp, model.base(base_kind, xp), adapt=True, **settings)
-    z = path.base.sample(1, generator)[0]
-    start = path.state(z, torch.full((z.shape[0],), float(step_size), device=z.device))
-    return pilot_step_sizes(path, start, betas, pilot_chains, chains, generator)
+    path = ModelPath(model, xp, model.base(base_kind, xp), **{**settings, "adapt": True})
+    return pilot_step_sizes(path, path.start(generator, step_size), betas, pilot_chains, chains, generator, on_step)

@@ -73,9 +73,9 @@ class BDMC(Estimator):
     - binary latents (SBN, fDARN, with their inference network): ``PosteriorPath``,
       f_beta(h) = Q(h | v)^(1 - beta) P(v, h)^beta, sequential Gibbs at each beta, exactly
       ``AISPosterior.run_batch`` forward (Murray & Salakhutdinov 2009, Sec. 2.3); Z_0 = 1 as Q is normalised;
-    - continuous latents (Gaussian belief nets): ``PriorPosteriorPath``, f_beta(s) = p(s) p(v | s)^beta with HMC,
+    - continuous latents (Gaussian belief nets): ``nvil.estimators.model_paths.ModelPath`` from the prior, f_beta(s) = p(s) p(v | s)^beta with HMC,
       forward exactly ``ais_hmc_log_w`` (Wu et al. 2017); Z_0 = 1 as the prior is normalised. Both directions move
-      with the step sizes of one pilot run (``nvil.estimators.ais_hmc.pilot_step_sizes``: ``pilot_chains`` chains
+      with the step sizes of one pilot run (``nvil.estimators.model_paths.pilot_steps``: ``pilot_chains`` chains
       per v adapting their own, then per v and beta their geometric mean), fixed before either direction starts.
       They depend on v and the pilot's random numbers only, which given v are independent of the forward chains
       and of the exact posterior sample h, so every move in either direction is a fixed kernel leaving its f_beta

@@ -30,7 +30,7 @@ from torch import nn
 
 from nvil.core.errors import ConfigError
 from nvil.models.gaussian_grad import LogJoint
-from nvil.models.protocol import ANCESTRAL, CLOSED_FORM_LIKELIHOOD, CONTINUOUS_LATENTS, Latent
+from nvil.models.protocol import ANCESTRAL, CLOSED_FORM_GRADIENT, CLOSED_FORM_LIKELIHOOD, CONTINUOUS_LATENTS, Latent
 from nvil.models.visible import LOG_2PI, VISIBLE, gaussian_log_prob
 
 FORMS = ("auxiliary", "centred")
@@ -49,7 +49,7 @@ class GaussianNet(nn.Module):
     (index into ``log_sigmas``); ``obs_parent`` and ``obs_link`` (index into ``emissions``) for the
     observed vectors, whose concatenation is a data row."""
 
-    capabilities = frozenset({CONTINUOUS_LATENTS, ANCESTRAL, CLOSED_FORM_LIKELIHOOD})
+    capabilities = frozenset({CONTINUOUS_LATENTS, ANCESTRAL, CLOSED_FORM_LIKELIHOOD, CLOSED_FORM_GRADIENT})
     is_continuous_latent = True
 
     def __init__(self, form: str, visible: str, nonlinearity: str, sigma: float, visible_sigma: float,

@@ -92,8 +92,12 @@ CLOSED_FORM_LIKELIHOOD = "closed_form_likelihood"
 """p(v | h) in closed form given the latent layers the estimators sample (the harmonic mean needs it)."""
 LAYER_STACK = "layer_stack"
 """A stack of RBMs (``model.rbms``) trained one layer at a time, with the greedy up-pass as its posterior."""
+CLOSED_FORM_GRADIENT = "closed_form_gradient"
+"""``posterior(x)``: z -> log p(z) + log p(x | z) for one row of x per chain, in the protocol's own z, with
+``tempered(beta)`` (log p(z) + beta log p(x | z)) and ``value_and_grad(z)`` in closed form, so that an HMC move
+needs no autograd graph (``nvil.backend.registry``, ``gaussian_closed_form_gradient``)."""
 CAPABILITIES = (FREE_ENERGY, TOP_MACHINE, VARIATIONAL_BOUND, BINARY_LATENTS, CONTINUOUS_LATENTS, ANCESTRAL,
-                CLOSED_FORM_LIKELIHOOD, LAYER_STACK)
+                CLOSED_FORM_LIKELIHOOD, LAYER_STACK, CLOSED_FORM_GRADIENT)
 
 
 def capable(model, capability: str) -> bool:

@@ -1,5 +1,5 @@
 """estimator=ais_hmc: exp(log w) is unbiased for p(x) (Neal 2001) because every HMC move is a fixed
-f_beta-invariant kernel, its step size taken from a pilot run (``nvil.estimators.ais_hmc.pilot_step_sizes``).
+f_beta-invariant kernel, its step size taken from a pilot run (``nvil.estimators.model_paths.pilot_steps``).
 
 The check: on a linear-Gaussian net (2 latents, 5 visibles, sigma 0.5; p(x) Gaussian in closed form,
 ``test_gaussian.exact_log_p``), 100 examples x 16 chains, 1,000 sigmoid betas and 10 leapfrog steps (the default
@@ -25,10 +25,11 @@ import torch
 
 from nvil.core.ops import mean_and_stderr
 from nvil.estimators import ais_hmc, reverse_ais
-from nvil.estimators.ais_hmc import (MAX_STEP_SIZE, AISHMC, ContinuousLatent, PriorPosteriorPath,
-                                     fixed_kernel_path, pilot_step_sizes)
+from nvil.estimators.ais_hmc import MAX_STEP_SIZE, AISHMC, ContinuousLatent, fixed_kernel_path
 from nvil.estimators.annealing import StepTape, ais, schedule
+from nvil.estimators.model_paths import ModelPath, pilot_steps
 from nvil.estimators.reverse_ais import BDMC
+from nvil.models.protocol import ProtocolModel
 from test_gaussian import exact_log_p, linear_net
 
 EXAMPLES, RUNS = 100, 16
@@ -56,7 +57,9 @@ def ais_hmc_ratio(seed: int = 0) -> tuple[float, float]:
 
 def chain_adapted_path(lm, x, betas, *, num_leapfrog, target_accept, accel, max_step_size=MAX_STEP_SIZE, **_):
     """The broken variant: no pilot, each main chain adapting its own step size after every move."""
-    return PriorPosteriorPath(lm, x, num_leapfrog, target_accept, True, accel, max_step_size)
+    pm = ProtocolModel(lm)
+    return ModelPath(pm, x, pm.base("prior", x), num_leapfrog=num_leapfrog, target_accept=target_accept, adapt=True,
+                     max_step_size=max_step_size, accel=accel)
 
 
 def test_pilot_step_sizes_keep_exp_log_w_unbiased_for_p_x():
@@ -78,9 +81,10 @@ def test_main_chains_move_with_the_pilot_geometric_mean_fixed_per_example_and_be
     lm = ContinuousLatent(net, "test", "auxiliary")
     betas = schedule("sigmoid", 30)
     settings = {"num_leapfrog": 3, "target_accept": 0.65}
-    steps = pilot_step_sizes(lm, x.repeat_interleave(4, 0), betas, chains=4, pilot_chains=3, step_size=0.05,
-                             generator=torch.Generator().manual_seed(1), **settings)
-    pilot = StepTape(PriorPosteriorPath(lm, x.repeat_interleave(3, 0), 3, 0.65, True))
+    pm = ProtocolModel(lm)
+    steps = pilot_steps(pm, x, "prior", betas, 3, 0.05, 4, torch.Generator().manual_seed(1), **settings)
+    xp = x.repeat_interleave(3, 0)
+    pilot = StepTape(ModelPath(pm, xp, pm.base("prior", xp), adapt=True, **settings))
     g = torch.Generator().manual_seed(1)
     ais(pilot, pilot.path.start(g, 0.05), betas, g)
     assert sorted(steps) == sorted(pilot.tape) == betas[1:-1].tolist()  # one step size per move
@@ -94,7 +98,7 @@ def test_main_chains_move_with_the_pilot_geometric_mean_fixed_per_example_and_be
     moved = path.transition(path.start(torch.Generator().manual_seed(2), 0.05), beta)
     assert torch.equal(moved.step_size, steps[beta])  # the step it used, not adapted after the move
     with pytest.raises(ValueError, match="whole examples"):
-        pilot_step_sizes(lm, x, betas, chains=2, pilot_chains=2, step_size=0.05, **settings)
+        fixed_kernel_path(lm, x, betas, chains=2, pilot_chains=2, step_size=0.05, **settings)
 
 
 # ---- bdmc's continuous side (slow: a pilot and two runs of 1,600 chains each) ----------------------------

@@ -52,7 +52,7 @@ def test_a_family_switch_written_back_is_caught(switch):
     ("sbn", {"layers": [3, 2]}, {"binary_latents", "ancestral", "closed_form_likelihood"}),
     ("dbn", {"layers": [3, 2]}, {"top_machine", "layer_stack", "binary_latents", "closed_form_likelihood"}),
     ("dbm", {"layers": [3, 2]}, {"top_machine", "variational_bound", "binary_latents"}),
-    ("gbn", {"layers": [3]}, {"continuous_latents", "ancestral", "closed_form_likelihood"}),
+    ("gbn", {"layers": [3]}, {"continuous_latents", "ancestral", "closed_form_likelihood", "closed_form_gradient"}),
     ("vae", {"latent": [2], "hidden": [[4]]}, set()),
 ])
 def test_each_family_declares_its_capabilities(name, spec, expected):

@@ -121,12 +121,14 @@ def test_ais_hmc_is_unbiased_for_p_x_on_a_linear_gaussian_net(form):
 def test_ais_hmc_with_weights_taken_after_each_move_fails_the_same_check():
     """Power: the ordering several public ports get wrong (each increment taken at the state the move just
     produced) over-estimates p(x), and the unbiasedness check above rejects it."""
-    from nvil.estimators.ais_hmc import PriorPosteriorPath
+    from nvil.estimators.model_paths import ModelPath
+    from nvil.models.protocol import ProtocolModel
 
     net = linear_net(seed=5)
     x, _ = net.sample(20, generator=torch.Generator().manual_seed(0))
     xs, g = x.repeat_interleave(40, 0), torch.Generator().manual_seed(1)
-    path = PriorPosteriorPath(ContinuousLatent(net, "test", "auxiliary"), xs, 5, 0.65, True)
+    pm = ProtocolModel(ContinuousLatent(net, "test", "auxiliary"))
+    path = ModelPath(pm, xs, pm.base("prior", xs), num_leapfrog=5, target_accept=0.65, adapt=True)
     state = path.state(torch.randn(xs.shape[0], net.n_latent, generator=g, dtype=DT), torch.full((xs.shape[0],), 0.1, dtype=DT),
                        torch.zeros(xs.shape[0], dtype=DT))
     betas, log_w = schedule("sigmoid", 20).tolist(), 0.0

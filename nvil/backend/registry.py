@@ -105,7 +105,8 @@ FAST_PATHS: dict[str, FastPath] = {
                   "an autograd graph",
         function="nvil.models.gaussian_grad.LogJoint.value_and_grad",
         definition="nvil.mcmc.hmc.value_and_grad",
-        chosen="GaussianNet.posterior(x): the eager path of estimator=ais_hmc and learner=mcem_hmc (accel=none); "
+        chosen="ModelPath (nvil.estimators.model_paths): HMC from the prior on a model that declares "
+               "closed_form_gradient (the Gaussian nets: ais_hmc, bdmc, ais), and learner=mcem_hmc, at accel=none; "
                "accel=compile differentiates the compiled density by autograd instead",
         gain="2.3-2.5x", workload="an AIS-HMC run, GBN 784-64-64 in auxiliary form, 100-1,600 chains, 10 leapfrog "
                                   "steps, one thread (bench/gaussian_grad.py)",
