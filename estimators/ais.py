@@ -40,7 +40,7 @@ from nvil.estimators.annealing import (
     schedule,
 )
 from nvil.estimators.settings import AISSettings
-from nvil.mcmc.sequential_gibbs import SequentialGibbs
+from nvil.mcmc.flip_gibbs import site_gibbs
 
 __all__ = ["FIXED_SCHEDULES", "PAPER_SEGMENTS", "SCHEDULES", "AISSettings", "Ladder", "LogZ", "PosteriorPath",
            "PosteriorState", "RBMPath", "RBMState", "TemperedRBM", "adaptive_ladder", "ais", "base_rate",
@@ -68,6 +68,5 @@ class PosteriorPath:
         return (1 - beta) * state.log_q + beta * state.log_p
 
     def transition(self, state: PosteriorState, beta: float, generator=None) -> PosteriorState:
-        h, _ = SequentialGibbs([(1 - beta, self.q), (beta, self.joint)], accel=self.accel).sweep(
-            state.h, generator=generator)
+        h, _ = site_gibbs([(1 - beta, self.q), (beta, self.joint)], self.accel).sweep(state.h, generator=generator)
         return self.state(h)

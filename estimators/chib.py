@@ -10,7 +10,7 @@ log P(v, h) to a local mode), S Markov-chain steps and T sequential Gibbs leavin
     7. P(v) ~= P(v, h*) / [(1/S) sum_{s'} T(h* <- h^(s'))]
 
 with T(h* <- h) = prod_j P(h*_j | h*_{1..j-1}, h_{j+1..M}, v) (Eq. 11), evaluated by one forced sweep from h
-(``SequentialGibbs.sweep(force=h_star)``). Chains are test cases x runs, each with its own s: all chains
+(``SequentialGibbs.sweep(force=h_star)``; ``FlipGibbs`` for a user's model). Chains are test cases x runs, each with its own s: all chains
 step together, chain c going forward for its first S - s steps and then, restarted at its h^(s), backward,
 so no chain waits for another and nothing loops over chains. exp(estimate) is unbiased for P(v) (their
 Eq. 15), so log P(v) is under-estimated in expectation.
@@ -36,7 +36,7 @@ from nvil.estimators.per_example import LatentModel, PerExample
 from nvil.estimators.settings import LOG_Z, LogZSettings
 from nvil.mcmc.base import ChibKernel
 from nvil.mcmc.mh import PROPOSALS, MetropolisHastings, adapt_step_size
-from nvil.mcmc.sequential_gibbs import SequentialGibbs
+from nvil.mcmc.flip_gibbs import site_gibbs
 
 
 @torch.no_grad()
@@ -73,6 +73,7 @@ class Chib(PerExample):
     averaged), ``hill_climb`` for h*."""
 
     name = "chib"
+    serves_protocol = True  # a user's binary-latent model too (``LatentModel``)
 
     def __init__(self, *, num_steps: int = 40, num_runs: int = 10, hill_climb: bool = True,
                  max_hill_climb_sweeps: int = 100, batch_size: int = 50, accel: str = "auto",
@@ -96,7 +97,7 @@ class Chib(PerExample):
         """Progress in sweeps: each of the S steps is two (the move and the forced sweep of T(h* <- h)). The
         hill-climb's length is known only when it stops: it is planned at the previous batch's (``climb_sweeps``),
         and a longer one moves the bar on by less with each sweep rather than stalling it."""
-        gibbs = SequentialGibbs([(1.0, lm.joint(x))], accel=self.accel)
+        gibbs = site_gibbs([(1.0, lm.joint(x))], self.accel)
         h_star = lm.sample_q(x, generator)
         later = 2 * self.num_steps
         if self.hill_climb:

@@ -15,8 +15,8 @@ from nvil.core.errors import ConfigError
 from nvil.core.ops import log_mean_exp
 from nvil.estimators.base import NO_PROGRESS, BatchProgress
 from nvil.estimators.per_example import LatentModel, PerExample
-from nvil.mcmc.sequential_gibbs import SequentialGibbs
-from nvil.models.protocol import CLOSED_FORM_LIKELIHOOD, capable
+from nvil.mcmc.flip_gibbs import site_gibbs
+from nvil.models.protocol import CLOSED_FORM_LIKELIHOOD, capable, protocol_only
 
 
 class Harmonic(PerExample):
@@ -25,6 +25,7 @@ class Harmonic(PerExample):
 
     name = "harmonic"
     uses_log_z = False  # P(v | h) is normalised even in a DBN, and sampling P(h | v) needs no Z
+    serves_protocol = True  # a user's binary-latent model too (``LatentModel``)
 
     def __init__(self, *, num_samples: int = 100, burn_in: int = 10, num_runs: int = 10, batch_size: int = 50,
                  accel: str = "auto") -> None:
@@ -37,8 +38,8 @@ class Harmonic(PerExample):
             raise ConfigError(f"estimator.burn_in must be a non-negative integer, got {burn_in!r}")
         self.burn_in = burn_in
 
-    def check(self, model, inference) -> None:
-        if not capable(model, CLOSED_FORM_LIKELIHOOD):
+    def check(self, model, inference=None) -> None:
+        if not (protocol_only(model) or capable(model, CLOSED_FORM_LIKELIHOOD)):
             raise ConfigError("estimator=harmonic needs p(v | h) in closed form, which a DBM's latent layers do not give "
                               "(h_1 couples v and h_2); use estimator=chib or ais_posterior")
         super().check(model, inference)
@@ -60,7 +61,7 @@ class Harmonic(PerExample):
                   progress: BatchProgress = NO_PROGRESS) -> torch.Tensor:
         """Progress: one unit per sweep, burn-in included."""
         progress.plan(self.burn_in + self.num_samples)
-        gibbs = SequentialGibbs([(1.0, lm.joint(x))], accel=self.accel)
+        gibbs = site_gibbs([(1.0, lm.joint(x))], self.accel)
         h = lm.sample_q(x, generator)
         for _ in range(self.burn_in):
             h, _ = gibbs.step(h, 1.0, generator)

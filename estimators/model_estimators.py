@@ -18,7 +18,9 @@ The estimators, batched over examples x chains (example-major), each batch drawi
   bound); a mean gap above ``max_gap`` says the schedule is too short for forward AIS on real data. It also checks
   that ``log_likelihood`` and ``sample_likelihood`` agree on whether x depends on z (``likelihood_consistency``);
 - ``exact``: log p(x) = logsumexp_z log p(x, z) over the 2^D states of at most 20 binary units (``Exact``, the
-  one enumeration, which serves the built-in families too).
+  one enumeration, which serves the built-in families too);
+- ``chib``, ``ais_posterior``, ``harmonic``: for binary z, the built-in families' own estimators (``Chib``,
+  ``AISPosterior``, ``Harmonic``), whose ``LatentModel`` sees the user's densities and proposal.
 """
 
 
@@ -35,7 +37,9 @@ from nvil.core.ops import chunks, mean_and_stderr
 from nvil.estimators.annealing import ais
 from nvil.estimators.annealing import schedule as schedule_betas
 from nvil.estimators.base import NO_PROGRESS, BatchProgress, Result, batch_generator
+from nvil.estimators.chib import Chib
 from nvil.estimators.exact import Exact
+from nvil.estimators.harmonic import Harmonic
 from nvil.estimators.model_bdmc import ModelBDMC, fixed_steps, path_settings
 from nvil.estimators.model_bounds import (
     ModelIWAE,
@@ -47,7 +51,7 @@ from nvil.estimators.model_bounds import (
     stream,
 )
 from nvil.estimators.model_paths import ModelPath
-from nvil.estimators.per_example import PerExample
+from nvil.estimators.per_example import AISPosterior, PerExample
 from nvil.models.protocol import ProtocolModel
 
 
@@ -182,7 +186,8 @@ class ModelAIS(PerExample):
         return out
 
 
-MODEL_ESTIMATORS = {"ais": ModelAIS, "iwae": ModelIWAE, "bdmc": ModelBDMC, "exact": Exact}
+MODEL_ESTIMATORS = {"ais": ModelAIS, "iwae": ModelIWAE, "bdmc": ModelBDMC, "exact": Exact, "chib": Chib,
+                    "ais_posterior": AISPosterior, "harmonic": Harmonic}
 
 
 def build_model_estimator(name: str, **settings):
@@ -200,7 +205,7 @@ def build_model_estimator(name: str, **settings):
 
 def evaluate_model(model, x, estimator: str = "ais", *, seed: int = 0, progress=None, **settings) -> Result:
     """log p(x) of each row of ``x`` under a model following ``nvil.models.protocol``, with ``estimator`` (ais | iwae |
-    bdmc | exact) and its keyword ``settings``; a ``Result`` with ``mean_log_p``, ``stderr``, ``certified``,
+    bdmc | exact; binary z also chib | ais_posterior | harmonic) and its keyword ``settings``; a ``Result`` with ``mean_log_p``, ``stderr``, ``certified``,
     ``warnings`` and the per-example ``log_p``. ``x`` is on the device the model computes on; bdmc ignores it."""
     est = build_model_estimator(estimator, **settings)
     est.check(model)
