@@ -35,8 +35,9 @@ from nvil.estimators.base import NO_PROGRESS, BatchProgress
 from nvil.estimators.per_example import LatentModel, PerExample
 from nvil.estimators.settings import LOG_Z, LogZSettings
 from nvil.mcmc.base import ChibKernel
-from nvil.mcmc.mh import PROPOSALS, MetropolisHastings, adapt_step_size
 from nvil.mcmc.flip_gibbs import site_gibbs
+from nvil.mcmc.mh import PROPOSALS, MetropolisHastings, adapt_step_size
+from nvil.models.protocol import ProtocolModel, follows_protocol, protocol_only
 
 
 @torch.no_grad()
@@ -198,7 +199,18 @@ class ChibMH(PerExample):
         self.accept: list[torch.Tensor] = []  # per batch: [chains], mean acceptance probability in Fig. 1
         self.adapt_accept: list[torch.Tensor] = []  # per batch: [chains], mean acceptance in the warm-up
 
+    serves_protocol = True  # a user's continuous-latent model too: its own log p(x, z) and sample_prior
+
     def latent_model(self, model, inference):
+        if protocol_only(model) and follows_protocol(model):
+            pm = ProtocolModel(model)
+            if pm.binary:
+                raise ConfigError("estimator=chib_mh moves continuous latents; this model's are binary "
+                                  "(Latent.binary): use estimator=chib, ais_posterior or exact")
+            if not callable(getattr(model, "sample_prior", None)):
+                raise ConfigError("estimator=chib_mh climbs to h* from a prior draw: define sample_prior(n, generator) "
+                                  "on the model")
+            return pm
         return ContinuousLatent(model, self.name, self.form)
 
     @property
@@ -224,7 +236,7 @@ class ChibMH(PerExample):
         step costs (a Fig. 1 step is a transition and its T(h* <- h), counted as two)."""
         progress.plan(self.climb_steps + (self.adapt_steps if self.adapt else 0) + 2 * self.num_steps)
         log_f = lambda s: lm.log_joint(x, s)  # noqa: E731
-        h_star = climb_to_mode(log_f, lm.sample_prior(x.shape[0], generator, x.device), self.climb_steps, self.climb_lr,
+        h_star = climb_to_mode(log_f, lm.sample_prior(x.shape[0], generator), self.climb_steps, self.climb_lr,
                                on_step=progress.advance)
         step = torch.full((x.shape[0],), self.step_size, dtype=h_star.dtype, device=h_star.device)
         if self.adapt:  # a separate warm-up run from h*; its states are discarded, only the step sizes are kept

@@ -20,7 +20,8 @@ The estimators, batched over examples x chains (example-major), each batch drawi
 - ``exact``: log p(x) = logsumexp_z log p(x, z) over the 2^D states of at most 20 binary units (``Exact``, the
   one enumeration, which serves the built-in families too);
 - ``chib``, ``ais_posterior``, ``harmonic``: for binary z, the built-in families' own estimators (``Chib``,
-  ``AISPosterior``, ``Harmonic``), whose ``LatentModel`` sees the user's densities and proposal.
+  ``AISPosterior``, ``Harmonic``), whose ``LatentModel`` sees the user's densities and proposal;
+- ``chib_mh``: for continuous z, the Gaussian nets' ``ChibMH`` on the user's log p(x, z) and prior draws.
 """
 
 
@@ -37,7 +38,7 @@ from nvil.core.ops import chunks, mean_and_stderr
 from nvil.estimators.annealing import ais
 from nvil.estimators.annealing import schedule as schedule_betas
 from nvil.estimators.base import NO_PROGRESS, BatchProgress, Result, batch_generator
-from nvil.estimators.chib import Chib
+from nvil.estimators.chib import Chib, ChibMH
 from nvil.estimators.exact import Exact
 from nvil.estimators.harmonic import Harmonic
 from nvil.estimators.model_bdmc import ModelBDMC, fixed_steps, path_settings
@@ -187,7 +188,7 @@ class ModelAIS(PerExample):
 
 
 MODEL_ESTIMATORS = {"ais": ModelAIS, "iwae": ModelIWAE, "bdmc": ModelBDMC, "exact": Exact, "chib": Chib,
-                    "ais_posterior": AISPosterior, "harmonic": Harmonic}
+                    "ais_posterior": AISPosterior, "harmonic": Harmonic, "chib_mh": ChibMH}
 
 
 def build_model_estimator(name: str, **settings):
@@ -205,7 +206,7 @@ def build_model_estimator(name: str, **settings):
 
 def evaluate_model(model, x, estimator: str = "ais", *, seed: int = 0, progress=None, **settings) -> Result:
     """log p(x) of each row of ``x`` under a model following ``nvil.models.protocol``, with ``estimator`` (ais | iwae |
-    bdmc | exact; binary z also chib | ais_posterior | harmonic) and its keyword ``settings``; a ``Result`` with ``mean_log_p``, ``stderr``, ``certified``,
+    bdmc | exact; binary z also chib | ais_posterior | harmonic; continuous z chib_mh) and its keyword ``settings``; a ``Result`` with ``mean_log_p``, ``stderr``, ``certified``,
     ``warnings`` and the per-example ``log_p``. ``x`` is on the device the model computes on; bdmc ignores it."""
     est = build_model_estimator(estimator, **settings)
     est.check(model)

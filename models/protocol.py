@@ -139,6 +139,8 @@ class ProtocolModel:
     ``base`` is what AIS anneals from and IWAE samples from: ``prior`` (f_0 = p(z)) or ``proposal`` (f_0 = q(z | x));
     both are normalised, so exp(log w) is unbiased for p(x) in either case."""
 
+    needs_log_z = False  # log p(z) is normalised: no estimator subtracts a log Z
+
     def __init__(self, obj, what: str = "the model") -> None:
         missing = [name for name in REQUIRED if not callable(getattr(obj, name, None))]
         latent = getattr(obj, "latent", None)
