@@ -14,8 +14,8 @@ import time
 
 import torch
 
-from nvil.estimators.ais_hmc import ContinuousLatent, fixed_kernel_path
 from nvil.estimators.annealing import ais, schedule
+from nvil.estimators.model_paths import ContinuousLatent, fixed_kernel_path
 from nvil.models.gaussian import GaussianBeliefNet
 
 

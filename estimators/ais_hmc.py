@@ -21,8 +21,9 @@ the truth; with 3 leapfrog steps the error changes sign (0.906 +- 0.003). With p
 1.000 +- 0.004 (tests/test_ais_hmc_unbiased.py). ``adapt=false``: every move uses the constant ``step_size``,
 and no pilot runs.
 
-The path is the one every AIS over a model's latent variables runs, ``nvil.estimators.model_paths.ModelPath``, with
-the prior as its base; the net declares ``closed_form_gradient``, so its leapfrog steps use ``GaussianNet.posterior``
+The estimator is ``ModelAIS`` (``nvil.estimators.model_estimators``), the AIS every model of the protocol gets,
+seeing the net through ``ContinuousLatent``; its path is ``nvil.estimators.model_paths.ModelPath`` with the prior as
+its base; the net declares ``closed_form_gradient``, so its leapfrog steps use ``GaussianNet.posterior``
 instead of autograd (``nvil.backend.registry``). The sampler runs in the auxiliary form by default (the state is eps, the prior is N(0, I)); ``form=centred``
 runs on z. Both estimate the same p(x).
 """
@@ -31,103 +32,26 @@ from __future__ import annotations
 
 import torch
 
-from nvil.backend.accel import check_mode
-from nvil.core.config import positive_float, positive_int
 from nvil.core.errors import ConfigError
-from nvil.estimators.annealing import ais
-from nvil.estimators.annealing import schedule as schedule_betas
-from nvil.estimators.base import NO_PROGRESS, BatchProgress
-from nvil.estimators.model_paths import ModelPath, pilot_steps
-from nvil.estimators.per_example import PerExample
+from nvil.estimators.model_estimators import ModelAIS
+from nvil.estimators.model_paths import (  # noqa: F401  (the names this estimator's docstring and tests use)
+    CONTINUOUS_HINT,
+    MAX_STEP_SIZE,
+    ContinuousLatent,
+    ais_hmc_log_w,
+    fixed_kernel_path,
+)
 from nvil.models.gaussian import FORMS
-from nvil.models.protocol import CONTINUOUS_LATENTS, Latent, ProtocolModel, capable
-
-CONTINUOUS_HINT = "model=gbn or dbn_dynamic"
-# Upper clamp of the adapted step size: large enough not to bind (in auxiliary form the posterior's scale is at
-# most the prior's, 1), only a guard against runaway growth where a direction is flat.
-MAX_STEP_SIZE = 10.0
+from nvil.models.protocol import ProtocolModel
 
 
-class ContinuousLatent:
-    """A Gaussian net in the sampler's ``form``, as the model protocol sees it (``nvil.models.protocol``): its
-    densities, draws and closed-form gradient in that form, so the one AIS path (``ModelPath``) runs on it."""
-
-    needs_log_z = False  # the prior is normalised: exp(log w) estimates p(x) itself
-
-    def __init__(self, model, estimator: str, form: str) -> None:
-        if not capable(model, CONTINUOUS_LATENTS):
-            raise ConfigError(f"estimator={estimator} integrates over continuous latent variables ({CONTINUOUS_HINT}); "
-                              f"this checkpoint holds a {type(model).__name__}: use chib, ais_posterior, harmonic or "
-                              "iwae for binary latents, ais or raise for Boltzmann machines")
-        if form not in FORMS:
-            raise ConfigError(f"estimator.form must be one of {list(FORMS)}, got {form!r}")
-        self.model, self.form = model, form
-        self.latent = Latent.continuous(model.n_latent)
-        self.capabilities = model.capabilities
-
-    def log_prior(self, state):
-        return self.model.log_prior(state, self.form)
-
-    def log_likelihood(self, x, state):
-        return self.model.log_likelihood(x, state, self.form)
-
-    def log_joint(self, x, state):
-        return self.model.log_joint(x, state, self.form)
-
-    def posterior(self, x):
-        """log p(s) + log p(x | s) with its closed-form gradient (``GaussianNet.posterior``); ``tempered(beta)``."""
-        return self.model.posterior(x, self.form)
-
-    def sample_prior(self, n: int, generator, device=None):
-        return self.model.sample_prior(n, generator, device or generator.device, self.form)
-
-    def sample_likelihood(self, state, generator):
-        if self.form != self.model.form:
-            state = self.model.to_centred(state) if self.form == "auxiliary" else self.model.to_auxiliary(state)
-        return self.model.sample_likelihood(state, generator)
-
-
-def fixed_kernel_path(lm: ContinuousLatent, x: torch.Tensor, betas: torch.Tensor, *, chains: int = 1,
-                      pilot_chains: int = 2, num_leapfrog: int = 10, step_size: float = 0.05,
-                      target_accept: float = 0.65, adapt: bool = True, generator=None, accel: str = "none",
-                      max_step_size: float | None = MAX_STEP_SIZE, on_step=None) -> ModelPath:
-    """The prior-to-posterior path for ``x`` (``chains`` rows per example, example-major) along ``ModelPath`` whose
-    every move is a fixed f_beta-invariant HMC kernel: step sizes from a pilot run (``model_paths.pilot_steps``)
-    where ``adapt``, else ``step_size`` throughout. Used in either direction (forward AIS, and reverse AIS in
-    ``nvil.estimators.reverse_ais.BDMC``)."""
-    if x.shape[0] % chains:
-        raise ValueError(f"{x.shape[0]} rows are not whole examples of {chains} chains each")
-    pm = ProtocolModel(lm, "the Gaussian net")
-    settings = {"num_leapfrog": num_leapfrog, "target_accept": target_accept, "max_step_size": max_step_size,
-                "accel": accel}
-    if adapt:
-        steps = pilot_steps(pm, x[::chains], "prior", betas, pilot_chains, step_size, chains, generator, on_step,
-                            **settings)
-    else:
-        constant = torch.full((x.shape[0],), float(step_size), device=x.device)
-        steps = {beta: constant for beta in betas.tolist()}
-    return ModelPath(pm, x, pm.base("prior", x), adapt=False, steps=steps, **settings)
-
-
-def ais_hmc_log_w(lm: ContinuousLatent, x: torch.Tensor, betas: torch.Tensor, *, chains: int = 1,
-                  pilot_chains: int = 2, num_leapfrog: int = 10, step_size: float = 0.05, target_accept: float = 0.65,
-                  adapt: bool = True, generator=None, accel: str = "none",
-                  max_step_size: float | None = MAX_STEP_SIZE, on_step=None):
-    """One AIS run per row of x (``chains`` rows per example, example-major; each row its own example by
-    default), its step sizes from ``fixed_kernel_path``: (log w [rows] float64, final ``ModelState``).
-    ``on_step(k, increment)``: as in ``nvil.estimators.annealing.ais`` (progress), over the pilot's steps, then
-    the run's."""
-    path = fixed_kernel_path(lm, x, betas, chains=chains, pilot_chains=pilot_chains, num_leapfrog=num_leapfrog,
-                             step_size=step_size, target_accept=target_accept, adapt=adapt, generator=generator,
-                             accel=accel, max_step_size=max_step_size, on_step=on_step)
-    return ais(path, path.start(generator, step_size), betas, generator, on_step=on_step)
-
-
-class AISHMC(PerExample):
-    """``estimator=ais_hmc``: ``num_runs`` AIS chains per example, their weights averaged (log-mean-exp)."""
+class AISHMC(ModelAIS):
+    """``estimator=ais_hmc``: ``ModelAIS`` from the prior on a Gaussian net in the sampler's ``form``
+    (``ContinuousLatent``), ``num_runs`` chains per example, their weights averaged (log-mean-exp); the IWAE
+    comparison and the BDMC check are off by default (``estimator=bdmc`` runs BDMC on these nets)."""
 
     name = "ais_hmc"
-    importance_runs = True  # each run's exp(log w) is an importance weight: per-example ESS over runs
+    runs_name = "num_runs"
 
     def __init__(self, *, num_betas: int = 1000, schedule: str = "sigmoid", num_runs: int = 16, num_leapfrog: int = 10,
                  step_size: float = 0.05, target_accept: float = 0.65, max_step_size: float | None = MAX_STEP_SIZE,
@@ -137,45 +61,30 @@ class AISHMC(PerExample):
         linear | paper); ``num_runs``: chains per example; ``num_leapfrog``: leapfrog steps per HMC move;
         ``step_size``: the initial step size of a pilot run of ``pilot_chains`` chains per example adapting
         towards ``target_accept``, clamped at ``max_step_size`` (None: no clamp), whose per-example geometric
-        means the main chains use (``nvil.estimators.model_paths.pilot_steps``); ``adapt=False``: ``step_size`` throughout; ``form``:
-        auxiliary (eps) | centred (z), the same p(x);
-        ``batch_size``: examples per batch (chains = batch_size x num_runs); ``accel``: none | compile (the
-        tempered log density compiled) | cudagraphs (CUDA only); ``min_example_ess``: as ``PerExample``."""
-        super().__init__(num_runs=num_runs, batch_size=batch_size, min_example_ess=min_example_ess)
-        self.num_betas = positive_int(num_betas, "estimator.num_betas")
-        self.schedule = schedule
-        self.betas = schedule_betas(self.schedule, self.num_betas)
-        self.num_leapfrog = positive_int(num_leapfrog, "estimator.num_leapfrog")
-        self.step_size = positive_float(step_size, "estimator.step_size")
-        self.target_accept = positive_float(target_accept, "estimator.target_accept")
-        self.adapt = bool(adapt)
-        self.pilot_chains = positive_int(pilot_chains, "estimator.pilot_chains")
-        self.max_step_size = None if max_step_size is None else positive_float(max_step_size, "estimator.max_step_size")
+        means the main chains use (``nvil.estimators.model_paths.pilot_steps``); ``adapt=False``: ``step_size``
+        throughout; ``form``: auxiliary (eps) | centred (z), the same p(x); ``batch_size``: examples per batch
+        (chains = batch_size x num_runs); ``accel``: none | compile (the tempered log density compiled) |
+        cudagraphs (CUDA only); ``min_example_ess``: as ``PerExample``."""
+        super().__init__(num_betas=num_betas, schedule=schedule, num_chains=num_runs, start="prior",
+                         batch_size=batch_size, num_leapfrog=num_leapfrog, step_size=step_size,
+                         target_accept=target_accept, max_step_size=max_step_size, adapt=adapt,
+                         pilot_chains=pilot_chains, iwae_samples=0, num_simulated=0, accel=accel,
+                         min_example_ess=min_example_ess)
+        if form not in FORMS:
+            raise ConfigError(f"estimator.form must be one of {list(FORMS)}, got {form!r}")
         self.form = form
-        self.accel = check_mode(accel, what="estimator.accel")
-        self.accept: list[torch.Tensor] = []
-        self.final_steps: list[torch.Tensor] = []
 
-    def latent_model(self, model, inference):
-        return ContinuousLatent(model, self.name, self.form)
+    def latent_model(self, model, inference=None) -> ProtocolModel:
+        return ProtocolModel(ContinuousLatent(model, self.name, self.form), "the Gaussian net")
 
-    def run_batch(self, lm: ContinuousLatent, x: torch.Tensor, generator,
-                  progress: BatchProgress = NO_PROGRESS) -> torch.Tensor:
-        """Progress: one unit per AIS step (one HMC transition) of the pilot run and of the main run."""
-        progress.plan((1 + self.adapt) * (len(self.betas) - 1))
-        log_w, final = ais_hmc_log_w(lm, x, self.betas, chains=self.num_runs, pilot_chains=self.pilot_chains,
-                                     num_leapfrog=self.num_leapfrog, step_size=self.step_size,
-                                     target_accept=self.target_accept, adapt=self.adapt, generator=generator,
-                                     accel=self.accel, max_step_size=self.max_step_size,
-                                     on_step=lambda k, increment: progress.advance())
-        self.accept.append((final.accept_sum / max(1, len(self.betas) - 2)).cpu())
-        self.final_steps.append(final.step_size.cpu())
-        return log_w
+    def check(self, model, inference=None) -> None:
+        self.latent_model(model)
 
-    def settings(self) -> dict:
-        out = {"num_betas": self.num_betas, "schedule": self.schedule, "num_leapfrog": self.num_leapfrog,
-               "form": self.form, "adapt": self.adapt, "pilot_chains": self.pilot_chains,
-               "max_step_size": self.max_step_size}
+    def settings(self, pm: ProtocolModel | None = None) -> dict:
+        s = self.path_settings
+        out = {"num_betas": self.num_betas, "schedule": self.schedule, "num_leapfrog": s["num_leapfrog"],
+               "form": self.form, "adapt": s["adapt"], "pilot_chains": self.pilot_chains,
+               "max_step_size": s["max_step_size"]}
         if self.accept:
             accept, steps = torch.cat(self.accept), torch.cat(self.final_steps)
             q = torch.quantile(steps.double(), torch.tensor([0.1, 0.5, 0.9], dtype=torch.float64)).tolist()

@@ -30,8 +30,8 @@ import torch
 from nvil.core.config import positive_float, positive_int
 from nvil.core.errors import ConfigError
 from nvil.core.ops import log_mean_exp
-from nvil.estimators.ais_hmc import ContinuousLatent
 from nvil.estimators.base import NO_PROGRESS, BatchProgress
+from nvil.estimators.model_paths import ContinuousLatent
 from nvil.estimators.per_example import LatentModel, PerExample
 from nvil.estimators.settings import LOG_Z, LogZSettings
 from nvil.mcmc.base import ChibKernel

@@ -32,6 +32,7 @@ import time
 
 import torch
 
+from nvil.backend.accel import check_mode
 from nvil.core.config import positive_float, positive_int
 from nvil.core.errors import ConfigError
 from nvil.core.ops import chunks, mean_and_stderr
@@ -75,8 +76,8 @@ class ModelAIS(PerExample):
                  start: str | None = None, batch_size: int = 50, num_leapfrog: int = 10, step_size: float = 0.05,
                  target_accept: float = 0.65, max_step_size: float | None = 10.0, adapt: bool = True,
                  pilot_chains: int = 2, moves: str = "gibbs", num_moves: int | None = None, num_flips: int = 1,
-                 iwae_samples: int = 1000,
-                 num_simulated: int = 50, max_gap: float = 1.0, min_example_ess: float | None = None) -> None:
+                 iwae_samples: int = 1000, num_simulated: int = 50, max_gap: float = 1.0, accel: str = "none",
+                 min_example_ess: float | None = None) -> None:
         super().__init__(num_runs=num_chains, batch_size=batch_size, min_example_ess=min_example_ess)
         self.num_betas = positive_int(num_betas, "estimator.num_betas")
         if schedule == "adaptive":
@@ -89,12 +90,14 @@ class ModelAIS(PerExample):
         self.pilot_chains = positive_int(pilot_chains, "estimator.pilot_chains")
         self.path_settings = path_settings(num_leapfrog, target_accept, adapt, max_step_size, moves, num_moves,
                                            num_flips)
+        self.path_settings["accel"] = check_mode(accel, what="estimator.accel")
         self.iwae_samples = int(iwae_samples)
         self.num_simulated = int(num_simulated)
         self.max_gap = positive_float(max_gap, "estimator.max_gap")
         if self.iwae_samples < 0 or self.num_simulated < 0:
             raise ConfigError("estimator.iwae_samples and estimator.num_simulated must be >= 0 (0: that check is off)")
         self.accept: list[torch.Tensor] = []
+        self.final_steps: list[torch.Tensor] = []  # per batch: [chains], the step sizes of the last move
 
     def latent_model(self, model, inference=None) -> ProtocolModel:
         return protocol(model)
@@ -110,14 +113,15 @@ class ModelAIS(PerExample):
         steps = fixed_steps(pm, x, start, self.betas, self.num_runs, self.pilot_chains, self.step_size, generator,
                             self.path_settings)
         path = ModelPath(pm, x, pm.base(start, x), steps=steps, **self.path_settings)
-        log_w, final = ais(path, path.state(path.base.sample(1, generator)[0]), self.betas, generator,
+        log_w, final = ais(path, path.start(generator, self.step_size), self.betas, generator,
                            on_step=lambda k, inc: progress.advance())
         self.accept.append((final.accept_sum / max(1, len(self.betas) - 2)).cpu())
+        self.final_steps.append(final.step_size.cpu())
         return log_w
 
     @torch.no_grad()
     def estimate(self, model, x, *, seed: int = 0, progress=None, row_offset: int = 0, **_) -> Result:
-        pm = protocol(model)
+        pm = self.latent_model(model)
         check_data(x)
         check_seed(seed)
         t0 = time.perf_counter()

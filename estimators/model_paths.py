@@ -31,10 +31,18 @@ import torch
 
 from nvil.backend.accel import accelerate, compiled
 from nvil.core.errors import ConfigError
-from nvil.estimators.annealing import pilot_step_sizes
+from nvil.estimators.annealing import ais, pilot_step_sizes
 from nvil.mcmc.adapt import multiplicative_adapt
 from nvil.mcmc.hmc import HMC
-from nvil.models.protocol import CLOSED_FORM_GRADIENT, PriorBase, capable
+from nvil.models.gaussian import FORMS
+from nvil.models.protocol import (
+    CLOSED_FORM_GRADIENT,
+    CONTINUOUS_LATENTS,
+    Latent,
+    PriorBase,
+    ProtocolModel,
+    capable,
+)
 
 BINARY_MOVES = ("gibbs", "mh")
 
@@ -164,3 +172,86 @@ def pilot_steps(model, x, base_kind: str, betas: torch.Tensor, pilot_chains: int
     xp = x.repeat_interleave(pilot_chains, 0)
     path = ModelPath(model, xp, model.base(base_kind, xp), **{**settings, "adapt": True})
     return pilot_step_sizes(path, path.start(generator, step_size), betas, pilot_chains, chains, generator, on_step)
+
+
+# ---- the Gaussian nets in a sampler's form, on this path ------------------------------------------------------
+
+CONTINUOUS_HINT = "model=gbn or dbn_dynamic"
+# Upper clamp of the adapted step size: large enough not to bind (in auxiliary form the posterior's scale is at
+# most the prior's, 1), only a guard against runaway growth where a direction is flat.
+MAX_STEP_SIZE = 10.0
+
+
+class ContinuousLatent:
+    """A Gaussian net in the sampler's ``form``, as the model protocol sees it (``nvil.models.protocol``): its
+    densities, draws and closed-form gradient in that form, so the one AIS path (``ModelPath``) runs on it."""
+
+    needs_log_z = False  # the prior is normalised: exp(log w) estimates p(x) itself
+
+    def __init__(self, model, estimator: str, form: str) -> None:
+        if not capable(model, CONTINUOUS_LATENTS):
+            raise ConfigError(f"estimator={estimator} integrates over continuous latent variables ({CONTINUOUS_HINT}); "
+                              f"this checkpoint holds a {type(model).__name__}: use chib, ais_posterior, harmonic or "
+                              "iwae for binary latents, ais or raise for Boltzmann machines")
+        if form not in FORMS:
+            raise ConfigError(f"estimator.form must be one of {list(FORMS)}, got {form!r}")
+        self.model, self.form = model, form
+        self.latent = Latent.continuous(model.n_latent)
+        self.capabilities = model.capabilities
+
+    def log_prior(self, state):
+        return self.model.log_prior(state, self.form)
+
+    def log_likelihood(self, x, state):
+        return self.model.log_likelihood(x, state, self.form)
+
+    def log_joint(self, x, state):
+        return self.model.log_joint(x, state, self.form)
+
+    def posterior(self, x):
+        """log p(s) + log p(x | s) with its closed-form gradient (``GaussianNet.posterior``); ``tempered(beta)``."""
+        return self.model.posterior(x, self.form)
+
+    def sample_prior(self, n: int, generator, device=None):
+        return self.model.sample_prior(n, generator, device or generator.device, self.form)
+
+    def sample_likelihood(self, state, generator):
+        if self.form != self.model.form:
+            state = self.model.to_centred(state) if self.form == "auxiliary" else self.model.to_auxiliary(state)
+        return self.model.sample_likelihood(state, generator)
+
+
+def fixed_kernel_path(lm: ContinuousLatent, x: torch.Tensor, betas: torch.Tensor, *, chains: int = 1,
+                      pilot_chains: int = 2, num_leapfrog: int = 10, step_size: float = 0.05,
+                      target_accept: float = 0.65, adapt: bool = True, generator=None, accel: str = "none",
+                      max_step_size: float | None = MAX_STEP_SIZE, on_step=None) -> ModelPath:
+    """The prior-to-posterior path for ``x`` (``chains`` rows per example, example-major) along ``ModelPath`` whose
+    every move is a fixed f_beta-invariant HMC kernel: step sizes from a pilot run (``model_paths.pilot_steps``)
+    where ``adapt``, else ``step_size`` throughout. Used in either direction (forward AIS, and reverse AIS in
+    ``nvil.estimators.reverse_ais.BDMC``)."""
+    if x.shape[0] % chains:
+        raise ValueError(f"{x.shape[0]} rows are not whole examples of {chains} chains each")
+    pm = ProtocolModel(lm, "the Gaussian net")
+    settings = {"num_leapfrog": num_leapfrog, "target_accept": target_accept, "max_step_size": max_step_size,
+                "accel": accel}
+    if adapt:
+        steps = pilot_steps(pm, x[::chains], "prior", betas, pilot_chains, step_size, chains, generator, on_step,
+                            **settings)
+    else:
+        constant = torch.full((x.shape[0],), float(step_size), device=x.device)
+        steps = {beta: constant for beta in betas.tolist()}
+    return ModelPath(pm, x, pm.base("prior", x), adapt=False, steps=steps, **settings)
+
+
+def ais_hmc_log_w(lm: ContinuousLatent, x: torch.Tensor, betas: torch.Tensor, *, chains: int = 1,
+                  pilot_chains: int = 2, num_leapfrog: int = 10, step_size: float = 0.05, target_accept: float = 0.65,
+                  adapt: bool = True, generator=None, accel: str = "none",
+                  max_step_size: float | None = MAX_STEP_SIZE, on_step=None):
+    """One AIS run per row of x (``chains`` rows per example, example-major; each row its own example by
+    default), its step sizes from ``fixed_kernel_path``: (log w [rows] float64, final ``ModelState``).
+    ``on_step(k, increment)``: as in ``nvil.estimators.annealing.ais`` (progress), over the pilot's steps, then
+    the run's."""
+    path = fixed_kernel_path(lm, x, betas, chains=chains, pilot_chains=pilot_chains, num_leapfrog=num_leapfrog,
+                             step_size=step_size, target_accept=target_accept, adapt=adapt, generator=generator,
+                             accel=accel, max_step_size=max_step_size, on_step=on_step)
+    return ais(path, path.start(generator, step_size), betas, generator, on_step=on_step)

@@ -20,7 +20,6 @@ from nvil.core.config import positive_float, positive_int
 from nvil.core.errors import ConfigError
 from nvil.core.ops import chunks, log_mean_exp, mean_and_stderr
 from nvil.estimators.ais import PosteriorPath
-from nvil.estimators.ais_hmc import ContinuousLatent, fixed_kernel_path
 from nvil.estimators.annealing import ais, check_schedule
 from nvil.estimators.annealing import schedule as schedule_betas
 from nvil.estimators.base import (
@@ -32,6 +31,7 @@ from nvil.estimators.base import (
     combine_runs,
     default_generator,
 )
+from nvil.estimators.model_paths import ContinuousLatent, fixed_kernel_path
 from nvil.estimators.per_example import LatentModel, pilot_steps, posterior_ladder
 from nvil.models.gaussian import FORMS
 from nvil.models.protocol import ANCESTRAL, CONTINUOUS_LATENTS, capable

@@ -23,10 +23,10 @@ import torch.nn.functional as F
 
 from nvil.core.errors import ConfigError
 from nvil.estimators.ais import schedule
-from nvil.estimators.ais_hmc import ContinuousLatent, ais_hmc_log_w
 from nvil.estimators.base import combine_runs
 from nvil.estimators.bounds import elbo
 from nvil.estimators.model_bounds import ModelIWAE
+from nvil.estimators.model_paths import ContinuousLatent, ais_hmc_log_w
 from nvil.models.protocol import CONTINUOUS_LATENTS, FREE_ENERGY, capable, draw_seed, protocol_only
 from nvil.models.rbm import BoltzmannMachine
 
