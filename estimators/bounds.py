@@ -34,7 +34,7 @@ from nvil.estimators.base import (
 )
 from nvil.estimators.certify import stored_particles
 from nvil.estimators.log_z import apply_log_z, has_top_log_z, top_log_z
-from nvil.estimators.per_example import BOLTZMANN_ESTIMATORS
+from nvil.estimators.latent_model import BOLTZMANN_ESTIMATORS
 from nvil.estimators.settings import LOG_Z, LogZSettings
 from nvil.estimators.model_bounds import ModelIWAE
 from nvil.models.protocol import FREE_ENERGY, capable, follows_protocol

@@ -23,7 +23,7 @@ from nvil.app.main import hparams_view
 from nvil.app.report import headline
 from nvil.core.errors import ConfigError
 from nvil.estimators import ELBO, ESTIMATORS, IWAE, Chib, Harmonic, Result
-from nvil.estimators.per_example import BOLTZMANN_ESTIMATORS
+from nvil.estimators.latent_model import BOLTZMANN_ESTIMATORS
 from nvil.models.rbm import BoltzmannMachine
 
 TINY = [*SYNTHETIC, "trainer.max_steps=20"]

@@ -141,8 +141,10 @@ def test_train_then_evaluate_a_vae(tmp_path):
                          **{"eval.progress": False})
     assert bdmc.extras["bdmc_gap"] >= -1.0
     assert nvil.evaluate(model, x, estimator="iwae", num_samples=20).log_p.shape == (16,)
-    with pytest.raises(nvil.core.errors.ConfigError, match="needs a capability"):
+    with pytest.raises(nvil.core.errors.ConfigError, match="binary latent units.*chib_mh"):
         nvil.evaluate(run.checkpoint, estimator="chib", **{"eval.progress": False})
+    with pytest.raises(nvil.core.errors.ConfigError, match="needs a capability"):
+        nvil.evaluate(run.checkpoint, estimator="raise", **{"eval.progress": False})
 
 
 def test_two_stochastic_layers_agree_with_quadrature(monkeypatch):
