@@ -20,11 +20,11 @@ import torch
 import torch.nn.functional as F
 
 from nvil.mcmc.base import untempered
-from nvil.mcmc.sequential_gibbs import SequentialGibbs
+from nvil.mcmc.sequential_gibbs import SequentialGibbs, SiteSweep
 from nvil.models.binary_density import BinaryDensity
 
 
-class FlipGibbs:
+class FlipGibbs(SiteSweep):
     """The sweep over the target sum_t scale_t log f_t(h), each f_t any object with ``n_units`` and
     ``log_prob(h) -> [chains]`` (``LogDensity``);
     a ``nvil.mcmc.base.ChibKernel`` whose state is h [chains, n_units]. ``reverse``: the direction of ``step``, a
@@ -35,19 +35,9 @@ class FlipGibbs:
         self.n_units = terms[0][1].n_units
         self.reversed = reverse
 
-    def init(self, x: torch.Tensor, generator=None) -> torch.Tensor:
-        return x.clone()
-
-    def reverse(self) -> "FlipGibbs":
-        return self.oriented(~self.reversed if torch.is_tensor(self.reversed) else not self.reversed)
-
     def oriented(self, backward) -> "FlipGibbs":
         """This sweep with chain c going backward (T~) where ``backward[c]``."""
         return FlipGibbs(self.terms, backward)
-
-    def step(self, h: torch.Tensor, beta=1.0, generator=None) -> tuple[torch.Tensor, dict]:
-        """h' ~ T(. <- h) at the tempered target f^beta, each chain in its own direction."""
-        return self.sweep(h, reverse=self.reversed, generator=generator, beta=beta)[0], {}
 
     def log_prob(self, h: torch.Tensor) -> torch.Tensor:
         """The (unnormalised) target log f(h)."""
@@ -87,22 +77,6 @@ class FlipGibbs:
             h[rows, j] = new
             logits[rows, j] = logit
         return h, F.logsigmoid(torch.where(h > 0, logits, -logits)).sum(-1)
-
-    def log_transition(self, to: torch.Tensor, frm: torch.Tensor) -> torch.Tensor:
-        """log T(to <- frm) of one forward sweep (Murray & Salakhutdinov 2009, Eq. 11)."""
-        return self.sweep(frm, force=to)[1]
-
-    def hill_climb(self, h: torch.Tensor, max_sweeps: int = 100, on_sweep=None) -> tuple[torch.Tensor, int]:
-        """Deterministic coordinate ascent in log f from h to a local mode; (mode, sweeps used), as
-        ``SequentialGibbs.hill_climb``."""
-        for sweep in range(1, max_sweeps + 1):
-            new, _ = self.sweep(h, argmax=True)
-            if on_sweep is not None:
-                on_sweep(sweep)
-            if torch.equal(new, h):
-                return new, sweep
-            h = new
-        return h, max_sweeps
 
 
 class LogDensity:

@@ -147,7 +147,39 @@ class _Fields:
         return [k for k, f in enumerate(self.d.factors) if torch.is_tensor(j) or f.lo <= j < f.hi]
 
 
-class SequentialGibbs:
+class SiteSweep:
+    """What every single-site sweep kernel derives from its ``sweep``, ``oriented`` and ``reversed``: the
+    ``nvil.mcmc.base.ChibKernel`` methods (``SequentialGibbs`` here, ``nvil.mcmc.flip_gibbs.FlipGibbs``)."""
+
+    def init(self, x: torch.Tensor, generator=None) -> torch.Tensor:
+        return x.clone()
+
+    def reverse(self):
+        return self.oriented(~self.reversed if torch.is_tensor(self.reversed) else not self.reversed)
+
+    def step(self, h: torch.Tensor, beta=1.0, generator=None) -> tuple[torch.Tensor, dict]:
+        """h' ~ T(. <- h) at the tempered target f^beta, each chain in its own direction."""
+        return self.sweep(h, reverse=self.reversed, generator=generator, beta=beta)[0], {}
+
+    def log_transition(self, to: torch.Tensor, frm: torch.Tensor) -> torch.Tensor:
+        """log T(to <- frm) of one forward sweep (Murray & Salakhutdinov 2009, Eq. 11)."""
+        return self.sweep(frm, force=to)[1]
+
+    def hill_climb(self, h: torch.Tensor, max_sweeps: int = 100, on_sweep=None) -> tuple[torch.Tensor, int]:
+        """Deterministic coordinate ascent in log f from h to a local mode (every unit at its more probable
+        value given the rest). Returns (mode, sweeps used). ``on_sweep(sweeps so far)`` after each sweep
+        (progress: a climb can take as long as the Chib steps after it)."""
+        for sweep in range(1, max_sweeps + 1):
+            new, _ = self.sweep(h, argmax=True)
+            if on_sweep is not None:
+                on_sweep(sweep)
+            if torch.equal(new, h):
+                return new, sweep
+            h = new
+        return h, max_sweeps
+
+
+class SequentialGibbs(SiteSweep):
     """The sweep as a kernel (``nvil.mcmc.base.ChibKernel``); its state is h itself, [chains, units].
     ``reverse``: the direction of ``step``, a bool or a [chains] bool tensor (True: T~, units M..1)."""
 
@@ -160,19 +192,9 @@ class SequentialGibbs:
             _UNIT_UPDATE[accel] = accelerate(unit_update, accel)
         self.unit = _UNIT_UPDATE[accel]
 
-    def init(self, x: torch.Tensor, generator=None) -> torch.Tensor:
-        return x.clone()
-
-    def reverse(self) -> "SequentialGibbs":
-        return self.oriented(~self.reversed if torch.is_tensor(self.reversed) else not self.reversed)
-
     def oriented(self, backward) -> "SequentialGibbs":
         """This sweep with chain c going backward (T~) where ``backward[c]``."""
         return SequentialGibbs(self.terms, backward, self.accel)
-
-    def step(self, h: torch.Tensor, beta=1.0, generator=None) -> tuple[torch.Tensor, dict]:
-        """h' ~ T(. <- h) at the tempered target f^beta, each chain in its own direction."""
-        return self.sweep(h, reverse=self.reversed, generator=generator, beta=beta)[0], {}
 
     def log_prob(self, h: torch.Tensor) -> torch.Tensor:
         """The (unnormalised) target log f(h)."""
@@ -228,20 +250,3 @@ class SequentialGibbs:
                 h[:, j] = new
                 logits[:, j] = logit
         return h, F.logsigmoid(torch.where(h > 0, logits, -logits)).sum(-1)
-
-    def log_transition(self, to: torch.Tensor, frm: torch.Tensor) -> torch.Tensor:
-        """log T(to <- frm) of one forward sweep (Murray & Salakhutdinov 2009, Eq. 11)."""
-        return self.sweep(frm, force=to)[1]
-
-    def hill_climb(self, h: torch.Tensor, max_sweeps: int = 100, on_sweep=None) -> tuple[torch.Tensor, int]:
-        """Deterministic coordinate ascent in log f from h to a local mode (every unit at its more probable
-        value given the rest). Returns (mode, sweeps used). ``on_sweep(sweeps so far)`` after each sweep
-        (progress: a climb can take as long as the Chib steps after it)."""
-        for sweep in range(1, max_sweeps + 1):
-            new, _ = self.sweep(h, argmax=True)
-            if on_sweep is not None:
-                on_sweep(sweep)
-            if torch.equal(new, h):
-                return new, sweep
-            h = new
-        return h, max_sweeps
