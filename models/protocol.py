@@ -246,8 +246,8 @@ class PriorBase(BaseDensity):
 
 class ProposalBase(BaseDensity):
     """q(z | x) from the user's ``proposal(x)``: a Distribution with batch shape [N] and event shape [D], or batch
-    shape [N, D] (a factorised q, summed over D). Its draws come from the global generator, forked and seeded
-    from ours, so a seed fixes them too."""
+    shape [N, D] (a factorised q, summed over D). Its draws come from our generator (``generator_sample``), so a
+    seed fixes them, and a Bernoulli or Normal q draws exactly as the built-in inference networks do."""
 
     name = "proposal"
 
@@ -270,10 +270,26 @@ class ProposalBase(BaseDensity):
         return lp.sum(-1) if self.factorised else lp
 
     def sample(self, k: int, generator: torch.Generator) -> torch.Tensor:
-        dev = generator.device
-        with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else [], device_type=dev.type):
-            torch.manual_seed(draw_seed(generator))
-            return self.q.sample((k,))
+        return generator_sample(self.q, k, generator)
+
+
+def generator_sample(q: torch.distributions.Distribution, k: int, generator: torch.Generator) -> torch.Tensor:
+    """k draws of ``q`` [k, *batch, *event] from ``generator``: a Bernoulli as u < p with one uniform per unit, a
+    Normal as loc + scale eps (the built-in samplers' draws, so the same generator gives the same z), either one
+    inside ``Independent``; any other Distribution from the global generator, forked and seeded from ours."""
+    base = q.base_dist if isinstance(q, torch.distributions.Independent) else q
+    shape = (k, *base.batch_shape)
+    if type(base) is torch.distributions.Bernoulli:
+        p = base.probs
+        u = torch.rand(shape, generator=generator, device=p.device, dtype=p.dtype)
+        return (u < p).to(p.dtype)
+    if type(base) is torch.distributions.Normal:
+        eps = torch.randn(shape, generator=generator, device=base.loc.device, dtype=base.loc.dtype)
+        return base.loc + base.scale * eps
+    dev = generator.device
+    with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else [], device_type=dev.type):
+        torch.manual_seed(draw_seed(generator))
+        return q.sample((k,))
 
 
 def gaussian_log_prob(z: torch.Tensor) -> torch.Tensor:
