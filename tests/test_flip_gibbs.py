@@ -91,8 +91,10 @@ def test_chib_and_ais_from_q_match_enumeration_on_a_users_binary_model(binary, n
 
 
 def test_the_harmonic_mean_over_estimates_on_a_users_binary_model(binary):
+    """The harmonic mean is biased high, by less as its samples grow: at 10 samples per run the bias is 6.5-7.3 SE
+    over this test set for seeds 0-2 (at 100 it is 1.9-3.6 SE, too close to call)."""
     model, x, truth = binary
-    result = evaluate_model(model, x, "harmonic")
+    result = evaluate_model(model, x, "harmonic", num_samples=10)
     diff, se = mean_and_stderr(result.log_p.double() - truth)
     assert diff > 3 * se, (diff, se)
 

@@ -152,12 +152,12 @@ def test_two_stochastic_layers_agree_with_quadrature(monkeypatch):
     broken variant (the top layer's prior ignored in log p(z)) must miss it."""
     vae = tiny_vae(latent=(1, 1), hidden=((4,), (3,)))  # its prior sums to 1 on the grid (the test above)
     x = vae.sample(30, torch.Generator().manual_seed(5))[0]
-    truth = quadrature_log_p(vae, x, n=601)
+    truth = quadrature_log_p(vae, x, n=301)  # within 1e-13 of n=601
     iwae = ModelIWAE(num_samples=2000).estimate(vae, x, seed=1)
     gap = (iwae.log_p - truth).double()
     se = gap.std().item() / math.sqrt(len(gap))
     assert abs(gap.mean().item()) < 3 * se + 5e-3
-    ais = ModelAIS(num_betas=200, num_chains=8, iwae_samples=200, num_simulated=10).estimate(vae, x, seed=1)
+    ais = ModelAIS(num_betas=100, num_chains=8, iwae_samples=200, num_simulated=4).estimate(vae, x, seed=1)
     err = (ais.log_p - truth).double()
     assert abs(err.mean().item()) < 3 * err.std().item() / math.sqrt(len(err)) + 5e-3
     top = vae.latent.layers[0]
