@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from nvil.core.errors import ConfigError
+from nvil.models.visible import bernoulli_sample
 
 KINDS = ("continuous", "binary")
 REQUIRED = ("log_prior", "log_likelihood")
@@ -280,9 +281,7 @@ def generator_sample(q: torch.distributions.Distribution, k: int, generator: tor
     base = q.base_dist if isinstance(q, torch.distributions.Independent) else q
     shape = (k, *base.batch_shape)
     if type(base) is torch.distributions.Bernoulli:
-        p = base.probs
-        u = torch.rand(shape, generator=generator, device=p.device, dtype=p.dtype)
-        return (u < p).to(p.dtype)
+        return bernoulli_sample(base.probs.expand(shape), generator)
     if type(base) is torch.distributions.Normal:
         eps = torch.randn(shape, generator=generator, device=base.loc.device, dtype=base.loc.dtype)
         return base.loc + base.scale * eps

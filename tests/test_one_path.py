@@ -13,10 +13,10 @@ import torch.nn.functional as F
 
 import nvil
 from nvil.estimators import ELBO, IWAE, AISPosterior, Chib, ChibMH, Harmonic, ModelAIS, ModelBDMC, ModelIWAE
-from nvil.models.inference import LayeredInference
-from nvil.models.sbn import SBN
 from nvil.models.gaussian import GaussianBeliefNet
+from nvil.models.inference import LayeredInference
 from nvil.models.protocol import Latent
+from nvil.models.sbn import SBN
 
 
 class HandWrittenGBN:
