@@ -25,13 +25,11 @@ from nvil.estimators.harmonic import Harmonic
 from nvil.estimators.model_estimators import (
     MODEL_ESTIMATORS,
     ModelAIS,
-    ModelBDMC,
-    ModelIWAE,
     evaluate_model,
 )
 from nvil.estimators.partition import AIS, RAISE
 from nvil.estimators.per_example import AISPosterior
-from nvil.estimators.reverse_ais import BDMC
+from nvil.estimators.bdmc import BDMC
 from nvil.estimators.settings import AISSettings, CertifySettings, LogZSettings
 from nvil.models.protocol import protocol_only
 
@@ -72,10 +70,6 @@ PROTOCOL_ROUTES = {
                         "num_leapfrog": "num_leapfrog", "step_size": "step_size", "target_accept": "target_accept",
                         "adapt": "adapt", "pilot_chains": "pilot_chains", "batch_size": "batch_size",
                         "min_example_ess": "min_example_ess"}),
-    "bdmc": ("bdmc", {"num_simulated": "num_simulated", "num_betas": "num_betas", "schedule": "schedule",
-                      "num_runs": "num_chains", "batch_size": "batch_size", "max_gap": "max_gap",
-                      "num_leapfrog": "num_leapfrog", "step_size": "step_size", "target_accept": "target_accept",
-                      "adapt": "adapt", "pilot_chains": "pilot_chains"}),
 }
 
 
@@ -97,5 +91,5 @@ def build_estimator(cfg, model=None):
 
 __all__ = ["AIS", "AISHMC", "AISPosterior", "AISSettings", "BDMC", "CertifySettings", "Chib", "ChibMH", "Classify",
            "DBMBound", "DBNBound", "ELBO", "ESTIMATORS", "Exact", "Harmonic", "IWAE", "LogZSettings", "MODEL_ESTIMATORS",
-           "ModelAIS", "ModelBDMC", "ModelIWAE", "RAISE", "Result", "SampledBound", "build_estimator",
+           "ModelAIS", "RAISE", "Result", "SampledBound", "build_estimator",
            "estimator_settings", "evaluate_model"]

@@ -36,8 +36,8 @@ from nvil.estimators.certify import stored_particles
 from nvil.estimators.log_z import apply_log_z, has_top_log_z, top_log_z
 from nvil.estimators.latent_model import BOLTZMANN_ESTIMATORS
 from nvil.estimators.settings import LOG_Z, LogZSettings
-from nvil.estimators.model_bounds import ModelIWAE
-from nvil.models.protocol import FREE_ENERGY, capable, follows_protocol
+from nvil.estimators.protocol_view import check_start, eval_mode, expand_rows, protocol
+from nvil.models.protocol import FREE_ENERGY, ProtocolModel, capable, follows_protocol, protocol_only
 
 MAX_ELEMENTS = 2**22  # floats per chunk of samples (estimator.max_elements): the logits stay in the caches and heap
 
@@ -49,24 +49,57 @@ def log_weights(model, inference, x: torch.Tensor, k: int, generator: torch.Gene
     return model.log_joint(xk, hs) - torch.stack(log_q).sum(0)
 
 
+class InferenceWeights:
+    """q(h | v) of a built-in inference network (an SBN's or fDARN's, a DBN's greedy up-pass): ``for_rows(x)`` is a
+    function ``(k, generator) -> [k, rows]`` of log w = log p(x, h) - log q(h | x), h ~ q(. | x)."""
+
+    def __init__(self, model, inference) -> None:
+        self.model, self.inference = model, inference
+        self.width = model.n_visible + model.n_latent
+
+    def for_rows(self, x: torch.Tensor):
+        return lambda k, g: log_weights(self.model, self.inference, x, k, g)
+
+
+class BaseWeights:
+    """The base density f_0 of a model seen through the protocol (``nvil.models.protocol``: its ``proposal(x)``
+    or its prior): ``for_rows(x)`` builds q(. | x) once for the rows and returns ``(k, generator) -> [k, rows]``
+    log w = log p(x, z) - log q(z | x), z ~ q, in float64."""
+
+    def __init__(self, pm: ProtocolModel, start: str, x: torch.Tensor) -> None:
+        self.pm, self.start = pm, start
+        self.width = x[0].numel() + pm.n_latent
+
+    def for_rows(self, x: torch.Tensor):
+        base = self.pm.base(self.start, x)
+
+        def log_w(k: int, g: torch.Generator) -> torch.Tensor:
+            z = base.sample(k, g)  # [k, rows, D]
+            log_joint = self.pm.log_joint(expand_rows(x, k), z.reshape(k * x.shape[0], -1)).view(k, -1)
+            return log_joint.double() - base.log_prob(z).double()
+
+        return log_w
+
+
 @torch.no_grad()
-def _reduce_log_weights(model, inference, data, num_samples, accumulator, *, batch_size, generator,
+def _reduce_log_weights(weights, data, num_samples, accumulator, *, batch_size, generator,
                         max_elements, progress, seed: int | None = None, row_offset: int = 0) -> torch.Tensor:
-    """With ``seed``, each batch draws from its own generator seeded by (seed, first row in the whole split),
-    so an example's estimate does not depend on how the split is sharded; otherwise ``generator`` serves all.
-    ``progress`` advances by the batch's share after each chunk of samples."""
-    width = model.n_visible + model.n_latent
+    """The one loop of both bounds, over batches of rows and chunks of samples, for any ``weights``
+    (``InferenceWeights`` or ``BaseWeights``). With ``seed``, each batch draws from its own generator seeded by
+    (seed, first row in the whole split), so an example's estimate does not depend on how the split is sharded;
+    otherwise ``generator`` serves all. ``progress`` advances by the batch's share after each chunk of samples."""
     out = []
     for start, stop in chunks(data.shape[0], batch_size):
         x = take_rows(data, start, stop)
         g = generator if seed is None else batch_generator(seed, row_offset + start, x.device)
+        log_w = weights.for_rows(x)
         acc = accumulator()
-        k_chunk = max(1, max_elements // (x.shape[0] * width))
+        k_chunk = max(1, max_elements // (x.shape[0] * weights.width))
         share = BatchProgress(progress, stop - start, num_samples)
         for k0, k1 in chunks(num_samples, k_chunk):
-            acc.update(log_weights(model, inference, x, k1 - k0, g), dim=0)
+            acc.update(log_w(k1 - k0, g), dim=0)
             share.advance(k1 - k0)
-        out.append(acc.result())
+        out.append(acc.result().cpu())
         share.finish()
     return torch.cat(out)
 
@@ -74,23 +107,30 @@ def _reduce_log_weights(model, inference, data, num_samples, accumulator, *, bat
 def importance_sampled_bound(model, inference, data, num_samples, *, generator, batch_size=100,
                              max_elements=MAX_ELEMENTS, progress=None, **seeding) -> torch.Tensor:
     """Per-example L_K = log (1/K) sum_k p(v, h_k) / q(h_k | v), h_k ~ q(. | v)."""
-    return _reduce_log_weights(model, inference, data, num_samples, StreamingLogMeanExp, batch_size=batch_size,
-                               generator=generator, max_elements=max_elements, progress=progress, **seeding)
+    return _reduce_log_weights(InferenceWeights(model, inference), data, num_samples, StreamingLogMeanExp,
+                               batch_size=batch_size, generator=generator, max_elements=max_elements,
+                               progress=progress, **seeding)
 
 
 def elbo(model, inference, data, num_samples, *, generator, batch_size=100, max_elements=MAX_ELEMENTS,
          progress=None, **seeding) -> torch.Tensor:
     """Per-example ELBO: the mean of log w over ``num_samples`` samples from q."""
-    return _reduce_log_weights(model, inference, data, num_samples, StreamingMean, batch_size=batch_size,
-                               generator=generator, max_elements=max_elements, progress=progress, **seeding)
+    return _reduce_log_weights(InferenceWeights(model, inference), data, num_samples, StreamingMean,
+                               batch_size=batch_size, generator=generator, max_elements=max_elements,
+                               progress=progress, **seeding)
 
 
 class SampledBound(Estimator):
     """``estimator=iwae`` (K = num_samples, Burda et al. 2016's L_K) or ``estimator=elbo`` (the mean of log w over
     num_samples, Mnih & Gregor 2014's Eq. 1) from q; ``IWAE`` and ``ELBO`` are the two with their configs' defaults.
+    One estimator for every model: q is the built-in inference network where there is one (SBN, fDARN; a DBN's
+    greedy up-pass), else the model's base density through the protocol (a user's model, the VAE, the Gaussian
+    nets: its ``proposal(x)`` or its prior).
 
     - ``bound``: iwae | elbo;
     - ``num_samples``: samples from q per example;
+    - ``start``: for a model seen through the protocol, prior | proposal (None: the proposal where the model
+      defines one, else the prior); a built-in inference network is its own q;
     - ``batch_size``: examples per batch;
     - ``max_elements``: samples are chunked so that a chunk holds about this many floats (2^22: its logits stay in
       the CPU's caches and in malloc's heap);
@@ -98,45 +138,52 @@ class SampledBound(Estimator):
       the evaluation driver applies it) | none;
     - ``log_z``: a DBN's top-RBM log Z (``LogZSettings`` or a mapping of its fields; configs/log_z/ais.yaml)."""
 
-    BOUNDS = {"iwae": importance_sampled_bound, "elbo": elbo}
+    ACCUMULATORS = {"iwae": StreamingLogMeanExp, "elbo": StreamingMean}
     # The JSON line's ``bound``: what the number is. Only L_K tightens with more samples (Burda et al. 2016,
     # Theorem 1); the ELBO's samples only average, so its gap, KL(q(h | v) || p(h | v)), stays whatever their number.
     WORDING = {"iwae": "stochastic lower bound: E[estimate] <= log p(v), tight as num_samples grows",
                "elbo": "stochastic lower bound: E[estimate] = ELBO = log p(v) - KL(q(h | v) || p(h | v)); more "
                        "samples lower its variance, not its gap"}
     row_offset_aware = True  # evaluate_checkpoint passes the first row's index in the whole split
-    serves_protocol = True  # a protocol-only model goes to ``ModelIWAE`` from here (``protocol_bound``)
+    serves_protocol = True  # a model seen through the protocol alone is scored here too (``BaseWeights``)
 
-    def __init__(self, bound: str = "iwae", *, num_samples: int = 1000, batch_size: int = 100,
-                 max_elements: int = MAX_ELEMENTS, accel: str = "auto",
+    def __init__(self, bound: str = "iwae", *, num_samples: int = 1000, start: str | None = None,
+                 batch_size: int = 100, max_elements: int = MAX_ELEMENTS, accel: str = "auto",
                  log_z: LogZSettings | Mapping = LOG_Z) -> None:
-        if bound not in self.BOUNDS:
-            raise ConfigError(f"unknown bound {bound!r}; known bounds: {', '.join(self.BOUNDS)}")
+        if bound not in self.ACCUMULATORS:
+            raise ConfigError(f"unknown bound {bound!r}; known bounds: {', '.join(self.ACCUMULATORS)}")
         self.name = bound
-        if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
-            raise ConfigError(f"estimator.num_samples must be a positive integer, got {num_samples}")
-        self.num_samples = num_samples
+        self.num_samples = positive_int(num_samples, "estimator.num_samples")
+        check_start(start)
+        self.start = start
         self.batch_size = positive_int(batch_size, "estimator.batch_size")
         self.max_elements = positive_int(max_elements, "estimator.max_elements")
         self.accel = check_mode(accel, what="estimator.accel")
         self.log_z_settings = LogZSettings.of(log_z)
 
-    def check(self, model, inference) -> None:
+    def check(self, model, inference=None) -> None:
         if capable(model, FREE_ENERGY):
             raise ConfigError(f"estimator={self.name} draws h from an inference network q(h | v), which a Boltzmann "
                               "machine does not have (its hidden units are summed exactly in its free energy); for "
                               f"model=rbm or srbm use estimator={BOLTZMANN_ESTIMATORS}")
-        if inference is None and not has_top_log_z(model) and not follows_protocol(model):
+        if inference is None and not has_top_log_z(model) and protocol_only(model):
+            protocol(model)  # a user's model: what it lacks of the protocol, in one line
+        elif inference is None and not has_top_log_z(model) and not follows_protocol(model):
             raise ConfigError(f"estimator={self.name} needs a model with an inference network (sbn, fdarn), a DBN, "
                               "a DBM, or a model that follows the protocol (vae, gbn, dbn_dynamic, your own: its "
                               "proposal q(z | x), or the prior where it has none)")
 
-    def protocol_bound(self, model) -> ModelIWAE | None:
-        """The protocol's bound (``ModelIWAE``) where ``model`` follows the protocol and has neither an inference
-        network nor a top machine here: one code path for a user's model, the VAE and the Gaussian nets."""
-        if not follows_protocol(model) or has_top_log_z(model):
-            return None
-        return ModelIWAE(num_samples=self.num_samples, batch_size=self.batch_size, bound=self.name)
+    def weights(self, model, inference, data):
+        """What the samples come from: the built-in inference network (``InferenceWeights``; a DBN's up-pass), or
+        for a model without one, its base density through the protocol (``BaseWeights``). (weights, the JSON
+        line's ``proposal``)."""
+        if inference is None and has_top_log_z(model):
+            return InferenceWeights(model, model.recognition()), "up-pass"
+        if inference is not None:
+            return InferenceWeights(model, inference), "inference network"
+        pm = protocol(model)
+        start = self.start or pm.default_base()
+        return BaseWeights(pm, start, data), start
 
     def dataset_inputs(self, model, data, split, rows, checkpoint=None, payload=None, **_) -> dict:
         if not has_top_log_z(model):
@@ -146,17 +193,15 @@ class SampledBound(Estimator):
 
     def estimate(self, model, data, *, inference=None, seed: int = 0, generator=None, progress=None, train=None,
                  checkpoint=None, row_offset: int = 0, log_z_particles=None) -> Result:
-        """The bound for each row of ``data`` [examples, model.n_visible]. ``inference``: q (an SBN's or fDARN's
-        inference network; a DBN uses its greedy up-pass; a model that follows the protocol without one, its proposal or
-        prior through ``ModelIWAE``). Each batch draws from a
-        generator seeded by (``seed``, first row + ``row_offset``), so ``generator`` is optional. For a DBN
-        q is the greedy up-pass and log P = log P* - log Z with the shared top-RBM log Z, whose base-rate model
-        needs ``train`` (the training rows), cached beside ``checkpoint`` and started from ``log_z_particles``."""
+        """The bound for each row of ``data`` [examples, ...]. ``inference``: q (an SBN's or fDARN's inference
+        network; a DBN uses its greedy up-pass; a model that follows the protocol without one, its proposal or
+        prior). Each batch draws from a generator seeded by (``seed``, first row + ``row_offset``), so
+        ``generator`` is optional. For a DBN log P = log P* - log Z with the shared top-RBM log Z, whose base-rate
+        model needs ``train`` (the training rows), cached beside ``checkpoint`` and started from
+        ``log_z_particles``."""
         self.check(model, inference)
-        protocol_bound = self.protocol_bound(model) if inference is None else None
-        if protocol_bound is not None:
-            return protocol_bound.estimate(model, data, seed=seed, progress=progress, row_offset=row_offset)
-        check_rows(model, data)
+        if inference is not None or has_top_log_z(model):
+            check_rows(model, data)
         generator = default_generator(generator, seed, model, data)
         if has_top_log_z(model) and train is None:
             raise ConfigError(f"estimator={self.name} on a {type(model).__name__} needs train= (the training rows): its log Z "
@@ -164,19 +209,19 @@ class SampledBound(Estimator):
         t0 = time.perf_counter()
         log_z, log_z_se, certificate = 0.0, 0.0, None
         if has_top_log_z(model):
-            inference = model.recognition()
             certificate = top_log_z(model, train, self.log_z_settings, checkpoint, shows_progress(progress),
                                     log_z_particles, phase=phase_namer(progress, self.name))
             log_z, log_z_se = certificate[0].log_z, certificate[0].stderr
             if shows_progress(progress) and hasattr(progress, "reset"):
                 progress.reset()  # the rate and ETA from here on are the examples' own
-        with torch.no_grad():
-            log_p = self.BOUNDS[self.name](model, inference, data, self.num_samples, generator=generator,
-                                           batch_size=self.batch_size, max_elements=self.max_elements,
-                                           progress=progress,
-                                           seed=seed, row_offset=row_offset)
-        result = Result(self.name, log_p.cpu() - log_z, time.perf_counter() - t0, seed,
-                        {"num_samples": self.num_samples, "bound": self.WORDING[self.name]},
+        weights, proposal = self.weights(model, inference, data)
+        with eval_mode(model):
+            log_p = _reduce_log_weights(weights, data, self.num_samples, self.ACCUMULATORS[self.name],
+                                        batch_size=self.batch_size, generator=generator,
+                                        max_elements=self.max_elements, progress=progress, seed=seed,
+                                        row_offset=row_offset)
+        result = Result(self.name, log_p - log_z, time.perf_counter() - t0, seed,
+                        {"num_samples": self.num_samples, "proposal": proposal, "bound": self.WORDING[self.name]},
                         shared_stderr=log_z_se)
         if certificate is not None:
             apply_log_z(result, *certificate)
@@ -189,10 +234,10 @@ class IWAE(SampledBound):
 
     name = "iwae"
 
-    def __init__(self, *, num_samples: int = 1000, batch_size: int = 100, max_elements: int = MAX_ELEMENTS,
-                 accel: str = "auto", log_z: LogZSettings | Mapping = LOG_Z) -> None:
-        super().__init__("iwae", num_samples=num_samples, batch_size=batch_size, max_elements=max_elements,
-                         accel=accel, log_z=log_z)
+    def __init__(self, *, num_samples: int = 1000, start: str | None = None, batch_size: int = 100,
+                 max_elements: int = MAX_ELEMENTS, accel: str = "auto", log_z: LogZSettings | Mapping = LOG_Z) -> None:
+        super().__init__("iwae", num_samples=num_samples, start=start, batch_size=batch_size,
+                         max_elements=max_elements, accel=accel, log_z=log_z)
 
 
 class ELBO(SampledBound):
@@ -201,7 +246,7 @@ class ELBO(SampledBound):
 
     name = "elbo"
 
-    def __init__(self, *, num_samples: int = 10, batch_size: int = 100, max_elements: int = MAX_ELEMENTS,
-                 accel: str = "auto", log_z: LogZSettings | Mapping = LOG_Z) -> None:
-        super().__init__("elbo", num_samples=num_samples, batch_size=batch_size, max_elements=max_elements,
-                         accel=accel, log_z=log_z)
+    def __init__(self, *, num_samples: int = 10, start: str | None = None, batch_size: int = 100,
+                 max_elements: int = MAX_ELEMENTS, accel: str = "auto", log_z: LogZSettings | Mapping = LOG_Z) -> None:
+        super().__init__("elbo", num_samples=num_samples, start=start, batch_size=batch_size,
+                         max_elements=max_elements, accel=accel, log_z=log_z)

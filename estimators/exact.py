@@ -24,7 +24,7 @@ from nvil.core.ops import StreamingLogMeanExp, enumerate_states
 from nvil.data import take_rows
 from nvil.estimators.base import Estimator, Result, check_rows, check_seed, chunks
 from nvil.estimators.log_z import has_top_log_z
-from nvil.estimators.model_bounds import eval_mode
+from nvil.estimators.protocol_view import eval_mode
 from nvil.models.protocol import CONTINUOUS_LATENTS, FREE_ENERGY, ProtocolModel, capable, protocol_only
 
 MAX_LATENT = 20

@@ -32,7 +32,6 @@ import time
 
 import torch
 
-from nvil.backend.accel import check_mode
 from nvil.core.config import positive_float, positive_int
 from nvil.core.errors import ConfigError
 from nvil.core.ops import chunks, mean_and_stderr
@@ -42,9 +41,9 @@ from nvil.estimators.base import NO_PROGRESS, BatchProgress, Result, batch_gener
 from nvil.estimators.chib import Chib, ChibMH
 from nvil.estimators.exact import Exact
 from nvil.estimators.harmonic import Harmonic
-from nvil.estimators.model_bdmc import ModelBDMC, fixed_steps, path_settings
-from nvil.estimators.model_bounds import (
-    ModelIWAE,
+from nvil.estimators.bdmc import BDMC
+from nvil.estimators.bounds import ELBO, IWAE
+from nvil.estimators.protocol_view import (
     check_data,
     check_seed,
     check_start,
@@ -52,7 +51,7 @@ from nvil.estimators.model_bounds import (
     protocol,
     stream,
 )
-from nvil.estimators.model_paths import ModelPath
+from nvil.estimators.model_paths import fixed_kernel_path, path_settings
 from nvil.estimators.per_example import AISPosterior, PerExample
 from nvil.models.protocol import ProtocolModel
 
@@ -86,11 +85,11 @@ class ModelAIS(PerExample):
         self.betas = schedule_betas(schedule, self.num_betas)
         check_start(start)
         self.start = start
-        self.step_size = positive_float(step_size, "estimator.step_size")
-        self.pilot_chains = positive_int(pilot_chains, "estimator.pilot_chains")
-        self.path_settings = path_settings(num_leapfrog, target_accept, adapt, max_step_size, moves, num_moves,
-                                           num_flips)
-        self.path_settings["accel"] = check_mode(accel, what="estimator.accel")
+        self.path_settings = path_settings(num_leapfrog=num_leapfrog, step_size=step_size,
+                                           target_accept=target_accept, adapt=adapt, max_step_size=max_step_size,
+                                           pilot_chains=pilot_chains, moves=moves, num_moves=num_moves,
+                                           num_flips=num_flips, accel=accel)
+        self.step_size, self.pilot_chains = self.path_settings["step_size"], self.path_settings["pilot_chains"]
         self.iwae_samples = int(iwae_samples)
         self.num_simulated = int(num_simulated)
         self.max_gap = positive_float(max_gap, "estimator.max_gap")
@@ -109,10 +108,8 @@ class ModelAIS(PerExample):
 
     def run_batch(self, pm: ProtocolModel, x, generator, progress: BatchProgress = NO_PROGRESS) -> torch.Tensor:
         progress.plan(len(self.betas) - 1)
-        start = self.start or pm.default_base()
-        steps = fixed_steps(pm, x, start, self.betas, self.num_runs, self.pilot_chains, self.step_size, generator,
-                            self.path_settings)
-        path = ModelPath(pm, x, pm.base(start, x), steps=steps, **self.path_settings)
+        path = fixed_kernel_path(pm, x, self.betas, start=self.start or pm.default_base(), chains=self.num_runs,
+                                 generator=generator, on_step=lambda k, inc: progress.advance(), **self.path_settings)
         log_w, final = ais(path, path.start(generator, self.step_size), self.betas, generator,
                            on_step=lambda k, inc: progress.advance())
         self.accept.append((final.accept_sum / max(1, len(self.betas) - 2)).cpu())
@@ -148,8 +145,8 @@ class ModelAIS(PerExample):
     def compare_with_iwae(self, pm: ProtocolModel, x, result: Result, seed: int, row_offset: int) -> None:
         """The estimate against IWAE(``iwae_samples``) from the same start: both are stochastic lower bounds, and
         AIS below the cheaper one by more than 3 standard errors of their paired difference is flagged."""
-        iwae = ModelIWAE(num_samples=self.iwae_samples, start=self.start,
-                         batch_size=self.batch_size).estimate(pm, x, seed=stream(seed, "iwae"), row_offset=row_offset)
+        iwae = IWAE(num_samples=self.iwae_samples, start=self.start,
+                    batch_size=self.batch_size).estimate(pm, x, seed=stream(seed, "iwae"), row_offset=row_offset)
         diff, se = mean_and_stderr(result.log_p - iwae.log_p)
         result.extras.update({"iwae": round(iwae.mean, 4), "iwae_num_samples": self.iwae_samples,
                               "ais_minus_iwae": round(diff, 4), "ais_minus_iwae_stderr": round(se, 4)})
@@ -166,12 +163,9 @@ class ModelAIS(PerExample):
                                           "sample_likelihood(z, generator), so the schedule was not checked on "
                                           "simulated data")
             return
-        s = self.path_settings
-        bdmc = ModelBDMC(num_simulated=self.num_simulated, num_betas=self.num_betas, schedule=self.schedule,
-                         num_chains=self.num_runs, start=self.start, batch_size=self.batch_size, max_gap=self.max_gap,
-                         num_leapfrog=s["num_leapfrog"], step_size=self.step_size, target_accept=s["target_accept"],
-                         max_step_size=s["max_step_size"], adapt=s["adapt"], pilot_chains=self.pilot_chains,
-                         moves=s["moves"], num_moves=s["num_moves"], num_flips=s["num_flips"]).estimate(pm, seed=stream(seed, "bdmc"))
+        bdmc = BDMC(num_simulated=self.num_simulated, num_betas=self.num_betas, schedule=self.schedule,
+                    num_chains=self.num_runs, start=self.start, batch_size=self.batch_size, max_gap=self.max_gap,
+                    **self.path_settings).estimate(pm, seed=stream(seed, "bdmc"))
         result.carry(bdmc)
         keep = ("bdmc_gap", "bdmc_gap_stderr", "bdmc_gap_per_example_q50_q90_max", "num_simulated",
                 "log_likelihood_ratio_z", "sampler_dependence_z")
@@ -191,7 +185,7 @@ class ModelAIS(PerExample):
         return out
 
 
-MODEL_ESTIMATORS = {"ais": ModelAIS, "iwae": ModelIWAE, "bdmc": ModelBDMC, "exact": Exact, "chib": Chib,
+MODEL_ESTIMATORS = {"ais": ModelAIS, "iwae": IWAE, "elbo": ELBO, "bdmc": BDMC, "exact": Exact, "chib": Chib,
                     "ais_posterior": AISPosterior, "harmonic": Harmonic, "chib_mh": ChibMH}
 
 

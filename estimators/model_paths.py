@@ -29,7 +29,8 @@ from typing import NamedTuple
 
 import torch
 
-from nvil.backend.accel import accelerate, compiled
+from nvil.backend.accel import accelerate, check_mode, compiled
+from nvil.core.config import positive_float, positive_int
 from nvil.core.errors import ConfigError
 from nvil.estimators.annealing import ais, pilot_step_sizes
 from nvil.mcmc.adapt import multiplicative_adapt
@@ -221,26 +222,45 @@ class ContinuousLatent:
         return self.model.sample_likelihood(state, generator)
 
 
-def fixed_kernel_path(lm: ContinuousLatent, x: torch.Tensor, betas: torch.Tensor, *, chains: int = 1,
+def path_settings(*, num_leapfrog: int, step_size: float, target_accept: float, adapt: bool,
+                  max_step_size: float | None, pilot_chains: int, moves: str, num_moves: int | None, num_flips: int,
+                  accel: str) -> dict:
+    """``fixed_kernel_path``'s keywords, checked, each refusal one line naming ``estimator.KEY``."""
+    if moves not in BINARY_MOVES:
+        raise ConfigError(f"estimator.moves must be one of {list(BINARY_MOVES)}, got {moves!r}")
+    return {"num_leapfrog": positive_int(num_leapfrog, "estimator.num_leapfrog"),
+            "step_size": positive_float(step_size, "estimator.step_size"),
+            "target_accept": positive_float(target_accept, "estimator.target_accept"), "adapt": bool(adapt),
+            "max_step_size": None if max_step_size is None else positive_float(max_step_size, "estimator.max_step_size"),
+            "pilot_chains": positive_int(pilot_chains, "estimator.pilot_chains"), "moves": moves,
+            "num_moves": positive_int(num_moves, "estimator.num_moves", allow_none=True),
+            "num_flips": positive_int(num_flips, "estimator.num_flips"),
+            "accel": check_mode(accel, what="estimator.accel")}
+
+
+def fixed_kernel_path(lm, x: torch.Tensor, betas: torch.Tensor, *, start: str = "prior", chains: int = 1,
                       pilot_chains: int = 2, num_leapfrog: int = 10, step_size: float = 0.05,
                       target_accept: float = 0.65, adapt: bool = True, generator=None, accel: str = "none",
-                      max_step_size: float | None = MAX_STEP_SIZE, on_step=None) -> ModelPath:
-    """The prior-to-posterior path for ``x`` (``chains`` rows per example, example-major) along ``ModelPath`` whose
-    every move is a fixed f_beta-invariant HMC kernel: step sizes from a pilot run (``model_paths.pilot_steps``)
-    where ``adapt``, else ``step_size`` throughout. Used in either direction (forward AIS, and reverse AIS in
-    ``nvil.estimators.reverse_ais.BDMC``)."""
+                      max_step_size: float | None = MAX_STEP_SIZE, moves: str = "gibbs", num_moves: int | None = None,
+                      num_flips: int = 1, on_step=None) -> ModelPath:
+    """The path from the base ``start`` (prior | proposal) to the posterior for ``x`` (``chains`` rows per example,
+    example-major) along ``ModelPath``, whose every move is a fixed f_beta-invariant kernel: for continuous z, HMC
+    with step sizes from a pilot run (``pilot_steps``) where ``adapt``, else ``step_size`` throughout; for binary
+    z, the Gibbs or Metropolis flips ``moves``. ``lm``: a ``ProtocolModel`` or what one wraps (a user's model, a
+    ``ContinuousLatent``). Used in either direction (forward AIS, and reverse AIS in ``nvil.estimators.bdmc``)."""
     if x.shape[0] % chains:
         raise ValueError(f"{x.shape[0]} rows are not whole examples of {chains} chains each")
-    pm = ProtocolModel(lm, "the Gaussian net")
+    pm = lm if isinstance(lm, ProtocolModel) else ProtocolModel(lm, "the Gaussian net")
     settings = {"num_leapfrog": num_leapfrog, "target_accept": target_accept, "max_step_size": max_step_size,
-                "accel": accel}
-    if adapt:
-        steps = pilot_steps(pm, x[::chains], "prior", betas, pilot_chains, step_size, chains, generator, on_step,
+                "moves": moves, "num_moves": num_moves, "num_flips": num_flips, "accel": accel}
+    steps = None
+    if not pm.binary and adapt:
+        steps = pilot_steps(pm, x[::chains], start, betas, pilot_chains, step_size, chains, generator, on_step,
                             **settings)
-    else:
+    elif not pm.binary:
         constant = torch.full((x.shape[0],), float(step_size), device=x.device)
         steps = {beta: constant for beta in betas.tolist()}
-    return ModelPath(pm, x, pm.base("prior", x), adapt=False, steps=steps, **settings)
+    return ModelPath(pm, x, pm.base(start, x), adapt=False, steps=steps, **settings)
 
 
 def ais_hmc_log_w(lm: ContinuousLatent, x: torch.Tensor, betas: torch.Tensor, *, chains: int = 1,

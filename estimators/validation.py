@@ -24,8 +24,7 @@ import torch.nn.functional as F
 from nvil.core.errors import ConfigError
 from nvil.estimators.ais import schedule
 from nvil.estimators.base import combine_runs
-from nvil.estimators.bounds import elbo
-from nvil.estimators.model_bounds import ModelIWAE
+from nvil.estimators.bounds import IWAE, elbo
 from nvil.estimators.model_paths import ContinuousLatent, ais_hmc_log_w
 from nvil.models.protocol import CONTINUOUS_LATENTS, FREE_ENERGY, capable, draw_seed, protocol_only
 from nvil.models.rbm import BoltzmannMachine
@@ -88,7 +87,7 @@ SCORE = {  # tag -> the scores logged under it
     "val/elbo": lambda j: {"val/elbo": elbo(j.model, j.inference, j.valid, j.num_samples, generator=j.g).mean().item()},
     "val/log_likelihood": lambda j: {"val/log_likelihood": continuous_log_likelihood(
         j.model, j.valid, j.num_samples, j.ais_betas, j.g).mean().item()},
-    "val/iwae": lambda j: {"val/iwae": ModelIWAE(num_samples=j.num_samples).estimate(
+    "val/iwae": lambda j: {"val/iwae": IWAE(num_samples=j.num_samples).estimate(
         j.model, j.valid, seed=draw_seed(j.g)).mean},
     "val/log_p_exact": _exact,
     "val/pseudo_log_likelihood": lambda j: {"val/pseudo_log_likelihood": stochastic_pseudo_log_likelihood(

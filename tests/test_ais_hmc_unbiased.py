@@ -24,11 +24,11 @@ import pytest
 import torch
 
 from nvil.core.ops import mean_and_stderr
-from nvil.estimators import model_estimators, reverse_ais
+from nvil.estimators import bdmc, model_estimators
 from nvil.estimators.ais_hmc import MAX_STEP_SIZE, AISHMC, ContinuousLatent, fixed_kernel_path
 from nvil.estimators.annealing import StepTape, ais, schedule
 from nvil.estimators.model_paths import ModelPath, pilot_steps
-from nvil.estimators.reverse_ais import BDMC
+from nvil.estimators.bdmc import BDMC
 from nvil.models.protocol import ProtocolModel
 from test_gaussian import exact_log_p, linear_net
 
@@ -57,7 +57,7 @@ def ais_hmc_ratio(seed: int = 0) -> tuple[float, float]:
 
 def chain_adapted_path(lm, x, betas, *, num_leapfrog, target_accept, accel, max_step_size=MAX_STEP_SIZE, **_):
     """The broken variant: no pilot, each main chain adapting its own step size after every move."""
-    pm = ProtocolModel(lm)
+    pm = lm if isinstance(lm, ProtocolModel) else ProtocolModel(lm)
     return ModelPath(pm, x, pm.base("prior", x), num_leapfrog=num_leapfrog, target_accept=target_accept, adapt=True,
                      max_step_size=max_step_size, accel=accel)
 
@@ -69,7 +69,7 @@ def test_pilot_step_sizes_keep_exp_log_w_unbiased_for_p_x():
 
 def test_step_sizes_adapted_on_the_chain_itself_fail_the_same_check(monkeypatch):
     """No pilot: ``ModelPath`` without fixed step sizes adapts each main chain's own after every move."""
-    monkeypatch.setattr(model_estimators, "fixed_steps", lambda *args, **kwargs: None)
+    monkeypatch.setattr(model_estimators, "fixed_kernel_path", chain_adapted_path)
     mean, se = ais_hmc_ratio()
     assert mean - 1 > 3 * se, f"E[w] / p(x) = {mean:.4f} +- {se:.4f}"
 
@@ -108,7 +108,8 @@ def test_main_chains_move_with_the_pilot_geometric_mean_fixed_per_example_and_be
 def bdmc_sides(seed: int = 0):
     """(forward ratio, reverse ratio, mean gap, its SE, result) of ``estimator=bdmc`` at the default settings."""
     net = gaussian_net()
-    est = BDMC(num_simulated=EXAMPLES, **SETTINGS)
+    settings = {("num_chains" if k == "num_runs" else k): v for k, v in SETTINGS.items()}
+    est = BDMC(num_simulated=EXAMPLES, **settings)
     result = est.estimate(net, None, generator=torch.Generator().manual_seed(seed), seed=seed)
     exact = exact_log_p(net, result.simulated).detach()[None, :]
     forward = ratio_mean_and_se(result.run_log_p - exact)
@@ -126,7 +127,7 @@ def test_bdmc_with_pilot_step_sizes_has_unbiased_weights_both_ways():
 
 @pytest.mark.slow
 def test_bdmc_with_step_sizes_adapted_on_the_chains_inverts_the_sandwich(monkeypatch):
-    monkeypatch.setattr(reverse_ais, "fixed_kernel_path", chain_adapted_path)
+    monkeypatch.setattr(bdmc, "fixed_kernel_path", chain_adapted_path)
     (fwd, fwd_se), _, gap, gap_se, result = bdmc_sides()
     assert fwd - 1 > 3 * fwd_se, f"E[w] / p(v) = {fwd:.4f} +- {fwd_se:.4f}"
     assert gap < -3 * gap_se and "bdmc_order" in result.failed, (gap, gap_se)

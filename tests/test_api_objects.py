@@ -114,7 +114,7 @@ def test_names_stay_as_the_user_set_them():
                       num_simulated=0)
     assert r.summary()["num_chains"] == 3 and "num_runs" not in r.summary()
     with pytest.raises(ConfigError, match="settings"):
-        nvil.evaluate(Tiny(), torch.zeros(3, 1), estimator=nvil.estimators.ModelIWAE(), num_samples=3)
+        nvil.evaluate(Tiny(), torch.zeros(3, 1), estimator=nvil.estimators.IWAE(), num_samples=3)
     with pytest.raises(ConfigError, match="override strings"):
         nvil.evaluate(Tiny(), torch.zeros(3, 1), "estimator=iwae")
     with pytest.raises(ConfigError, match="an override must be a string"):

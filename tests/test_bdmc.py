@@ -33,7 +33,7 @@ from omegaconf import OmegaConf
 from conftest import SYNTHETIC, make_cfg, run_script, tiny_model
 from nvil.estimators import build_estimator
 from nvil.estimators.ais import PosteriorPath, ais
-from nvil.estimators.reverse_ais import BDMC
+from nvil.estimators.bdmc import BDMC
 from nvil.estimators.exact import exact_log_marginal
 from nvil.core.errors import ConfigError
 from nvil.core.ops import mean_and_stderr
@@ -42,7 +42,7 @@ ROUNDING = 1e-3  # float32 log-weights of ~10 terms: a floor on the 3-SE bands w
 
 
 def bdmc(**cfg) -> BDMC:
-    return BDMC(**{"num_simulated": 200, "num_runs": 4, "batch_size": 200, **cfg})
+    return BDMC(**{"num_simulated": 200, "num_chains": 4, "batch_size": 200, **cfg})
 
 
 def run_sbn(est: BDMC, model, q, seed: int = 0):
@@ -106,7 +106,7 @@ class ReverseFromQ(BDMC):
 
 def test_reverse_ais_from_q_instead_of_the_exact_posterior_sample_fails_the_bound():
     model, q = tiny_model()
-    est = ReverseFromQ(num_simulated=200, num_runs=4, batch_size=200, num_betas=5)
+    est = ReverseFromQ(num_simulated=200, num_chains=4, batch_size=200, num_betas=5)
     r, exact = run_sbn(est, model, q)
     upper, upper_se = mean_and_stderr(r.log_p_upper - exact)
     assert upper < -3 * upper_se, f"the broken upper side should sit below exact: {upper:.4f} +- {upper_se:.4f}"
@@ -156,7 +156,7 @@ def test_linear_gaussian_net_is_bracketed_and_certified_with_enough_betas():
     net = linear_net(seed=5, form="centred")
     data = torch.zeros(1, 4, dtype=torch.float64)
     for num_betas in (20, 200):
-        est = BDMC(num_simulated=50, num_runs=4, batch_size=50, num_betas=num_betas, schedule="sigmoid",
+        est = BDMC(num_simulated=50, num_chains=4, batch_size=50, num_betas=num_betas, schedule="sigmoid",
                    num_leapfrog=5, step_size=0.1, form="auxiliary")
         r = est.estimate(net, data, generator=torch.Generator().manual_seed(0), seed=0)
         exact = exact_log_p(net, r.simulated).detach()

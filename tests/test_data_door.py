@@ -13,7 +13,7 @@ import torch
 
 import nvil
 from nvil.core.errors import DataError
-from nvil.estimators import AIS, IWAE, Exact, ModelIWAE, evaluate_model
+from nvil.estimators import AIS, IWAE, Exact, evaluate_model
 from nvil.estimators.base import Result
 from nvil.estimators.door import certify_finite
 from nvil.models import RBM
@@ -97,7 +97,7 @@ def test_a_users_model_gets_the_same_door():
     with pytest.raises(DataError, match=r"GaussianBernoulli.log_likelihood\(x, z\) cannot take data of shape \(20, 5\)"):
         evaluate_model(model, x[:, :5], estimator="iwae", num_samples=10)
     with pytest.raises(ValueError, match="Target size"):  # past the door: a traceback from deep inside torch
-        ModelIWAE.estimate.__wrapped__(ModelIWAE(num_samples=10), model, x[:, :5])
+        IWAE.estimate.__wrapped__(IWAE(num_samples=10), model, x[:, :5])
     model.data_support = "binary"
     with pytest.raises(DataError, match=r"outside \{0, 1\}"):
         evaluate_model(model, x * 0.5, estimator="iwae", num_samples=10)

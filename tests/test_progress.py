@@ -78,7 +78,7 @@ CASES = {  # estimator config, model; small settings that still take many steps 
     "elbo": ({"name": "elbo", "num_samples": 40, "max_elements": 300}, "sbn"),
     "ais_hmc": ({"name": "ais_hmc", "num_betas": 10, "num_runs": 2, "num_leapfrog": 2}, "gbn"),
     "chib_mh": ({"name": "chib_mh", "num_steps": 5, "num_runs": 2, "adapt_steps": 5, "hill_climb_steps": 5}, "gbn"),
-    "bdmc": ({"name": "bdmc", "num_simulated": N, "num_betas": 10, "num_runs": 2, "schedule": "adaptive"}, "sbn"),
+    "bdmc": ({"name": "bdmc", "num_simulated": N, "num_betas": 10, "num_chains": 2, "schedule": "adaptive"}, "sbn"),
 }
 
 

@@ -17,7 +17,7 @@ from torch import nn
 import nvil
 from nvil.core.errors import CheckpointError, ConfigError, UserError
 from nvil.core.ops import mean_and_stderr
-from nvil.estimators import Exact, ModelAIS, ModelBDMC, ModelIWAE, evaluate_model
+from nvil.estimators import BDMC, IWAE, Exact, ModelAIS, evaluate_model
 from nvil.models.protocol import Latent, gaussian_log_prob
 
 
@@ -141,7 +141,7 @@ def test_a_ladder_too_short_misses_the_closed_form_and_bdmc_flags_it(linear):
 
 def test_bdmc_brackets_the_closed_form_on_simulated_data(linear):
     model, _ = linear
-    result = ModelBDMC(num_simulated=40, num_betas=100, num_chains=4).estimate(model, seed=3)
+    result = BDMC(num_simulated=40, num_betas=100, num_chains=4).estimate(model, seed=3)
     truth = model.exact_log_p(result.simulated)
     lower, se_lower = mean_and_stderr(result.log_p - truth)
     upper, se_upper = mean_and_stderr(result.log_p_upper - truth)
@@ -206,7 +206,7 @@ def test_ais_and_iwae_on_a_binary_vae_match_enumeration(binary, moves):
 
 def test_bdmc_brackets_enumeration_on_a_binary_vae(binary):
     model, _ = binary
-    result = ModelBDMC(num_simulated=40, num_betas=50, num_chains=4).estimate(model, seed=2)
+    result = BDMC(num_simulated=40, num_betas=50, num_chains=4).estimate(model, seed=2)
     truth = model.brute_force_log_p(result.simulated)
     lower, se_lower = mean_and_stderr(result.log_p - truth)
     upper, se_upper = mean_and_stderr(result.log_p_upper - truth)
@@ -215,7 +215,7 @@ def test_bdmc_brackets_enumeration_on_a_binary_vae(binary):
 
 def test_a_binary_ladder_too_short_is_flagged_by_bdmc(binary):
     model, _ = binary
-    short = ModelBDMC(num_simulated=40, num_betas=1, num_chains=1, start="prior", max_gap=0.5).estimate(model, seed=2)
+    short = BDMC(num_simulated=40, num_betas=1, num_chains=1, start="prior", max_gap=0.5).estimate(model, seed=2)
     assert "bdmc_gap" in short.failed
 
 
@@ -255,7 +255,7 @@ def test_a_log_likelihood_that_ignores_z_fails_the_checks(linear):
     broken.log_likelihood = lambda x, z: right(x, torch.zeros_like(z))
     result = evaluate_model(broken, x, "ais", num_betas=20, num_chains=4, num_simulated=30, iwae_samples=100)
     assert "likelihood_consistency" in result.failed and result.certified is False
-    healthy = ModelBDMC(num_simulated=30, num_betas=20, num_chains=4).estimate(plain_functions(model))
+    healthy = BDMC(num_simulated=30, num_betas=20, num_chains=4).estimate(plain_functions(model))
     assert "likelihood_consistency" not in healthy.failed
 
 
@@ -318,7 +318,7 @@ def test_settings_a_model_cannot_use_are_refused(linear, binary):
     with pytest.raises(ConfigError, match="moves"):
         ModelAIS(moves="swendsen")
     with pytest.raises(ConfigError, match="start"):
-        ModelIWAE(start="posterior")
+        IWAE(start="posterior")
 
 
 # ---- evaluate.py model_module=... ------------------------------------------------------------------------------------

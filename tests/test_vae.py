@@ -17,7 +17,7 @@ import torch
 
 import nvil
 from conftest import SYNTHETIC
-from nvil.estimators import ModelAIS, ModelIWAE
+from nvil.estimators import IWAE, ModelAIS
 from nvil.learners.iwae import ImportanceWeighted, stage_lr
 from nvil.models.vae import VAE, GaussianLayer
 
@@ -72,7 +72,7 @@ def test_prior_and_proposal_are_normalised():
 
 def test_iwae_and_ais_agree_with_quadrature(case):
     vae, x, truth = case
-    iwae = ModelIWAE(num_samples=2000).estimate(vae, x, seed=0)
+    iwae = IWAE(num_samples=2000).estimate(vae, x, seed=0)
     gap = (iwae.log_p - truth).double()
     assert gap.mean().item() <= 3 * gap.std().item() / math.sqrt(len(gap)) + 1e-3
     assert abs(gap.mean().item()) < 3 * gap.std().item() / math.sqrt(len(gap)) + 2e-3
@@ -84,10 +84,10 @@ def test_iwae_and_ais_agree_with_quadrature(case):
 
 def test_a_proposal_that_forgets_its_scale_is_caught(case, monkeypatch):
     vae, x, truth = case
-    good = ModelIWAE(num_samples=200).estimate(vae, x, seed=0)
+    good = IWAE(num_samples=200).estimate(vae, x, seed=0)
     monkeypatch.setattr(GaussianLayer, "log_prob", staticmethod(
         lambda z, mu, log_sigma: (-0.5 * ((z - mu) * torch.exp(-log_sigma)).square() - 0.9189385).sum(-1)))
-    broken = ModelIWAE(num_samples=200).estimate(vae, x, seed=0)
+    broken = IWAE(num_samples=200).estimate(vae, x, seed=0)
     se = (good.log_p - truth).std().item() / math.sqrt(len(truth))
     assert abs((good.log_p - truth).mean().item()) < 3 * se + 2e-3
     assert abs((broken.log_p - truth).mean().item()) > 10 * se
@@ -137,7 +137,7 @@ def test_train_then_evaluate_a_vae(tmp_path):
                         **{"eval.num_examples": 30, "eval.progress": False})
     assert ais.summary()["num_chains"] == 4 and math.isfinite(iwae.mean_log_p)
     assert ais.mean_log_p > iwae.mean_log_p - 3 * math.hypot(ais.stderr, iwae.stderr)
-    bdmc = nvil.evaluate(run.checkpoint, estimator="bdmc", num_simulated=8, num_betas=50, num_runs=2,
+    bdmc = nvil.evaluate(run.checkpoint, estimator="bdmc", num_simulated=8, num_betas=50, num_chains=2,
                          **{"eval.progress": False})
     assert bdmc.extras["bdmc_gap"] >= -1.0
     assert nvil.evaluate(model, x, estimator="iwae", num_samples=20).log_p.shape == (16,)
@@ -153,7 +153,7 @@ def test_two_stochastic_layers_agree_with_quadrature(monkeypatch):
     vae = tiny_vae(latent=(1, 1), hidden=((4,), (3,)))  # its prior sums to 1 on the grid (the test above)
     x = vae.sample(30, torch.Generator().manual_seed(5))[0]
     truth = quadrature_log_p(vae, x, n=301)  # within 1e-13 of n=601
-    iwae = ModelIWAE(num_samples=2000).estimate(vae, x, seed=1)
+    iwae = IWAE(num_samples=2000).estimate(vae, x, seed=1)
     gap = (iwae.log_p - truth).double()
     se = gap.std().item() / math.sqrt(len(gap))
     assert abs(gap.mean().item()) < 3 * se + 5e-3
@@ -164,5 +164,5 @@ def test_two_stochastic_layers_agree_with_quadrature(monkeypatch):
     right = VAE.log_prior
     monkeypatch.setattr(VAE, "log_prior", lambda self, z: right(self, z) - GaussianLayer.log_prob(
         z[:, -top:], torch.zeros(top, dtype=z.dtype), torch.zeros(top, dtype=z.dtype)))
-    wrong = ModelIWAE(num_samples=2000).estimate(vae, x, seed=1)
+    wrong = IWAE(num_samples=2000).estimate(vae, x, seed=1)
     assert abs((wrong.log_p - truth).mean().item()) > 10 * se

@@ -1,10 +1,11 @@
-"""Bidirectional Monte Carlo: AIS run both ways along one path (Grosse, Ghahramani & Adams 2015, BDMC; Burda,
-Grosse & Salakhutdinov 2015, RAISE).
+"""Bidirectional Monte Carlo (Grosse, Ghahramani & Adams 2015): AIS run both ways along one path, for every model
+that can simulate exact (z, x) pairs, built-in or a user's (``BDMC``, ``estimator=bdmc``). Both sides are stochastic
+bounds on each simulated example's log p(x); their gap certifies the AIS schedule. It also checks that a model's
+``log_likelihood`` and ``sample_likelihood`` agree on whether x depends on z (``likelihood_consistency``).
 
-- for an RBM's log Z, ``nvil.estimators.ais_rbm.reverse_log_z``, which ``nvil.estimators.certify`` runs from the
-  checkpoint's persistent particles or a Gibbs run, as a stochastic upper estimate (``estimator=ais`` and ``raise``);
-- ``BDMC`` (``estimator=bdmc``): for directed models, where simulation gives exact posterior samples, both
-  sides are stochastic bounds on each simulated example's log p(v); their gap certifies the AIS schedule.
+(For an RBM's log Z, AIS is run both ways by ``nvil.estimators.ais_rbm.reverse_log_z``, which
+``nvil.estimators.certify`` runs from the checkpoint's persistent particles or a Gibbs run: ``estimator=ais`` and
+``raise``.)
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from dataclasses import dataclass
 
 import torch
 
-from nvil.backend.accel import check_mode
 from nvil.core.config import positive_float, positive_int
 from nvil.core.errors import ConfigError
 from nvil.core.ops import chunks, log_mean_exp, mean_and_stderr
@@ -31,11 +31,18 @@ from nvil.estimators.base import (
     combine_runs,
     default_generator,
 )
-from nvil.estimators.model_paths import ContinuousLatent, fixed_kernel_path
+from nvil.estimators.protocol_view import (
+    CONSISTENCY_PAIRS,
+    check_likelihood_consistency,
+    check_start,
+    eval_mode,
+    protocol,
+    stream,
+)
+from nvil.estimators.model_paths import MAX_STEP_SIZE, ContinuousLatent, fixed_kernel_path, path_settings
 from nvil.estimators.per_example import LatentModel, pilot_steps, posterior_ladder
 from nvil.models.gaussian import FORMS
-from nvil.models.protocol import ANCESTRAL, CONTINUOUS_LATENTS, capable
-
+from nvil.models.protocol import ANCESTRAL, CONTINUOUS_LATENTS, ProtocolModel, capable, protocol_only
 
 @dataclass
 class BDMCResult(Result):
@@ -61,54 +68,58 @@ class BDMC(Estimator):
       E[exp(log w_rev)] = Z_0 / Z_1 = 1 / p(v) (Neal 2001's identity run backwards), so
       -log mean_r exp(log w_rev,r) over-estimates log p(v) in expectation: a stochastic upper bound.
 
-    The true log p(v) lies between the two in expectation, so the gap (upper - lower, averaged over the simulated
-    examples) bounds the forward side's bias. Both sides shrink towards log p(v) as the betas get finer; a small gap
-    certifies the schedule (num_betas, schedule, and for continuous latents the HMC settings) for forward AIS on
-    real data, where no exact posterior sample exists: ``estimator=ais_posterior`` for binary latents,
-    ``estimator=ais_hmc`` for continuous ones. The certificate is only as good as the simulated data's resemblance
-    to the real data (Wu et al. 2017 discuss this caveat).
+    The true log p(v) lies between the two in expectation, so the mean gap (upper - lower) bounds the forward side's
+    bias; a small gap certifies the schedule (num_betas, schedule, the HMC settings) for forward AIS on real data,
+    where no exact posterior sample exists (``estimator=ais_posterior``, ``ais_hmc`` or ``ais``), as far as the
+    simulated data resemble the real data (Wu et al. 2017 discuss this caveat).
 
-    Paths (both directions use the one loop ``nvil.estimators.annealing.ais``, each weight increment taken before the move):
+    Paths (both directions the one loop ``nvil.estimators.annealing.ais``, each increment taken before the move):
 
-    - binary latents (SBN, fDARN, with their inference network): ``PosteriorPath``,
-      f_beta(h) = Q(h | v)^(1 - beta) P(v, h)^beta, sequential Gibbs at each beta, exactly
+    - binary latents of a built-in net with an inference network (SBN, fDARN): ``PosteriorPath`` over
+      ``LatentModel``, f_beta(h) = Q(h | v)^(1 - beta) P(v, h)^beta, sequential Gibbs at each beta, exactly
       ``AISPosterior.run_batch`` forward (Murray & Salakhutdinov 2009, Sec. 2.3); Z_0 = 1 as Q is normalised;
-    - continuous latents (Gaussian belief nets): ``nvil.estimators.model_paths.ModelPath`` from the prior, f_beta(s) = p(s) p(v | s)^beta with HMC,
-      forward exactly ``ais_hmc_log_w`` (Wu et al. 2017); Z_0 = 1 as the prior is normalised. Both directions move
-      with the step sizes of one pilot run (``nvil.estimators.model_paths.pilot_steps``: ``pilot_chains`` chains
-      per v adapting their own, then per v and beta their geometric mean), fixed before either direction starts.
-      They depend on v and the pilot's random numbers only, which given v are independent of the forward chains
-      and of the exact posterior sample h, so every move in either direction is a fixed kernel leaving its f_beta
-      invariant: exp(log w) is unbiased for p(v), and exp(log w_rev) for 1 / p(v). A step size adapted on the
-      chain it moves would not be: it depends, through the acceptance of the previous move, on the state the move
-      starts from.
+    - every other model, through the protocol (``nvil.models.protocol``: a user's model, the VAE, the Gaussian nets
+      in the sampler's ``form``): ``nvil.estimators.model_paths.fixed_kernel_path`` from the base ``start`` (prior
+      or proposal), f_beta(z) = f_0(z)^(1 - beta) p(x, z)^beta, the path of ``estimator=ais`` and ``ais_hmc``.
+      Continuous z moves by HMC, both directions with the step sizes of one pilot run
+      (``nvil.estimators.model_paths.pilot_steps``: ``pilot_chains`` chains per v adapting their own, then per v
+      and beta their geometric mean), fixed before either direction starts. They depend on v and the pilot's random
+      numbers only, which given v are independent of the forward chains and of the exact posterior sample z, so
+      every move in either direction is a fixed kernel leaving its f_beta invariant: exp(log w) is unbiased for
+      p(v), and exp(log w_rev) for 1 / p(v). A step size adapted on the chain it moves would not be: it depends,
+      through the acceptance of the previous move, on the state the move starts from. Binary z moves by ``moves``
+      (gibbs or mh flips).
 
-    Chains are examples x runs, example-major, batched; each batch of ``batch_size`` simulated examples draws its
+    Chains are examples x chains, example-major, batched; each batch of ``batch_size`` simulated examples draws its
     random numbers from a generator seeded by (seed, first row). The data split passed in is not used (the
     estimator simulates its own data); ``log_p`` is the forward side, ``mean_log_p_upper`` the reverse one.
     """
 
-    runs_name = "num_runs"  # what the settings call the chains per simulated example (errors, the JSON line)
+    runs_name = "num_chains"  # what the settings call the chains per simulated example (errors, the JSON line)
     name = "bdmc"
     simulates_own_data = True  # evaluate_checkpoint refuses to shard it: every shard would simulate the same rows
-    # The running batch's share of the progress bar, one unit per AIS step in either direction; set by ``estimate``
-    # around each ``run_batch`` rather than passed, so that run_batch keeps the signature subclasses override.
+    serves_protocol = True  # a user's model and the VAE too, through the protocol
+    # The running batch's share of the progress bar (a unit per AIS step either way), set around each ``run_batch``.
     batch_progress: BatchProgress = NO_PROGRESS
 
-    def __init__(self, *, num_simulated: int = 100, num_betas: int = 1000, schedule: str = "linear", num_runs: int = 4,
-                 batch_size: int = 50, max_gap: float = 1.0, num_leapfrog: int = 10, step_size: float = 0.05,
-                 target_accept: float = 0.65, adapt: bool = True, pilot_chains: int = 2, form: str = "auxiliary",
+    def __init__(self, *, num_simulated: int = 100, num_betas: int = 1000, schedule: str = "linear",
+                 num_chains: int = 4, start: str | None = None, batch_size: int = 50, max_gap: float = 1.0,
+                 num_leapfrog: int = 10, step_size: float = 0.05, target_accept: float = 0.65,
+                 max_step_size: float | None = MAX_STEP_SIZE, adapt: bool = True, pilot_chains: int = 2,
+                 form: str = "auxiliary", moves: str = "gibbs", num_moves: int | None = None, num_flips: int = 1,
                  accel: str = "none") -> None:
-        """Defaults: configs/estimator/bdmc.yaml. ``num_simulated``: (h, v) pairs drawn from the model;
-        ``num_betas`` steps on the ladder ``schedule`` to certify (linear | sigmoid | paper; adaptive for binary
-        latents); ``num_runs``: chains per simulated example in each direction; ``batch_size``: simulated examples
-        per batch; ``max_gap``: nats, certified when the mean gap is at most this. Continuous latents only (as
-        ``AISHMC``): ``num_leapfrog``, ``step_size`` (the initial step size of a pilot run of ``pilot_chains``
-        chains per simulated example adapting towards ``target_accept`` with ``adapt``, whose per-example geometric
-        means both directions use; ``step_size`` throughout without ``adapt``), ``form`` (auxiliary | centred) and
-        ``accel`` (none | compile | cudagraphs)."""
+        """Defaults: configs/estimator/bdmc.yaml. ``num_simulated``: (z, x) pairs drawn from the model;
+        ``num_betas`` steps on the ladder ``schedule`` to certify (linear | sigmoid | paper; adaptive for a
+        built-in net's binary latents); ``num_chains``: chains per simulated example in each direction;
+        ``batch_size``: simulated examples per batch; ``max_gap``: nats, certified when the mean gap is at most
+        this. Through the protocol: ``start`` (prior | proposal; None: the proposal where the model defines one);
+        continuous z: ``num_leapfrog``, ``step_size`` (the initial step size of a pilot run of ``pilot_chains``
+        chains per simulated example adapting towards ``target_accept`` with ``adapt``, at most ``max_step_size``,
+        whose per-example geometric means both directions use; ``step_size`` throughout without ``adapt``),
+        ``form`` (a Gaussian net's sampler state: auxiliary | centred); binary z: ``moves`` (gibbs | mh),
+        ``num_moves``, ``num_flips``; ``accel`` (none | compile | cudagraphs)."""
         self.num_simulated = positive_int(num_simulated, "estimator.num_simulated")
-        self.num_runs = positive_int(num_runs, f"estimator.{self.runs_name}")
+        self.num_runs = positive_int(num_chains, f"estimator.{self.runs_name}")
         self.batch_size = positive_int(batch_size, "estimator.batch_size")
         self.num_betas = positive_int(num_betas, "estimator.num_betas")
         self.schedule = schedule
@@ -116,63 +127,65 @@ class BDMC(Estimator):
         # adaptive (binary latents): one ladder per batch from a pilot run, fixed before both directions run on it
         self.betas = None if self.schedule == "adaptive" else schedule_betas(self.schedule, self.num_betas)
         self.max_gap = positive_float(max_gap, "estimator.max_gap")
-        # HMC moves: continuous latents only.
-        self.num_leapfrog = positive_int(num_leapfrog, "estimator.num_leapfrog")
-        self.step_size = positive_float(step_size, "estimator.step_size")
-        self.target_accept = positive_float(target_accept, "estimator.target_accept")
-        self.adapt = bool(adapt)
-        self.pilot_chains = positive_int(pilot_chains, "estimator.pilot_chains")
+        check_start(start)
+        self.start = start
+        self.path_settings = path_settings(num_leapfrog=num_leapfrog, step_size=step_size,
+                                           target_accept=target_accept, adapt=adapt, max_step_size=max_step_size,
+                                           pilot_chains=pilot_chains, moves=moves, num_moves=num_moves,
+                                           num_flips=num_flips, accel=accel)
+        if form not in FORMS:
+            raise ConfigError(f"estimator.form must be one of {list(FORMS)}, got {form!r}")
         self.form = form
-        if self.form not in FORMS:
-            raise ConfigError(f"estimator.form must be one of {list(FORMS)}, got {self.form!r}")
-        self.accel = check_mode(accel, what="estimator.accel")
 
-    # ---- what it works with -------------------------------------------------------------------------------
-
-    def latent_model(self, model, inference):
-        """``ContinuousLatent`` (Gaussian nets) or ``LatentModel`` (SBN / fDARN with an inference network)."""
+    def latent_model(self, model, inference=None):
+        """``LatentModel`` (a built-in net's binary latents with its inference network), else the model through the
+        protocol (``ProtocolModel``; a Gaussian net in the sampler's ``form``, ``ContinuousLatent``)."""
+        if protocol_only(model):
+            pm = protocol(model)
+            pm.require_simulation("estimator=bdmc")
+            return pm
         if not capable(model, ANCESTRAL):
             raise ConfigError(f"estimator=bdmc simulates exact (h, v) pairs by ancestral sampling, which a "
                               f"{type(model).__name__} does not allow; for Boltzmann machines use estimator=raise "
                               f"(forward and reverse AIS for log Z) or estimator=ais")
         if capable(model, CONTINUOUS_LATENTS):
-            return ContinuousLatent(model, self.name, self.form)
+            return ProtocolModel(ContinuousLatent(model, self.name, self.form), "the Gaussian net")
         return LatentModel(model, inference, self.name)
 
-    def check(self, model, inference) -> None:
+    def check(self, model, inference=None) -> None:
         self.latent_model(model, inference)
 
     @staticmethod
     def continuous(lm) -> bool:
-        return isinstance(lm, ContinuousLatent)
+        return isinstance(lm, ProtocolModel) and not lm.binary
 
     def target(self, lm) -> str:
         """The forward estimator whose schedule this run certifies."""
-        return "ais_hmc" if self.continuous(lm) else "ais_posterior"
+        if isinstance(lm, LatentModel):
+            return "ais_posterior"
+        return "ais_hmc" if isinstance(lm.obj, ContinuousLatent) else "ais"
 
     @torch.no_grad()
     def simulate(self, lm, n: int, generator) -> tuple[torch.Tensor, torch.Tensor]:
-        """n ancestral samples (v [n, n_visible], h [n, n_latent]) from the model, h in the sampler's own form:
-        the binary layers [h_1, ..., h_L] side by side, or a Gaussian net's state in ``estimator.form``."""
-        model = lm.model
-        v, h = model.sample(n, generator=generator)
-        if not self.continuous(lm):
+        """n exact draws (x [n, ...], z [n, n_latent]) from the model: a built-in net's ancestral sample (its
+        binary layers [h_1, ..., h_L] side by side), else the protocol's ``sample_prior`` then
+        ``sample_likelihood`` (a Gaussian net's state in ``estimator.form``)."""
+        if isinstance(lm, LatentModel):
+            v, h = lm.model.sample(n, generator=generator)
             return v, torch.cat(h, -1)
-        if model.form != lm.form:  # the same draw in the other coordinates (a bijection), still exact
-            h = model.to_auxiliary(h) if lm.form == "auxiliary" else model.to_centred(h)
-        return v, h
-
-    # ---- one batch of chains ------------------------------------------------------------------------------
+        z = lm.sample_prior(n, generator)
+        return lm.sample_likelihood(z, generator), z
 
     def run_batch(self, lm, v: torch.Tensor, h: torch.Tensor, generator) -> tuple[torch.Tensor, torch.Tensor, dict]:
-        """Forward and reverse AIS for chains (v, h) (v repeated per run, h the exact posterior sample of its v):
+        """Forward and reverse AIS for chains (v, h) (v repeated per chain, h the exact posterior sample of its v):
         (log w forward [chains], log w reverse [chains], diagnostics). exp of the first is unbiased for p(v), of
         the second for 1 / p(v)."""
         progress = self.batch_progress
         step = lambda k, increment: progress.advance()  # noqa: E731
-        if not self.continuous(lm):
+        s = self.path_settings
+        if isinstance(lm, LatentModel):
             progress.plan(pilot_steps(self.schedule, self.num_betas) + 2 * self.num_betas)
-            path = PosteriorPath(lm.joint(v), lm.q_density(v), self.accel)
+            path = PosteriorPath(lm.joint(v), lm.q_density(v), s["accel"])
             betas = self.betas
             if betas is None:
                 betas = posterior_ladder(path, lm, v, self.schedule, self.num_betas, self.num_runs, generator,
@@ -181,23 +194,20 @@ class BDMC(Estimator):
             log_w_rev, _ = ais(path, path.state(h), betas.flip(0), generator, on_step=step)
             return log_w, log_w_rev, {}
         if self.betas is None:
-            raise ConfigError("estimator.schedule=adaptive covers binary latents in bdmc; for continuous latents use "
-                              "a fixed ladder (sigmoid, linear or paper)")
-        # Forward: what ais_hmc_log_w does (the same pilot, path, start and random stream).
-        progress.plan((2 + self.adapt) * (len(self.betas) - 1))
-        path = fixed_kernel_path(lm, v, self.betas, chains=self.num_runs, pilot_chains=self.pilot_chains,
-                                 num_leapfrog=self.num_leapfrog, step_size=self.step_size,
-                                 target_accept=self.target_accept, adapt=self.adapt, generator=generator,
-                                 accel=self.accel, on_step=step)
-        log_w, final = ais(path, path.start(generator, self.step_size), self.betas, generator, on_step=step)
+            raise ConfigError("estimator.schedule=adaptive covers a built-in net's binary latents in bdmc; for "
+                              "this model use a fixed ladder (sigmoid, linear or paper)")
+        pilot = self.continuous(lm) and s["adapt"]
+        progress.plan((2 + pilot) * (len(self.betas) - 1))
+        # Forward: what estimator=ais (ais_hmc on a Gaussian net) does, the same pilot, path, start and stream.
+        path = fixed_kernel_path(lm, v, self.betas, start=self.start or lm.default_base(), chains=self.num_runs,
+                                 generator=generator, on_step=step, **s)
+        log_w, final = ais(path, path.start(generator, s["step_size"]), self.betas, generator, on_step=step)
         # Reverse: from the exact posterior sample, the same fixed kernels in the reverse order.
         start = path.state(h, final.step_size, torch.zeros_like(final.accept_sum))
         log_w_rev, final_rev = ais(path, start, self.betas.flip(0), generator, on_step=step)
         moves = max(1, len(self.betas) - 2)
         return log_w, log_w_rev, {"accept_forward": (final.accept_sum / moves).cpu(),
                                   "accept_reverse": (final_rev.accept_sum / moves).cpu()}
-
-    # ---- the estimator ------------------------------------------------------------------------------------
 
     @torch.no_grad()
     def estimate(self, model, data=None, *, inference=None, seed: int = 0, generator=None, progress=None,
@@ -208,8 +218,19 @@ class BDMC(Estimator):
         lm = self.latent_model(model, inference)
         generator = default_generator(generator, seed, model, data)
         t0 = time.perf_counter()
-        if data is not None and data.shape[1] != model.n_visible:
-            raise ConfigError(f"data has {data.shape[1]} visible units but the model has {model.n_visible}")
+        n_visible = getattr(model, "n_visible", None)
+        if data is not None and n_visible is not None and data.shape[1] != n_visible:
+            raise ConfigError(f"data has {data.shape[1]} visible units but the model has {n_visible}")
+        with eval_mode(model):
+            result = self.sandwich(lm, seed, generator, progress)
+            if isinstance(lm, ProtocolModel):
+                check_likelihood_consistency(lm, result, max(self.num_simulated, CONSISTENCY_PAIRS),
+                                             torch.Generator(generator.device).manual_seed(stream(seed, "consistency")))
+        result.seconds = time.perf_counter() - t0
+        return result
+
+    def sandwich(self, lm, seed: int, generator, progress) -> BDMCResult:
+        """Forward and reverse AIS on ``num_simulated`` simulated examples, batched; the result with its checks."""
         n, runs = self.num_simulated, self.num_runs
         v_all, h_all = self.simulate(lm, n, generator)
         device = v_all.device
@@ -229,14 +250,13 @@ class BDMC(Estimator):
             rev.append(log_w_rev.double().view(-1, runs).cpu())
             for k, t in info.items():
                 accept[k].append(t)
-        lower_runs = torch.cat(fwd)    # [examples, runs]: log w, each exp() unbiased for p(v)
-        log_w_rev = torch.cat(rev)     # [examples, runs]: log w_rev, each exp() unbiased for 1 / p(v)
+        lower_runs = torch.cat(fwd)    # [examples, chains]: log w, each exp() unbiased for p(v)
+        log_w_rev = torch.cat(rev)     # [examples, chains]: log w_rev, each exp() unbiased for 1 / p(v)
         lower = combine_runs(lower_runs)
         upper = -log_mean_exp(log_w_rev, 1)
-        result = BDMCResult(self.name, lower, 0.0, seed, run_log_p=lower_runs.T.contiguous(), runs_name=self.runs_name, log_p_upper=upper,
-                            run_log_p_upper=(-log_w_rev).T.contiguous(), simulated=v_all.cpu())
+        result = BDMCResult(self.name, lower, 0.0, seed, run_log_p=lower_runs.T.contiguous(), runs_name=self.runs_name,
+                            log_p_upper=upper, run_log_p_upper=(-log_w_rev).T.contiguous(), simulated=v_all.cpu())
         result.extras.update(self.report(lm, result, accept))
-        result.seconds = time.perf_counter() - t0
         return result
 
     def report(self, lm, result: BDMCResult, accept: dict) -> dict:
@@ -264,9 +284,16 @@ class BDMC(Estimator):
                "max_gap": self.max_gap, "certifies": f"estimator={target} {settings}", "num_betas": self.num_betas,
                "schedule": self.schedule, "num_simulated": self.num_simulated, self.runs_name: self.num_runs,
                "latents": "continuous" if self.continuous(lm) else "binary"}
+        s = self.path_settings
+        if isinstance(lm, ProtocolModel):
+            out["start"] = self.start or lm.default_base()
         if self.continuous(lm):
-            out.update({"num_leapfrog": self.num_leapfrog, "form": self.form, "adapt": self.adapt,
-                        "pilot_chains": self.pilot_chains})
-            for k, parts in accept.items():
+            out.update({"num_leapfrog": s["num_leapfrog"], "adapt": s["adapt"], "pilot_chains": s["pilot_chains"]})
+            if isinstance(lm.obj, ContinuousLatent):
+                out["form"] = self.form
+        elif isinstance(lm, ProtocolModel):
+            out["moves"] = s["moves"]
+        for k, parts in accept.items():
+            if parts:
                 out[k.replace("accept", "accept_rate")] = r(torch.cat(parts).double().mean().item())
         return out
