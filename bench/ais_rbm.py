@@ -30,7 +30,9 @@ from common import ROOT, markdown_table, sync  # noqa: F401,I001
 
 import torch
 
-from nvil.estimators.ais import RBMPath, ais, base_rate, rbm_log_z, schedule
+from nvil.estimators.ais_rbm import RBMPath, base_rate, rbm_log_z
+
+from nvil.estimators.annealing import ais, schedule
 from nvil.backend.accel import MODES
 from nvil.models.rbm import BoltzmannMachine
 from nvil.backend import gemm

@@ -46,7 +46,11 @@ from omegaconf import OmegaConf
 if os.path.isdir(f"{root}/nvil/core"):  # the floors' names (an older revision: models/, estimators/ at the top)
     from nvil.models import build_model
     from nvil.models.rbm import BoltzmannMachine
-    from nvil.estimators.ais import base_rate, rbm_log_z, schedule
+    try:
+        from nvil.estimators.ais_rbm import base_rate, rbm_log_z
+        from nvil.estimators.annealing import schedule
+    except ImportError:  # a revision whose nvil.estimators.ais gathered them
+        from nvil.estimators.ais import base_rate, rbm_log_z, schedule
     from nvil.estimators.bounds import log_weights
 else:
     from models import build_model

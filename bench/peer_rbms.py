@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from nvil.data import mnist_data
-from nvil.estimators.partition import AIS
+from nvil.estimators.ais import AIS
 from nvil.models.importers import rbm_from_sklearn
 
 

@@ -58,7 +58,9 @@ from peers import accelerate_ours, compose_train, limit_threads, machine_line, w
 import numpy as np
 import torch
 
-from nvil.estimators.ais import SCHEDULES, base_rate, free_energy_log_p, rbm_log_z, schedule
+from nvil.estimators.ais_rbm import base_rate, free_energy_log_p, rbm_log_z
+
+from nvil.estimators.annealing import SCHEDULES, schedule
 from nvil.estimators.base import Result
 from nvil.estimators.certify import DEFAULTS as CERTIFICATE
 from nvil.app.build import build

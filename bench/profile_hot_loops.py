@@ -29,7 +29,7 @@ from common import ROOT, markdown_table, sync  # noqa: F401,I001
 
 import torch
 
-from nvil.estimators.ais import RBMPath, base_rate
+from nvil.estimators.ais_rbm import RBMPath, base_rate
 from nvil.models.gaussian import GaussianBeliefNet
 from nvil.models.inference import LayeredInference
 from nvil.models.rbm import BoltzmannMachine

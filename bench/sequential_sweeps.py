@@ -114,7 +114,7 @@ def make_call(row: str, accel: str, device: str = "cpu"):
     sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
     gen = torch.Generator(device).manual_seed(1)
     if row.endswith("_ais"):
-        from nvil.estimators.ais import PosteriorPath
+        from nvil.estimators.ais_posterior import PosteriorPath
 
         q = DensityBuilder(sizes[1], chains, joint.u[:, :0])
         q.bernoulli(slice(0, sizes[1]), torch.randn(sizes[1]).to(device))

@@ -27,8 +27,8 @@ from nvil.estimators.model_estimators import (
     ModelAIS,
     evaluate_model,
 )
-from nvil.estimators.partition import AIS, RAISE
-from nvil.estimators.per_example import AISPosterior
+from nvil.estimators.ais import AIS, RAISE
+from nvil.estimators.ais_posterior import AISPosterior
 from nvil.estimators.bdmc import BDMC
 from nvil.estimators.settings import AISSettings, CertifySettings, LogZSettings
 from nvil.models.protocol import protocol_only

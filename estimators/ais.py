@@ -1,72 +1,238 @@
-"""Annealed importance sampling, one import for all of it: the machinery (``nvil.estimators.annealing``: ladders, the
-loop, ``LogZ``), the Boltzmann machine's path from its base-rate model (``nvil.estimators.ais_rbm``) and, here, the
-per-example path over the latent units (estimator=ais_posterior, and bdmc's binary side):
+"""``estimator=ais`` and ``estimator=raise``: a Boltzmann machine's log Z with its certificate, and the per-example
+log p(v) = -F(v) - log Z (Salakhutdinov & Murray 2008, Sec. 4.2).
 
-- ``PosteriorPath``: log f_beta(h) = (1 - beta) log Q(h | v) + beta log P*(v, h), from the inference network's Q
-  to the posterior, by sequential Gibbs (Murray & Salakhutdinov 2009, Sec. 2.3); Z_0 = 1, so exp(log w) is
-  unbiased for sum_h P*(v, h).
+Both run forward AIS from the base-rate model on the ladder ``schedule`` (``adaptive`` by default: spaced from a
+pilot run so each step adds about the same log-weight variance; ``paper`` is the paper's fixed ladder) and,
+unless ``certify=false``, the certificate of ``nvil.estimators.certify``: a hard lower bound from probe states,
+reverse AIS from each of ``reverse_sources`` (the forward end states resampled by their weights, the checkpoint's
+persistent particles, Gibbs runs from training rows) with the run its own evidence favours kept, the ESS, and
+``certified`` with the reasons when it fails. ``raise`` runs its reverse side on the whole ladder and reports the
+reverse side (the reverse log Z: conservative in expectation where its chains start from exact model samples) as
+``mean_log_p``.
+
+Evaluated from a checkpoint, the certified log Z is kept beside it in ``<checkpoint>.log_z.json`` as a DBN's
+top-RBM log Z is (``nvil.estimators.log_z``: signed entries keyed by the settings, the seed and the parameters'
+digest, re-checked on every reading), so a second evaluation of the same checkpoint and settings reuses it
+(``log_z_cached: true``); ``cache=false`` computes it every time.
+
+Beside ``mean_log_p`` the line carries ``mean_log_p_band``, the per-example mean over the log Z band, and
+``mean_log_p_hard_upper_bound`` = mean -F(v) - (hard lower bound on log Z), which no estimate can honestly exceed.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import time
+from dataclasses import replace
 
 import torch
 
-from nvil.estimators.ais_rbm import (
-    RBMPath,
-    RBMState,
-    TemperedRBM,
-    base_rate,
-    check_boltzmann,
-    forward_log_z,
-    free_energy_log_p,
-    rbm_log_z,
-    rbm_log_z_reverse,
-    reverse_log_z,
-)
-from nvil.estimators.annealing import (
-    FIXED_SCHEDULES,
-    PAPER_SEGMENTS,
-    SCHEDULES,
-    Ladder,
-    LogZ,
-    adaptive_ladder,
-    ais,
-    check_schedule,
-    make_ladder,
-    pilot_betas,
-    pilot_grid,
-    schedule,
-)
-from nvil.estimators.settings import AISSettings
-from nvil.mcmc.flip_gibbs import site_gibbs
-
-__all__ = ["FIXED_SCHEDULES", "PAPER_SEGMENTS", "SCHEDULES", "AISSettings", "Ladder", "LogZ", "PosteriorPath",
-           "PosteriorState", "RBMPath", "RBMState", "TemperedRBM", "adaptive_ladder", "ais", "base_rate",
-           "check_boltzmann", "check_schedule", "forward_log_z", "free_energy_log_p", "make_ladder", "pilot_betas", "pilot_grid",
-           "rbm_log_z", "rbm_log_z_reverse", "reverse_log_z", "schedule"]
+from nvil.backend.accel import check_mode
+from nvil.core.config import positive_int
+from nvil.core.errors import ConfigError
+from nvil.estimators.ais_rbm import base_rate, check_boltzmann, free_energy_log_p
+from nvil.estimators.annealing import LogZ
+from nvil.estimators.base import Estimator, Result, check_rows, default_generator, phase_namer, shows_progress
+from nvil.estimators.certify import (CertifiedLogZ, certified_log_z, check_sources, log_p_extras,
+                                     stored_particles)
+from nvil.estimators.log_z import cached_log_z, log_z_key
+from nvil.estimators.settings import AISSettings, CertifySettings
+from nvil.models.protocol import TOP_MACHINE, VARIATIONAL_BOUND, capable
 
 
-class PosteriorState(NamedTuple):
-    h: torch.Tensor
-    log_p: torch.Tensor  # log P*(v, h)
-    log_q: torch.Tensor  # log Q(h | v)
+def scores_top_bound(model) -> bool:
+    """Whether ``estimator=ais`` scores ``model`` by its per-row variational bound on log p*(v) less the AIS log Z
+    of its top machine (a DBM), rather than by -F(v) - log Z of the model itself (an RBM)."""
+    return capable(model, TOP_MACHINE) and capable(model, VARIATIONAL_BOUND)
 
 
-class PosteriorPath:
-    """f_beta(h) = Q(h | v)^(1 - beta) P*(v, h)^beta for each chain's own v; sequential Gibbs moves (``accel``:
-    ``nvil.backend.accel``; ``native`` / ``auto`` run each sweep as one C call, so a new beta costs nothing extra)."""
+class AIS(Estimator):
+    """``estimator=ais``: log Z of an RBM or semi-RBM by certified AIS, and log p(v) = -F(v) - log Z.
 
-    def __init__(self, joint, q, accel: str = "none") -> None:
-        self.joint, self.q, self.accel = joint, q, accel
+    From Python: ``AIS(num_chains=1000, num_betas=10_000).estimate(rbm, x_test, train=x_train)``. The keywords
+    (defaults: configs/estimator/ais.yaml):
 
-    def state(self, h: torch.Tensor) -> PosteriorState:
-        return PosteriorState(h, self.joint.log_prob(h), self.q.log_prob(h))
+    - ``num_chains``: forward (and reverse) AIS chains;
+    - ``schedule``: ``adaptive`` (a pilot run spaces the betas so each step adds the same log-weight variance) |
+      ``paper`` (500 / 4,000 / 10,000 betas in [0, 0.5] / [0.5, 0.9] / [0.9, 1], scaled to num_betas) | ``linear``
+      | ``sigmoid``; ``num_betas``: the ladder's steps;
+    - ``pilot_fraction``: adaptive only, the pilot's steps as a share of num_betas (at most 0.1);
+    - ``base_smoothing``: the base-rate marginals p = (mean + s) / (1 + 2 s) (Salakhutdinov & Murray 2008, Sec. 4.2);
+    - ``certify``: false gives the forward estimate alone (no probes, no reverse run, ``certified`` None);
+    - ``reverse_fraction``: reverse AIS runs on this share of num_betas (same spacing);
+    - ``reverse_sources``: where reverse chains start, each source in the same run (``forward``: the forward end
+      states resampled by their weights; ``particles``: the checkpoint's persistent particles; ``data``: Gibbs runs
+      from training rows); the certificate keeps the run consistent with the hard lower bound with the highest ESS
+      (``nvil.estimators.certify.choose_reverse``);
+    - ``reverse_burn_in``: block-Gibbs sweeps at beta = 1 before the reverse run, for every source (None: from
+      resampled forward states num_betas / 100, from data rows num_betas / 4, from particles none);
+    - ``max_gap``: nats; a forward-reverse gap above it fails the certificate;
+    - ``min_ess_fraction``: a forward ESS below this share of num_chains fails the certificate;
+    - ``num_climb``: random starts of the hill-climbed probe states; ``num_data_probes``: data rows used as probes
+      (and as the ``data`` source's reverse-chain starts);
+    - ``batch_size``: examples per batch of free energies;
+    - ``cache``: keep the certified log Z in ``<checkpoint>.log_z.json`` when evaluating a checkpoint;
+    - ``accel``: none | compile (the fused AIS step compiled) | cudagraphs (CUDA only) | auto (on a CPU a binary
+      RBM's draws in C, a semi-RBM's pixel sweep in C; on CUDA the pixel sweep in Triton).
 
-    def log_f(self, state: PosteriorState, beta: float) -> torch.Tensor:
-        return (1 - beta) * state.log_q + beta * state.log_p
+    ``estimator.strict`` belongs to the evaluation driver (``nvil.app``), not to this class."""
 
-    def transition(self, state: PosteriorState, beta: float, generator=None) -> PosteriorState:
-        h, _ = site_gibbs([(1 - beta, self.q), (beta, self.joint)], self.accel).sweep(state.h, generator=generator)
-        return self.state(h)
+    name = "ais"
+    reverse_fraction = None  # None: the constructor's ``reverse_fraction``
+
+    def __init__(self, *, num_chains: int = 100, schedule: str = "adaptive", num_betas: int = 14500,
+                 pilot_fraction: float = 0.05, base_smoothing: float = 0.05, certify: bool = True,
+                 reverse_fraction: float = 0.5,
+                 reverse_sources: list[str] = ["forward", "particles"],  # noqa: B006  (the yaml's list)
+                 reverse_burn_in: int | None = None, max_gap: float = 1.0, min_ess_fraction: float = 0.1,
+                 num_climb: int = 256, num_data_probes: int = 1000, batch_size: int = 1000, accel: str = "auto",
+                 cache: bool = True) -> None:
+        self.settings = AISSettings(num_chains, schedule, num_betas, base_smoothing)
+        self.reverse_sources = check_sources(reverse_sources)
+        self.cache = bool(cache)
+        self.cert = CertifySettings(certify, pilot_fraction, reverse_fraction, reverse_burn_in, max_gap,
+                                    min_ess_fraction, num_climb, num_data_probes)
+        if self.reverse_fraction is not None:
+            self.cert = replace(self.cert, reverse_fraction=self.reverse_fraction)
+        self.batch_size = positive_int(batch_size, "estimator.batch_size")
+        self.accel = check_mode(accel, what="estimator.accel")
+
+    def check(self, model, inference) -> None:
+        if not scores_top_bound(model):
+            check_boltzmann(model, self.name)
+
+    def dataset_inputs(self, model, data, split, rows, checkpoint=None, payload=None, **_) -> dict:
+        machine = model.top if scores_top_bound(model) else model
+        return {"train": data.split("train"), "particles": stored_particles(payload, machine.n_visible),
+                "checkpoint": checkpoint}
+
+    def certified_log_z(self, model, train, rows, generator, progress, particles=None, phase=None) -> CertifiedLogZ:
+        """Base rate from ``train``; probes and the ``data`` reverse source from ``rows``. ``progress``: inner bars
+        for the AIS runs; ``phase(text)`` names each phase (``nvil.estimators.certify.certified_log_z``)."""
+        base = base_rate(model, train, self.settings.base_smoothing)
+        return certified_log_z(model, base, self.settings, self.cert, generator, data_rows=rows, particles=particles,
+                               progress=progress, accel=self.accel, phase=phase, sources=self.reverse_sources)
+
+    def log_z(self, model, train, rows, seed: int, generator, progress, particles=None, phase=None,
+              checkpoint=None, rows_split: str = "train", owner=None) -> tuple[CertifiedLogZ, bool]:
+        """(the certified log Z, whether it came from the cache beside ``checkpoint``). With a checkpoint (and
+        ``cache``) the runs draw from a generator seeded by ``seed`` on the model's device, the seed being part of
+        the cache key with the settings, the reverse sources, ``rows_split`` (the split of ``rows``) and the
+        parameters' digest (``owner``'s too: the DBM whose bipartite form ``model`` is); a cached entry is re-checked
+        (``nvil.estimators.log_z.cached_log_z``)."""
+        if checkpoint is None or not self.cache:
+            return self.certified_log_z(model, train, rows, generator, progress, particles, phase), False
+        key = log_z_key(model, owner or model, self.settings, self.cert, seed, self.reverse_sources, reverse_rows=rows_split)
+        fresh = torch.Generator(device=model.W.device).manual_seed(seed)
+        return cached_log_z(checkpoint, key, model, rows, self.cert,
+                            lambda: self.certified_log_z(model, train, rows, fresh, progress, particles, phase), phase)
+
+    def side(self, c: CertifiedLogZ) -> LogZ:
+        """The log Z that ``mean_log_p`` uses: the forward estimate."""
+        return c.forward
+
+    def rows_split(self, init) -> str:
+        """The split the probes and the ``data`` reverse source come from (part of the cache key)."""
+        return "train" if init is None else "init"
+
+    @torch.no_grad()
+    def estimate(self, model, data, *, train=None, seed: int = 0, generator=None, progress=None, particles=None,
+                 init=None, inference=None, checkpoint=None) -> Result:
+        """log p(v) = -F(v) - log Z for each row of ``data`` [examples, model.n_visible].
+
+        ``train``: rows whose marginals make the base-rate model and which serve as probes and as the ``data``
+        reverse source's Gibbs starts; Salakhutdinov & Murray 2008 use the training set, as
+        ``evaluate.py`` does. None: ``data`` itself; log Z does not depend on the base rate, only the variance of
+        its estimate does (the result says ``base_rate_rows: data``). ``particles``: the model's persistent chains
+        (a PCD learner's), the ``particles`` reverse source; ``init``: other rows for the ``data`` source's Gibbs
+        starts (raise's ``init_split``). ``seed``: the result's seed and, without ``generator``, the seed of a generator
+        on the model's device. ``progress``: a tqdm bar counting examples. ``inference``: not used (every
+        estimator is handed it). ``checkpoint``: the file the model came from; log Z is then cached beside it
+        (``log_z``; ``log_z_cached`` in the result says whether this call reused it)."""
+        self.check(model, inference)
+        check_rows(model, data)
+        generator = default_generator(generator, seed, model, data)
+        base_rows = "train" if train is not None else "data"
+        train = data if train is None else train
+        check_rows(model, train, "train")
+        if init is not None:
+            check_rows(model, init, "init")
+        t0 = time.perf_counter()
+        phase = phase_namer(progress, self.name)
+        machine, owner = (model.top, model) if scores_top_bound(model) else (model, None)
+        if owner is not None:  # a DBM: log Z of its bipartite form, from data rows [v, mean-field even layers]
+            train, init = owner.top_data(train), None if init is None else owner.top_data(init)
+        c, cached = self.log_z(machine, train, train if init is None else init, seed, generator,
+                               shows_progress(progress), particles, phase, checkpoint, self.rows_split(init), owner)
+        phase(None)
+        if shows_progress(progress) and hasattr(progress, "reset"):
+            progress.reset()  # the bar counts examples: -F(v) - log Z per batch, after the log Z phase
+        side = self.side(c)
+        log_p = free_energy_log_p(model, data, side.log_z, self.batch_size, progress,
+                                  None if owner is None else owner.variational_bound)
+        result = Result(self.name, log_p, time.perf_counter() - t0, seed,
+                        {**c.extras(), "num_betas": c.forward.num_betas, "schedule": self.settings.schedule},
+                        shared_stderr=side.stderr)
+        if owner is not None:
+            result.extras["lower_bound"] = "mean-field lower bound"
+            result.extras["log_p_is"] = ("the mean-field lower bound per example, -E(v, mu) + H(mu) - log Z (the "
+                                         "paper's number); estimator=chib or ais_posterior estimate log p(v) itself")
+        if checkpoint is not None:
+            result.extras["log_z_cached"] = cached
+        if base_rows == "data":
+            result.extras["base_rate_rows"] = base_rows
+        result.extras.update(log_p_extras(result.mean, c, side.log_z))
+        result.carry(c)
+        return result
+
+
+class RAISE(AIS):
+    """``estimator=raise``: forward and reverse AIS for log Z on the whole ladder, both sides per example.
+    ``mean_log_p`` is the side from the reverse log Z (conservative in expectation when the reverse chains start
+    from exact model samples); ``mean_log_p_ais`` the forward one. The reverse chains start from each of
+    ``reverse_sources`` as in ``AIS``, the ``data`` source being Gibbs runs from rows of ``init_split``: states near
+    the model, not data rows themselves."""
+
+    name = "raise"
+    reverse_fraction = 1.0
+
+    config_only = ("reverse_fraction",)  # raise.yaml inherits it from ais.yaml; the reverse run takes every beta
+
+    def __init__(self, *, init_split: str = "train", num_chains: int = 100, schedule: str = "adaptive",
+                 num_betas: int = 14500, pilot_fraction: float = 0.05, base_smoothing: float = 0.05,
+                 certify: bool = True,
+                 reverse_sources: list[str] = ["forward", "particles", "data"],  # noqa: B006  (the yaml's list)
+                 reverse_burn_in: int | None = None, max_gap: float = 1.0, min_ess_fraction: float = 0.1,
+                 num_climb: int = 256, num_data_probes: int = 1000, batch_size: int = 1000, accel: str = "auto",
+                 cache: bool = True) -> None:
+        """The keywords of ``AIS`` (configs/estimator/raise.yaml includes ais.yaml) but ``reverse_fraction``, and
+        ``init_split``: train | valid | test, the rows the ``data`` reverse source's Gibbs runs start from in
+        ``evaluate.py`` (from Python: ``estimate(..., init=rows)``)."""
+        super().__init__(num_chains=num_chains, schedule=schedule, num_betas=num_betas, pilot_fraction=pilot_fraction,
+                         base_smoothing=base_smoothing, certify=certify, reverse_sources=reverse_sources,
+                         reverse_burn_in=reverse_burn_in, max_gap=max_gap, min_ess_fraction=min_ess_fraction,
+                         num_climb=num_climb, num_data_probes=num_data_probes, batch_size=batch_size, accel=accel,
+                         cache=cache)
+        if not self.cert.certify:
+            raise ConfigError("estimator=raise is forward and reverse AIS; it needs estimator.certify=true")
+        self.init_split = init_split
+        if self.init_split not in ("train", "valid", "test"):
+            raise ConfigError(f"estimator.init_split must be train, valid or test, got {self.init_split!r}")
+
+    def dataset_inputs(self, model, data, split, rows, checkpoint=None, payload=None, **_) -> dict:
+        return {"train": data.split("train"), "init": data.split(self.init_split),
+                "particles": stored_particles(payload, model.n_visible), "checkpoint": checkpoint}
+
+    def rows_split(self, init) -> str:
+        return "train" if init is None else self.init_split
+
+    def side(self, c: CertifiedLogZ) -> LogZ:
+        """The reverse log Z (an over-estimate in expectation from exact model samples)."""
+        return c.reverse
+
+    @torch.no_grad()
+    def estimate(self, model, data, **kwargs) -> Result:
+        result = super().estimate(model, data, **kwargs)
+        gap = result.extras["log_z_reverse"] - result.extras["log_z"]
+        result.extras.update({"mean_log_p_ais": round(result.mean + gap, 4), "log_z_gap": round(gap, 4),
+                              "init_split": self.init_split})
+        return result

@@ -19,7 +19,7 @@ import torch
 from nvil.core.config import positive_float, positive_int
 from nvil.core.errors import ConfigError
 from nvil.core.ops import chunks, log_mean_exp, mean_and_stderr
-from nvil.estimators.ais import PosteriorPath
+from nvil.estimators.ais_posterior import PosteriorPath
 from nvil.estimators.annealing import ais, check_schedule
 from nvil.estimators.annealing import schedule as schedule_betas
 from nvil.estimators.base import (
@@ -40,7 +40,8 @@ from nvil.estimators.protocol_view import (
     stream,
 )
 from nvil.estimators.model_paths import MAX_STEP_SIZE, ContinuousLatent, fixed_kernel_path, path_settings
-from nvil.estimators.per_example import LatentModel, pilot_steps, posterior_ladder
+from nvil.estimators.ais_posterior import pilot_steps, posterior_ladder
+from nvil.estimators.latent_model import LatentModel
 from nvil.models.gaussian import FORMS
 from nvil.models.protocol import ANCESTRAL, CONTINUOUS_LATENTS, ProtocolModel, capable, protocol_only
 

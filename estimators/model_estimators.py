@@ -52,7 +52,8 @@ from nvil.estimators.protocol_view import (
     stream,
 )
 from nvil.estimators.model_paths import fixed_kernel_path, path_settings
-from nvil.estimators.per_example import AISPosterior, PerExample
+from nvil.estimators.ais_posterior import AISPosterior
+from nvil.estimators.per_example import PerExample
 from nvil.models.protocol import ProtocolModel
 
 

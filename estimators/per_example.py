@@ -25,8 +25,6 @@ from nvil.backend.accel import check_mode
 from nvil.core.config import positive_float, positive_int
 from nvil.core.errors import ConfigError
 from nvil.data import take_rows
-from nvil.estimators.ais import PosteriorPath
-from nvil.estimators.annealing import ais, check_schedule, make_ladder, pilot_betas
 from nvil.estimators.base import (
     NO_PROGRESS,
     BatchProgress,
@@ -174,64 +172,3 @@ class PerExample(Estimator):
     def run_batch(self, lm: LatentModel, x: torch.Tensor, generator,
                   progress: BatchProgress = NO_PROGRESS) -> torch.Tensor:
         raise NotImplementedError
-
-
-def pilot_steps(kind: str, num_betas: int, pilot_fraction: float = 0.05) -> int:
-    """The AIS steps of the pilot run that ``posterior_ladder`` makes for ladder ``kind`` (none for a fixed one)."""
-    return len(pilot_betas(num_betas, pilot_fraction)) - 1 if kind == "adaptive" else 0
-
-
-def posterior_ladder(path: PosteriorPath, lm: LatentModel, x: torch.Tensor, kind: str, num_betas: int, num_runs: int,
-                     generator, pilot_fraction: float = 0.05, on_step=None):
-    """The ladder of one batch of per-example AIS (chains = examples x ``num_runs``, example-major): with
-    ``adaptive``, from a pilot over this batch's own chains started from Q (each example's runs a group, their
-    increment spreads averaged), fixed before the main run, so every example's weights stay unbiased given it.
-    ``on_step(k, increment)`` sees each pilot step (progress)."""
-    return make_ladder(kind, num_betas, pilot=lambda: (path, path.state(lm.sample_q(x, generator))),
-                       generator=generator, groups=x.shape[0] // num_runs, pilot_fraction=pilot_fraction,
-                       on_step=on_step)
-
-
-class AISPosterior(PerExample):
-    """``estimator=ais_posterior``: per test case, AIS from Q(h | v) to P(h | v) (Murray & Salakhutdinov 2009,
-    Sec. 2.3) with sequential Gibbs at each beta. Each run's exp(log w) is unbiased for sum_h P*(v, h)."""
-
-    name = "ais_posterior"
-    importance_runs = True
-    serves_protocol = True  # a user's binary-latent model too (``LatentModel``)
-
-    def __init__(self, *, num_betas: int = 300, schedule: str = "adaptive", pilot_fraction: float = 0.05,
-                 num_runs: int = 10, batch_size: int = 50, accel: str = "auto",
-                 log_z: LogZSettings | Mapping = LOG_Z, min_example_ess: float | None = None) -> None:
-        """Defaults: configs/estimator/ais_posterior.yaml. ``num_betas``: AIS steps (adaptive at 100 matched
-        linear at 300 on a 12-latent SBN); ``schedule``: adaptive (one ladder per batch from a pilot run) | linear |
-        sigmoid | paper; ``pilot_fraction``: adaptive only, the pilot's steps as a share of num_betas;
-        ``num_runs``: chains per test case, their weights averaged; ``batch_size``: test cases per batch;
-        ``accel``: auto (each beta's sweep in C on a CPU, one Triton kernel on CUDA) | none | native; ``log_z``
-        and ``min_example_ess``: as ``PerExample``."""
-        super().__init__(num_runs=num_runs, batch_size=batch_size, accel=accel, log_z=log_z,
-                         min_example_ess=min_example_ess)
-        self.num_betas = positive_int(num_betas, "estimator.num_betas")
-        self.schedule = schedule
-        self.pilot_fraction = positive_float(pilot_fraction, "estimator.pilot_fraction")
-        check_schedule(self.schedule, self.num_betas)
-        self.pilot_steps = 0
-
-    def settings(self) -> dict:
-        out = {"num_betas": self.num_betas, "schedule": self.schedule}
-        if self.schedule == "adaptive":
-            out["pilot_steps_per_batch"] = self.pilot_steps
-        return out
-
-    def run_batch(self, lm: LatentModel, x: torch.Tensor, generator,
-                  progress: BatchProgress = NO_PROGRESS) -> torch.Tensor:
-        """Progress: one unit per AIS step, the pilot's and the main run's (each a sequential-Gibbs sweep)."""
-        progress.plan(pilot_steps(self.schedule, self.num_betas, self.pilot_fraction) + self.num_betas)
-        step = lambda k, increment: progress.advance()  # noqa: E731
-        path = PosteriorPath(lm.joint(x), lm.q_density(x), self.accel)
-        ladder = posterior_ladder(path, lm, x, self.schedule, self.num_betas, self.num_runs, generator,
-                                  self.pilot_fraction, on_step=step)
-        self.pilot_steps = ladder.pilot_steps
-        log_w, _ = ais(path, path.state(lm.sample_q(x, generator)), ladder.betas(self.num_betas), generator,
-                       on_step=step)
-        return log_w

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from nvil.core.errors import ConfigError
-from nvil.estimators.ais import schedule
+from nvil.estimators.annealing import schedule
 from nvil.estimators.base import combine_runs
 from nvil.estimators.bounds import IWAE, elbo
 from nvil.estimators.model_paths import ContinuousLatent, ais_hmc_log_w

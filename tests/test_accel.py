@@ -8,7 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nvil.estimators.ais import RBMPath, ais, base_rate, rbm_log_z, schedule
+from nvil.estimators.ais_rbm import RBMPath, base_rate, rbm_log_z
+
+from nvil.estimators.annealing import ais, schedule
 from nvil.models.gaussian import GaussianBeliefNet
 from nvil.models.rbm import BoltzmannMachine
 from nvil.backend.accel import accelerate, check_mode

@@ -14,7 +14,8 @@ import torch.nn.functional as F
 from nvil.backend import native
 from nvil.backend.native.bernoulli_log_prob import in_c
 from nvil.core.ops import bernoulli_log_prob
-from nvil.estimators.ais import base_rate, rbm_log_z, schedule
+from nvil.estimators.ais_rbm import base_rate, rbm_log_z
+from nvil.estimators.annealing import schedule
 from nvil.estimators.ais_rbm import RBMPath, ordered, softplus_difference
 from nvil.models.rbm import BoltzmannMachine
 from nvil.mcmc.gibbs import forward_sweep, forward_sweep_eager, sweep_uniforms

@@ -32,7 +32,8 @@ from omegaconf import OmegaConf
 
 from conftest import SYNTHETIC, make_cfg, run_script, tiny_model
 from nvil.estimators import build_estimator
-from nvil.estimators.ais import PosteriorPath, ais
+from nvil.estimators.annealing import ais
+from nvil.estimators.ais_posterior import PosteriorPath
 from nvil.estimators.bdmc import BDMC
 from nvil.estimators.exact import exact_log_marginal
 from nvil.core.errors import ConfigError

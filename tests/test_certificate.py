@@ -20,7 +20,9 @@ import torch
 
 from conftest import tiny_dbn
 
-from nvil.estimators.ais import Ladder, RBMPath, adaptive_ladder, base_rate, schedule
+from nvil.estimators.ais_rbm import RBMPath, base_rate
+
+from nvil.estimators.annealing import Ladder, adaptive_ladder, schedule
 from nvil.estimators.base import Result
 from nvil.estimators.certify import SOURCES, CertifiedLogZ, certified_log_z, certify_settings, hard_lower_bound
 from nvil.models.rbm import BoltzmannMachine

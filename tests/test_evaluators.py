@@ -25,12 +25,14 @@ import torch
 import torch.nn.functional as F
 
 from conftest import CHI2_999, SYNTHETIC, chi_square, run_script
-from nvil.estimators.ais import base_rate, rbm_log_z, rbm_log_z_reverse, schedule
+from nvil.estimators.ais_rbm import base_rate, rbm_log_z, rbm_log_z_reverse
+from nvil.estimators.annealing import schedule
 from nvil.estimators.bounds import importance_sampled_bound
 from nvil.estimators.chib import Chib
 from nvil.estimators.exact import enumerate_states, exact_log_marginal, split_layers
 from nvil.estimators.harmonic import Harmonic
-from nvil.estimators.per_example import AISPosterior, LatentModel
+from nvil.estimators.ais_posterior import AISPosterior
+from nvil.estimators.latent_model import LatentModel
 from nvil.models.dbn import DBN
 from nvil.models.inference import LayeredInference
 from nvil.models.rbm import BoltzmannMachine

@@ -11,7 +11,7 @@ import torch
 from omegaconf import OmegaConf
 
 from conftest import make_cfg
-from nvil.estimators.ais import schedule
+from nvil.estimators.annealing import schedule
 from nvil.estimators.ais_hmc import ContinuousLatent, ais_hmc_log_w
 from nvil.estimators.chib import chib_log_p, climb_to_mode
 from nvil.models.gaussian import DynamicBayesNet, GaussianBeliefNet, gaussian_log_prob

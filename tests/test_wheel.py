@@ -43,7 +43,7 @@ def venv(tmp_path_factory) -> Path:
         cwd=tmp)
     wheel = next((tmp / "dist").glob("nvil-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
-    for member in ("nvil/models/rbm.py", "nvil/estimators/partition.py", "nvil/app/loop.py", "nvil/configs/train.yaml",
+    for member in ("nvil/models/rbm.py", "nvil/estimators/ais.py", "nvil/app/loop.py", "nvil/configs/train.yaml",
                    "nvil/configs/model/rbm.yaml", "nvil/backend/native/sequential.c"):
         assert member in names, f"{member} is not in the wheel"
     assert not any(n.split("/")[0] in ("models", "estimators", "configs", "tests") for n in names)
