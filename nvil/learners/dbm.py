@@ -28,7 +28,7 @@ from torch import nn
 from nvil.core.config import positive_float, positive_int
 from nvil.core.errors import ConfigError
 from nvil.estimators.exact import exact_log_marginal
-from nvil.estimators.partition import AIS
+from nvil.estimators.ais import AIS
 from nvil.learners.base import Learner
 from nvil.learners.dbm_pretrain import Pretraining
 from nvil.learners.negative_phase import PHASES
