@@ -83,13 +83,30 @@ class CertifiedLogZ(Certificate):
     def stderr(self) -> float:
         return self.forward.stderr
 
-    def band(self) -> tuple[float, float | None]:
-        """[low, high]: the stochastic sandwich [forward, reverse] (ordered), its low end floored by the hard bound;
-        high is None without a reverse run."""
+    def sandwich(self) -> tuple[float, float | None]:
+        """[forward, reverse] (ordered), the raw stochastic sandwich, its low end floored by the hard bound; high is
+        None without a reverse run. Not an interval for log Z: each side carries Monte Carlo error (``band``)."""
         lo = self.forward.log_z if self.reverse is None else min(self.forward.log_z, self.reverse.log_z)
         if self.bound is not None:
             lo = max(lo, self.bound.value)
         hi = None if self.reverse is None else max(self.forward.log_z, self.reverse.log_z, lo)
+        return lo, hi
+
+    def band(self) -> tuple[float | None, float | None]:
+        """[low, high]: the interval for log Z printed beside the estimate, the sandwich widened by the Monte Carlo
+        error of each side: from the lower to the upper end of both sides' 3-sigma intervals log(Z_hat -/+ 3
+        sigma_hat) (``annealing.LogZ.log_z_3sd``, the delta method), the low end floored by the hard bound. An end
+        a side cannot bound (Z_hat - 3 sigma_hat <= 0) is open: low None without a hard bound, high None where the
+        reverse side's upper end is open or there is no reverse run."""
+        sides = [self.forward] + ([self.reverse] if self.reverse is not None else [])
+        lows = [side.log_z_3sd[0] for side in sides]
+        lo = None if any(v is None for v in lows) else min(lows)
+        if self.bound is not None:
+            lo = self.bound.value if lo is None else max(lo, self.bound.value)
+        highs = [side.log_z_3sd[1] for side in sides]
+        hi = None if self.reverse is None or any(v is None for v in highs) else max(highs)
+        if hi is not None and lo is not None:
+            hi = max(hi, lo)
         return lo, hi
 
     def extras(self, prefix: str = "log_z") -> dict:
@@ -117,6 +134,7 @@ class CertifiedLogZ(Certificate):
                             for run in self.reverse_runs}})
         if self.checks:
             out[f"{prefix}_band"] = [r(v) for v in self.band()]
+            out[f"{prefix}_sandwich"] = [r(v) for v in self.sandwich()]
             out[f"{prefix}_certified"] = self.certified
         out[f"{prefix}_seconds"] = {k: round(v, 3) for k, v in self.seconds.items()}
         return out
@@ -260,7 +278,7 @@ def log_p_extras(mean_log_p: float, c: CertifiedLogZ, used_log_z: float) -> dict
     lo, hi = c.band()
     if c.checks:
         out["mean_log_p_band"] = [None if hi is None else round(mean_log_p + used_log_z - hi, 4),
-                                  round(mean_log_p + used_log_z - lo, 4)]
+                                  None if lo is None else round(mean_log_p + used_log_z - lo, 4)]
     if c.bound is not None:
         out["mean_log_p_hard_upper_bound"] = round(mean_log_p + used_log_z - c.bound.value, 4)
     return out

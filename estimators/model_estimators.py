@@ -42,6 +42,7 @@ from nvil.estimators.chib import Chib, ChibMH
 from nvil.estimators.exact import Exact
 from nvil.estimators.harmonic import Harmonic
 from nvil.estimators.bdmc import BDMC
+from nvil.estimators.budget import within_budget
 from nvil.estimators.bounds import ELBO, IWAE
 from nvil.estimators.protocol_view import (
     check_data,
@@ -203,10 +204,19 @@ def build_model_estimator(name: str, **settings):
     return cls(**settings)
 
 
-def evaluate_model(model, x, estimator: str = "ais", *, seed: int = 0, progress=None, **settings) -> Result:
+def evaluate_model(model, x, estimator: str = "ais", *, seed: int = 0, progress=None, budget: float | None = None,
+                   **settings) -> Result:
     """log p(x) of each row of ``x`` under a model following ``nvil.models.protocol``, with ``estimator`` (ais | iwae |
     bdmc | exact; binary z also chib | ais_posterior | harmonic; continuous z chib_mh) and its keyword ``settings``; a ``Result`` with ``mean_log_p``, ``stderr``, ``certified``,
-    ``warnings`` and the per-example ``log_p``. ``x`` is on the device the model computes on; bdmc ignores it."""
+    ``warnings`` and the per-example ``log_p``. ``x`` is on the device the model computes on; bdmc ignores it.
+    ``budget``: seconds; the estimator starts small and doubles its temperatures and chains until its certificate
+    holds or the budget would be overrun (``nvil.estimators.budget``), the rounds in ``extras["budget"]``."""
     est = build_model_estimator(estimator, **settings)
     est.check(model)
-    return est.estimate(model, x, seed=seed, progress=progress)
+    if budget is None:
+        return est.estimate(model, x, seed=seed, progress=progress)
+
+    def one_round(est, r: int) -> Result:
+        return est.estimate(model, x, seed=seed if r == 0 else stream(seed, f"budget round {r}"), progress=progress)
+
+    return within_budget(type(est), settings, budget, one_round)

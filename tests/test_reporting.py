@@ -43,7 +43,7 @@ def ais_line(**changes) -> dict:
 
 def test_the_human_line_of_a_certified_estimate():
     assert headline(ais_line()) == ("ais: log p(v) = -84.57 ± 0.21 nats over 10,000 test examples "
-                                    "[certified: hard bound, log Z sandwich 0.03 nats]")
+                                    "[certified: hard bound, log Z interval 0.03 nats]")
     exact = headline({"estimator": "exact", "mean_log_p": -6.39, "stderr": 0.38, "num_examples": 1,
                       "certified": True, "checks": ["enumeration"]})
     assert exact == "exact: log p(v) = -6.39 ± 0.38 nats over 1 test example [certified: exact, by enumeration]"

@@ -147,7 +147,8 @@ def evaluate(source, x=None, *overrides, estimator=None, **settings) -> Result:
       (``**{"eval.num_examples": 100}``), ``seed=`` evaluate.py's seed;
     - ``evaluate(model_or_checkpoint, x, estimator=NAME_OR_OBJECT, **settings)``: on the rows ``x`` (a tensor or
       a numpy array, checked by ``nvil.estimators.door``), for a loaded model (``nvil.load``), any built-in
-      model or a user's protocol model; ``seed=``, ``train=`` and ``inference=`` as ``objects.estimate``.
+      model or a user's protocol model; ``seed=``, ``train=``, ``inference=`` and ``budget=`` (seconds: an annealing
+      estimator grows from small until its certificate holds, ``nvil.estimators.budget``) as ``objects.estimate``.
 
     Raises ``ConfigError``, ``CheckpointError`` or ``DataError`` with one line naming the problem."""
     if isinstance(x, str):  # evaluate(checkpoint, "estimator=exact", ...): overrides, no rows

@@ -25,7 +25,9 @@ from nvil.core.errors import ConfigError
 from nvil.core.ops import mean_and_stderr
 from nvil.estimators import ESTIMATORS, MODEL_ESTIMATORS, build_estimator
 from nvil.estimators.base import Estimator, Result
+from nvil.estimators.budget import within_budget
 from nvil.estimators.model_estimators import build_model_estimator
+from nvil.estimators.protocol_view import stream
 from nvil.models.protocol import follows_protocol, protocol_only
 
 
@@ -83,10 +85,12 @@ def estimator_object(name_or_estimator, settings: dict, model) -> Estimator:
 
 
 def estimate(model, x, estimator, *, seed: int = 0, train=None, inference=None, progress=None,
-             **settings) -> Result:
+             budget: float | None = None, **settings) -> Result:
     """``estimator`` (a name and its keyword ``settings``, or an object) on the rows ``x`` of ``model``: the
     ``Result``. ``train``: the training rows where the estimator needs them (an RBM's base rates, a DBN's log Z;
-    default ``x``); ``inference``: q(h | v) (default the loaded model's ``inference_network``)."""
+    default ``x``); ``inference``: q(h | v) (default the loaded model's ``inference_network``); ``budget``: seconds,
+    within which an annealing estimator named here grows from small until its certificate holds
+    (``nvil.estimators.budget``)."""
     est = estimator_object(estimator, settings, model)
     accepted = inspect.signature(est.estimate).parameters
     inputs = {"seed": seed, "progress": progress}
@@ -97,7 +101,16 @@ def estimate(model, x, estimator, *, seed: int = 0, train=None, inference=None, 
     check = getattr(est, "check", None)
     if callable(check):
         check(model, inputs.get("inference")) if builtin(model) else check(model)
-    return est.estimate(model, x, **inputs)
+    if budget is None:
+        return est.estimate(model, x, **inputs)
+    if not isinstance(estimator, str):
+        raise ConfigError("budget= grows an estimator named by its settings (estimator='ais', num_chains=...), not "
+                          "an estimator object")
+
+    def one_round(est, r: int) -> Result:
+        return est.estimate(model, x, **{**inputs, "seed": seed if r == 0 else stream(seed, f"budget round {r}")})
+
+    return within_budget(type(est), settings, budget, one_round)
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """The human line: one sentence on stderr after each estimate's JSON line on stdout, read from that line alone,
 so that an evaluation, a final evaluation and ``python -m nvil.app.merge`` say it alike::
 
-    ais: log p(v) = -84.57 ± 0.21 nats over 10,000 test examples [certified: hard bound, log Z sandwich 0.03 nats]
+    ais: log p(v) = -84.57 ± 0.21 nats over 10,000 test examples [certified: hard bound, log Z interval 0.03 nats]
     iwae: log p(v) >= -120.07 ± 0.26 nats over 10,000 test examples [stochastic lower bound; no certificate]
     chib: log p(v) = -85.90 ± 3.01 nats over 50 test examples [not certified: the spread of the test-set mean ...]
 
@@ -68,7 +68,7 @@ def evidence(line: dict) -> list[str]:
         out.append("hard bound")
     band = line.get("log_z_band")
     if isinstance(band, list) and len(band) == 2 and all(_finite(b) for b in band):
-        out.append(f"log Z sandwich {_nats(band[1] - band[0])} nats")
+        out.append(f"log Z interval {_nats(band[1] - band[0])} nats")
     elif "ess" in checks and _finite(line.get("log_z_ess")):
         out.append(f"ESS {line['log_z_ess']:g} of {line.get('log_z_num_chains', '?')} chains")
     if "bdmc_gap" in checks and _finite(line.get("bdmc_gap")):
