@@ -3,7 +3,7 @@ on machines whose log Z is enumerated, at least 99% of the intervals contain the
 the raw sandwich [forward, reverse] (``CertifiedLogZ.sandwich``), the interval printed before: each side carries
 Monte Carlo error, so the exact value falls outside it in about half the runs, and it fails the same test.
 
-The default run checks two RBMs and a DBN's top machine at 40 seeds each; the slow run five RBMs (a sharp one with
+The default run checks two RBMs and a DBN's top machine at 25 seeds each; the slow run five RBMs (a sharp one with
 weights ~ N(0, 9) among them) and the DBN at 300 seeds each.
 """
 
@@ -64,11 +64,11 @@ def check_coverage(exact: float, bands: list, sandwiches: list) -> None:
 
 @pytest.mark.parametrize("name", DEFAULT_RBMS)
 def test_printed_log_z_intervals_cover_the_exact_value(name):
-    check_coverage(*rbm_intervals(name, 40))
+    check_coverage(*rbm_intervals(name, 25))
 
 
 def test_a_dbns_top_log_z_interval_covers_the_exact_value():
-    check_coverage(*dbn_intervals(40))
+    check_coverage(*dbn_intervals(25))
 
 
 @pytest.mark.slow

@@ -147,6 +147,7 @@ def test_train_then_evaluate_a_vae(tmp_path):
         nvil.evaluate(run.checkpoint, estimator="raise", **{"eval.progress": False})
 
 
+@pytest.mark.slow
 def test_two_stochastic_layers_agree_with_quadrature(monkeypatch):
     """z_2 -> z_1 -> x with q(z_1 | x) q(z_2 | z_1): IWAE and AIS from the proposal against a 2-D quadrature; the
     broken variant (the top layer's prior ignored in log p(z)) must miss it."""
