@@ -39,8 +39,9 @@ ESTIMATORS = {"iwae": IWAE, "elbo": ELBO, "exact": Exact, "classify": Classify, 
               "bdmc": BDMC}
 
 # Keys of an estimator config that are not the estimator's: its name, Hydra's defaults list (a file loaded without
-# Hydra), and estimator.strict (nvil.app.main: a failed certificate exits with code 3).
-DRIVER_KEYS = ("name", "defaults", "strict")
+# Hydra), estimator.strict (nvil.app.main: a failed certificate exits with code 3) and estimator.budget
+# (nvil.app.evaluation: the estimator grown within it, nvil.estimators.budget).
+DRIVER_KEYS = ("name", "defaults", "strict", "budget")
 # Keys the evaluation driver also reads (nvil.app.evaluation: accel for the samplers' draws, batch_size for the
 # shards' edges): dropped for a class that does not take them.
 SHARED_KEYS = ("accel", "batch_size")

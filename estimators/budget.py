@@ -46,19 +46,33 @@ def check_budget(seconds) -> float:
     return float(seconds)
 
 
+def full_sizes(cls, settings: dict) -> tuple[str, int, str, int]:
+    """(temperatures key, its full value, chains key, its full value) for ``cls`` built with ``settings``."""
+    betas_key, chains_key = size_keys(cls)
+    defaults = inspect.signature(cls).parameters
+    return (betas_key, int(settings.get(betas_key, defaults[betas_key].default)),
+            chains_key, int(settings.get(chains_key, defaults[chains_key].default)))
+
+
 def within_budget(cls, settings: dict, seconds: float, estimate: Callable) -> Result:
     """``cls(**settings)`` grown by doubling (the module docstring) within ``seconds``; ``estimate(est, round)`` runs
     one round and returns its ``Result``."""
+    betas_key, full_betas, chains_key, full_chains = full_sizes(cls, settings)
+    return grow(lambda betas, chains: cls(**{**settings, betas_key: betas, chains_key: chains}), full_betas,
+                full_chains, seconds, estimate, (betas_key, chains_key))
+
+
+def grow(make: Callable, full_betas: int, full_chains: int, seconds: float, estimate: Callable,
+         names: tuple[str, str] = ("num_betas", "num_chains")) -> Result:
+    """The doubling itself: ``make(betas, chains)`` builds each round's estimator, ``names`` are what the user
+    calls the two sizes (the JSON rounds and the warning use them)."""
     seconds = check_budget(seconds)
-    betas_key, chains_key = size_keys(cls)
-    defaults = inspect.signature(cls).parameters
-    full_betas = int(settings.get(betas_key, defaults[betas_key].default))
-    full_chains = int(settings.get(chains_key, defaults[chains_key].default))
+    betas_key, chains_key = names
     betas, chains = max(MIN_BETAS, full_betas // 16), max(MIN_CHAINS, full_chains // 4)
     rounds, t0 = [], time.perf_counter()
     while True:
         t = time.perf_counter()
-        result = estimate(cls(**{**settings, betas_key: betas, chains_key: chains}), len(rounds))
+        result = estimate(make(betas, chains), len(rounds))
         took = time.perf_counter() - t
         rounds.append({betas_key: betas, chains_key: chains, "seconds": round(took, 3),
                        "certified": result.certified, "failed": list(getattr(result, "failed", []))})

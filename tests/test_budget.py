@@ -72,3 +72,25 @@ def test_a_budget_certifies_ais_on_a_sharp_posterior_where_a_small_fixed_schedul
     grown = evaluate_model(m, x, "ais", budget=120, **settings)
     assert grown.certified, grown.extras["budget"]
     assert abs(grown.mean_log_p - exact) < 3 * grown.stderr, (grown.mean_log_p, exact, grown.stderr)
+
+
+def test_evaluate_py_takes_estimator_budget(tmp_path):
+    """``evaluate.py checkpoint=... estimator.budget=SECONDS`` (here through ``nvil.evaluate``, which composes the
+    same config): the rounds in the JSON line, each built from the config with its two sizes replaced; a budget with
+    shards, or for an estimator that has no temperatures, is refused in one line."""
+    from conftest import SYNTHETIC, make_cfg
+
+    from nvil.app.main import train
+
+    args = [a for a in SYNTHETIC if not a.startswith(("final_eval", "model.layers"))]
+    metrics = train(make_cfg("train", [*args, "model=rbm", "model.n_hidden=6", "learner=sap", "trainer.max_steps=40",
+                                       "final_eval.enabled=false"]), tmp_path / "run")
+    ck = metrics["checkpoint"]
+    quiet = {"eval.num_examples": 20, "eval.progress": False, "eval.output": str(tmp_path / "e.jsonl")}
+    r = nvil.evaluate(ck, estimator="ais", budget=60, num_betas=160, num_chains=16, **quiet)
+    rounds = r.extras["budget"]["rounds"]
+    assert rounds[0]["num_betas"] == 10 and rounds[0]["num_chains"] == 4 and r.certified == rounds[-1]["certified"]
+    with pytest.raises(ConfigError, match="cannot be split between processes"):
+        nvil.evaluate(ck, estimator="ais", budget=60, **{**quiet, "eval.shard": 0, "eval.num_shards": 2})
+    with pytest.raises(ConfigError, match="estimator.budget"):  # exact has no temperatures: its config has no budget
+        nvil.evaluate(ck, estimator="exact", **{**quiet, "estimator.budget": 5})

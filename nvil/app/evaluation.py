@@ -13,15 +13,15 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 from omegaconf import OmegaConf
 from tqdm import tqdm
 
+from nvil.app.memory import memory_advice, out_of_memory
 from nvil.app.report import headline
 from nvil.backend import gemm
 from nvil.backend.accel import accelerate_sampling
@@ -37,6 +37,8 @@ from nvil.core.ops import mean_and_stderr
 from nvil.data import build_model_data, take_rows
 from nvil.estimators import build_estimator
 from nvil.estimators.base import Result, progress_interval
+from nvil.estimators.budget import check_budget, grow, size_keys
+from nvil.estimators.protocol_view import stream
 from nvil.models import MODELS, build_model
 
 
@@ -126,6 +128,13 @@ def _evaluate_checkpoint(path: Path, estimator_cfg, spec: EvalSpec) -> Result:
         raise ConfigError(f"estimator={estimator.name} simulates its own examples, so sharding it (torchrun, eval.shard) "
                           "would repeat them on every shard; run it in one process")
     estimator.check(model, inference)  # refuse before any work starts
+    budget = estimator_cfg.get("budget")
+    if budget is not None:
+        check_budget(budget)
+        size_keys(type(estimator))
+        if d.enabled or spec.sharded:
+            raise ConfigError("estimator.budget grows one estimate until its certificate holds; its rounds cannot be "
+                              "split between processes: run it in one (no torchrun, no eval.shard)")
     # estimators batch ~EVAL_ROWS chains, samples or examples per product: threads by that work
     torch.set_num_threads(choose_threads(spec.threads, model_work((model, inference), EVAL_ROWS), "eval.threads"))
     accelerate_sampling(str(estimator_cfg.get("accel", "auto")), model, inference)  # autoregressive draws in C
@@ -145,7 +154,10 @@ def _evaluate_checkpoint(path: Path, estimator_cfg, spec: EvalSpec) -> Result:
     if estimator.row_offset_aware:
         inputs["row_offset"] = start
     try:
-        result = _estimate(estimator, model, inference, x, inputs, spec, dev, d)
+        if budget is None:
+            result = _estimate(estimator, model, inference, x, inputs, spec, dev, d)
+        else:
+            result = _within_budget(estimator_cfg, budget, model, inference, x, inputs, spec, dev, d)
     except (MemoryError, RuntimeError) as e:  # torch.OutOfMemoryError is a RuntimeError
         if not out_of_memory(e):
             raise
@@ -184,6 +196,21 @@ def _estimate(estimator, model, inference, x: torch.Tensor, inputs: dict, spec: 
                                   **inputs)
 
 
+def _within_budget(estimator_cfg, budget, model, inference, x, inputs, spec: EvalSpec, dev, d) -> Result:
+    """``estimator.budget``: the estimator ``estimator_cfg`` describes, grown from small (``nvil.estimators.budget``),
+    each round built from the config with its two sizes replaced, under the config's own names."""
+    chains_name = "num_chains" if "num_chains" in estimator_cfg else "num_runs"
+    cfg = OmegaConf.to_container(estimator_cfg, resolve=True) if OmegaConf.is_config(estimator_cfg) else dict(estimator_cfg)
+
+    def make(betas: int, chains: int):
+        return build_estimator({**cfg, "num_betas": betas, chains_name: chains}, model)
+
+    def one_round(est, r: int) -> Result:
+        return _estimate(est, model, inference, x, inputs, replace(spec, seed=spec.seed if r == 0 else stream(spec.seed, f"budget round {r}")), dev, d)
+
+    return grow(make, int(cfg["num_betas"]), int(cfg[chains_name]), budget, one_round, ("num_betas", chains_name))
+
+
 def _report(result: Result, name: str, out: Path, explicit: bool = False) -> None:
     """The JSON line on stdout, then appended to ``out`` as one whole line (``nvil.core.files.append_line``); each
     warning of estimator ``name``, loud, as one line on stderr (the JSON keeps every number either way), and last the
@@ -202,37 +229,6 @@ def _report(result: Result, name: str, out: Path, explicit: bool = False) -> Non
             raise StorageError(f"{problem}; the result is the JSON line printed above") from None
         print(f"warning: {problem}; the result is the JSON line on stdout", file=sys.stderr, flush=True)
     print(headline(json.loads(line)), file=sys.stderr, flush=True)
-
-
-# Settings that size an estimator's tensors, in the order to lower them.
-SIZE_SETTINGS = ("num_chains", "num_samples", "num_runs", "batch_size", "max_elements", "log_z.num_chains")
-ALLOCATOR_FAILURES = ("can't allocate memory", "out of memory", "not enough memory", "overflow when unpacking long",
-                      "storage size calculation overflowed")
-
-
-def out_of_memory(e: BaseException) -> bool:
-    """An allocation the allocator refused: ``MemoryError``, torch's ``OutOfMemoryError``, or a ``RuntimeError``
-    whose message says so (the CPU allocator's "can't allocate memory", a size beyond any allocation)."""
-    if isinstance(e, MemoryError) or isinstance(e, getattr(torch, "OutOfMemoryError", MemoryError)):
-        return True
-    return isinstance(e, RuntimeError) and any(f in str(e).lower() for f in ALLOCATOR_FAILURES)
-
-
-def memory_advice(name: str, estimator_cfg, e: BaseException) -> str:
-    """One line: which estimator ran out of memory, how much it asked for, and the settings to lower."""
-    values = {k: _setting(estimator_cfg, k) for k in SIZE_SETTINGS}
-    lower = ", ".join(f"estimator.{k}={v}" for k, v in values.items() if v is not None)
-    asked = re.search(r"allocate (\d+) bytes", str(e))
-    size = f" (it asked for {int(asked.group(1)) / 2**30:.1f} GiB at once)" if asked else ""
-    return (f"estimator={name} needs more memory than this machine has{size}; "
-            + (f"lower {lower}" if lower else "evaluate fewer examples or a smaller model"))
-
-
-def _setting(cfg, dotted: str):
-    """``cfg``'s value at a dotted key (a dict or a DictConfig), None where it has none."""
-    for part in dotted.split("."):
-        cfg = cfg.get(part) if hasattr(cfg, "get") else None
-    return cfg
 
 
 def gather_result(result: Result, lengths: torch.Tensor | None) -> tuple[Result, torch.Tensor | None]:

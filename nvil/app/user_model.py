@@ -25,7 +25,8 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from nvil.app.evaluation import EVAL_ROWS, _report, out_of_memory
+from nvil.app.evaluation import EVAL_ROWS, _report
+from nvil.app.memory import out_of_memory
 from nvil.backend.threads import choose_threads, model_work, restored_threads
 from nvil.core.checkpoint import load_weights_only
 from nvil.core.config import CONFIG_DIR, positive_int, resolve_device
