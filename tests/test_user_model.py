@@ -373,6 +373,17 @@ def test_evaluate_py_scores_a_users_module_with_its_weights(user_files, capsys):
     assert len(record) == 1 and '"estimator": "ais"' in record[0] and "decoder.py:Decoder" in record[0]
 
 
+def test_evaluate_py_grows_a_users_ais_within_estimator_budget(user_files):
+    tmp, truth = user_files
+    result = nvil.evaluate(tmp / "w.pt", f"model_module={tmp / 'decoder.py'}:Decoder", f"data_file={tmp / 'x.pt'}",
+                           "estimator=ais", "estimator.budget=60", "estimator.num_betas=160",
+                           "estimator.num_chains=16", "estimator.num_simulated=10", "estimator.iwae_samples=50",
+                           "eval.progress=false")
+    rounds = result.extras["budget"]["rounds"]
+    assert rounds[0]["num_betas"] == 10 and rounds[0]["num_chains"] == 4
+    assert result.certified is rounds[-1]["certified"] and within(result.log_p, truth)[2], result.warnings
+
+
 @pytest.mark.parametrize("override, message", [
     ("estimator.num_temperatures=5", "not a setting of estimator=iwae"),
     ("model_kwargs={visible: 7}", "does not match"),

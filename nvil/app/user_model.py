@@ -27,6 +27,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from nvil.app.evaluation import EVAL_ROWS, _report
 from nvil.app.memory import out_of_memory
+from nvil.estimators import DRIVER_KEYS
+from nvil.estimators.budget import within_budget
+from nvil.estimators.protocol_view import stream
 from nvil.backend.threads import choose_threads, model_work, restored_threads
 from nvil.core.checkpoint import load_weights_only
 from nvil.core.config import CONFIG_DIR, positive_int, resolve_device
@@ -36,7 +39,6 @@ from nvil.estimators.model_estimators import MODEL_ESTIMATORS, build_model_estim
 
 STATE_KEYS = ("state_dict", "model_state_dict", "model")
 OVERRIDE = re.compile(r"^\+{0,2}estimator\.([A-Za-z_][A-Za-z0-9_]*)=")
-DRIVER_KEYS = ("name", "strict")
 
 
 def import_user_object(spec: str):
@@ -151,16 +153,21 @@ def evaluate_user_model(cfg: DictConfig, overrides: list[str]):
     with restored_threads():
         torch.set_num_threads(choose_threads(cfg.eval.get("threads", "auto"), model_work(modules, EVAL_ROWS),
                                              "eval.threads"))
-        return _score(cfg, name, estimator, model, device)
+        return _score(cfg, name, estimator, model, device, settings)
 
 
-def _score(cfg: DictConfig, name: str, estimator, model, device: torch.device):
+def _score(cfg: DictConfig, name: str, estimator, model, device: torch.device, settings: dict):
     x = user_data(cfg, device)
     n = positive_int(cfg.eval.num_examples, "eval.num_examples", allow_none=True)
     x = x[:n] if n else x
     seed = cfg.seed
     try:
-        result = estimator.estimate(model, x, seed=seed)
+        budget = cfg.estimator.get("budget")
+        if budget is None:
+            result = estimator.estimate(model, x, seed=seed)
+        else:  # estimator.budget=SECONDS: grown from small until certified (nvil.estimators.budget)
+            result = within_budget(type(estimator), settings, budget, lambda est, r: est.estimate(
+                model, x, seed=seed if r == 0 else stream(seed, f"budget round {r}")))
     except (MemoryError, RuntimeError) as e:
         if not out_of_memory(e):
             raise
