@@ -47,6 +47,8 @@ __all__ = ["DEFAULTS", "SOURCES", "AISSettings", "CertifiedLogZ", "CertifySettin
 
 DEFAULTS = asdict(CertifySettings())  # the certificate's default settings, as a plain dict (for reports)
 
+MIN_ESS = 2.0  # the forward ESS below which log Z is not certified, whatever the number of chains
+
 
 def certify_settings(values=None, /, **overrides) -> CertifySettings:
     """``CertifySettings`` from a mapping (a config block) and keywords; kept for callers that hold a dict."""
@@ -173,7 +175,9 @@ def run_checks(c: CertifiedLogZ, settings: CertifySettings) -> None:
     fix = ("more betas or more chains" if c.ladder.get("schedule") == "adaptive"
            else "estimator.schedule=adaptive, more betas or more chains")
 
-    min_ess = settings.min_ess_fraction * fwd.num_chains
+    # At least MIN_ESS chains' worth: with few chains the fraction alone asks for less than one, and an estimate one
+    # chain carries has no standard error to speak of.
+    min_ess = max(settings.min_ess_fraction * fwd.num_chains, MIN_ESS)
     c.check("ess", fwd.ess >= min_ess,
           f"forward AIS ESS is {fwd.ess:.1f} of {fwd.num_chains} chains (below {min_ess:.0f}): log Z rests on a few "
           f"chains; use {fix}")

@@ -281,3 +281,19 @@ def test_cli_ais_prints_its_certificate_and_strict_exits_3(tmp_path):
     assert json_lines(strict.stdout)[0]["certified"] is False  # the JSON keeps every number either way
     err = [ln for ln in strict.stderr.strip().splitlines() if ln.startswith("error:")]
     assert len(err) == 1 and "not certified" in err[0] and "Traceback" not in strict.stderr
+
+
+def test_an_estimate_one_or_two_chains_carry_is_not_certified(monkeypatch):
+    """4 chains, 10 betas on a 20x10 RBM: forward ESS 1.8 and log Z 2.3 nats above the enumerated value. The ESS
+    floor (``MIN_ESS``) refuses it; without the floor (the broken variant: 0.1 x 4 chains asks for 0.4) it passed
+    every check."""
+    import nvil
+    import nvil.estimators.certify as certify
+
+    m = random_rbm(4, 20, 10, 1.5)
+    x = (torch.rand(200, 20, generator=torch.Generator().manual_seed(3)) < 0.3).float()
+    r = nvil.evaluate(m, x, estimator="ais", num_betas=10, num_chains=4, seed=1)
+    assert r.extras["log_z"] - m.log_z_exact().item() > 2 and r.extras["log_z_ess"] < 2
+    assert r.certified is False and "ess" in r.failed
+    monkeypatch.setattr(certify, "MIN_ESS", 0.0)
+    assert nvil.evaluate(m, x, estimator="ais", num_betas=10, num_chains=4, seed=1).certified is True
