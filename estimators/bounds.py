@@ -11,6 +11,7 @@ accumulating on the fly.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Mapping
 
@@ -55,7 +56,7 @@ class InferenceWeights:
 
     def __init__(self, model, inference) -> None:
         self.model, self.inference = model, inference
-        self.width = model.n_visible + model.n_latent
+        self.n_latent = model.n_latent
 
     def for_rows(self, x: torch.Tensor):
         return lambda k, g: log_weights(self.model, self.inference, x, k, g)
@@ -66,9 +67,9 @@ class BaseWeights:
     or its prior): ``for_rows(x)`` builds q(. | x) once for the rows and returns ``(k, generator) -> [k, rows]``
     log w = log p(x, z) - log q(z | x), z ~ q, in float64."""
 
-    def __init__(self, pm: ProtocolModel, start: str, x: torch.Tensor) -> None:
+    def __init__(self, pm: ProtocolModel, start: str) -> None:
         self.pm, self.start = pm, start
-        self.width = x[0].numel() + pm.n_latent
+        self.n_latent = pm.n_latent
 
     def for_rows(self, x: torch.Tensor):
         base = self.pm.base(self.start, x)
@@ -94,7 +95,8 @@ def _reduce_log_weights(weights, data, num_samples, accumulator, *, batch_size, 
         g = generator if seed is None else batch_generator(seed, row_offset + start, x.device)
         log_w = weights.for_rows(x)
         acc = accumulator()
-        k_chunk = max(1, max_elements // (x.shape[0] * weights.width))
+        per_sample = math.prod(x.shape[1:]) + weights.n_latent  # floats per (row, sample): x and its latents
+        k_chunk = max(1, max_elements // (x.shape[0] * per_sample))
         share = BatchProgress(progress, stop - start, num_samples)
         for k0, k1 in chunks(num_samples, k_chunk):
             acc.update(log_w(k1 - k0, g), dim=0)
@@ -173,7 +175,7 @@ class SampledBound(Estimator):
                               "a DBM, or a model that follows the protocol (vae, gbn, dbn_dynamic, your own: its "
                               "proposal q(z | x), or the prior where it has none)")
 
-    def weights(self, model, inference, data):
+    def weights(self, model, inference):
         """What the samples come from: the built-in inference network (``InferenceWeights``; a DBN's up-pass), or
         for a model without one, its base density through the protocol (``BaseWeights``). (weights, the JSON
         line's ``proposal``)."""
@@ -183,7 +185,7 @@ class SampledBound(Estimator):
             return InferenceWeights(model, inference), "inference network"
         pm = protocol(model)
         start = self.start or pm.default_base()
-        return BaseWeights(pm, start, data), start
+        return BaseWeights(pm, start), start
 
     def dataset_inputs(self, model, data, split, rows, checkpoint=None, payload=None, **_) -> dict:
         if not has_top_log_z(model):
@@ -214,7 +216,7 @@ class SampledBound(Estimator):
             log_z, log_z_se = certificate[0].log_z, certificate[0].stderr
             if shows_progress(progress) and hasattr(progress, "reset"):
                 progress.reset()  # the rate and ETA from here on are the examples' own
-        weights, proposal = self.weights(model, inference, data)
+        weights, proposal = self.weights(model, inference)
         with eval_mode(model):
             log_p = _reduce_log_weights(weights, data, self.num_samples, self.ACCUMULATORS[self.name],
                                         batch_size=self.batch_size, generator=generator,

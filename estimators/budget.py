@@ -1,7 +1,7 @@
 """A budget instead of a guess: an annealing estimator run small first, then with twice the chains and twice the
 temperatures, until its certificate holds or the next doubling would overrun the budget.
 
-``within_budget(make, settings, seconds, estimate)`` starts from a sixteenth of the estimator's temperatures and a
+``within_budget(cls, settings, seconds, estimate, seed)`` starts from a sixteenth of the estimator's temperatures and a
 quarter of its chains (its defaults, or what ``settings`` gives), at least ``MIN_BETAS`` and ``MIN_CHAINS``. After
 each round it stops when the result is certified; otherwise it predicts the next round's cost as four times this
 round's (chains x temperatures, each doubled; from the second round on, the growth the rounds showed, between
@@ -9,7 +9,8 @@ two and four times) and stops when the time spent plus that would exceed ``secon
 result of the last round carries ``budget``: the seconds allowed and spent, every round's settings, time and outcome
 (the checks that failed), and where it stopped short, what the next doubling would have cost.
 
-Every round is a fresh estimate with its own seed stream, so the rounds that came before do not bias the one kept
+Every round is a fresh estimate with its own seed (``round_seed``: the caller's for the first, a stream of it for
+each later one), so the rounds that came before do not bias the one kept
 beyond the choice to stop (a certified estimate is kept as soon as one appears; the certificate's checks are what
 says it can be trusted).
 """
@@ -23,6 +24,7 @@ from collections.abc import Callable
 
 from nvil.core.errors import ConfigError
 from nvil.estimators.base import Result
+from nvil.estimators.protocol_view import stream
 
 MIN_BETAS = 10
 MIN_CHAINS = 2
@@ -54,15 +56,21 @@ def full_sizes(cls, settings: dict) -> tuple[str, int, str, int]:
             chains_key, int(settings.get(chains_key, defaults[chains_key].default)))
 
 
-def within_budget(cls, settings: dict, seconds: float, estimate: Callable) -> Result:
-    """``cls(**settings)`` grown by doubling (the module docstring) within ``seconds``; ``estimate(est, round)`` runs
-    one round and returns its ``Result``."""
+def round_seed(seed: int, r: int) -> int:
+    """The seed of round ``r``: ``seed`` itself for the first, so a budget that certifies at once gives the fixed
+    schedule's number."""
+    return seed if r == 0 else stream(seed, f"budget round {r}")
+
+
+def within_budget(cls, settings: dict, seconds: float, estimate: Callable, seed: int = 0) -> Result:
+    """``cls(**settings)`` grown by doubling (the module docstring) within ``seconds``; ``estimate(est, seed)`` runs
+    one round with that round's seed and returns its ``Result``."""
     betas_key, full_betas, chains_key, full_chains = full_sizes(cls, settings)
     return grow(lambda betas, chains: cls(**{**settings, betas_key: betas, chains_key: chains}), full_betas,
-                full_chains, seconds, estimate, (betas_key, chains_key))
+                full_chains, seconds, estimate, seed, (betas_key, chains_key))
 
 
-def grow(make: Callable, full_betas: int, full_chains: int, seconds: float, estimate: Callable,
+def grow(make: Callable, full_betas: int, full_chains: int, seconds: float, estimate: Callable, seed: int = 0,
          names: tuple[str, str] = ("num_betas", "num_chains")) -> Result:
     """The doubling itself: ``make(betas, chains)`` builds each round's estimator, ``names`` are what the user
     calls the two sizes (the JSON rounds and the warning use them)."""
@@ -72,7 +80,7 @@ def grow(make: Callable, full_betas: int, full_chains: int, seconds: float, esti
     rounds, t0 = [], time.perf_counter()
     while True:
         t = time.perf_counter()
-        result = estimate(make(betas, chains), len(rounds))
+        result = estimate(make(betas, chains), round_seed(seed, len(rounds)))
         took = time.perf_counter() - t
         rounds.append({betas_key: betas, chains_key: chains, "seconds": round(took, 3),
                        "certified": result.certified, "failed": list(getattr(result, "failed", []))})

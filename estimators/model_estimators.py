@@ -37,7 +37,7 @@ from nvil.core.errors import ConfigError
 from nvil.core.ops import chunks, mean_and_stderr
 from nvil.estimators.annealing import ais
 from nvil.estimators.annealing import schedule as schedule_betas
-from nvil.estimators.base import NO_PROGRESS, BatchProgress, Result, batch_generator
+from nvil.estimators.base import NO_PROGRESS, BatchProgress, Result, batch_generator, check_seed
 from nvil.estimators.chib import Chib, ChibMH
 from nvil.estimators.exact import Exact
 from nvil.estimators.harmonic import Harmonic
@@ -46,7 +46,6 @@ from nvil.estimators.budget import within_budget
 from nvil.estimators.bounds import ELBO, IWAE
 from nvil.estimators.protocol_view import (
     check_data,
-    check_seed,
     check_start,
     eval_mode,
     protocol,
@@ -216,7 +215,5 @@ def evaluate_model(model, x, estimator: str = "ais", *, seed: int = 0, progress=
     if budget is None:
         return est.estimate(model, x, seed=seed, progress=progress)
 
-    def one_round(est, r: int) -> Result:
-        return est.estimate(model, x, seed=seed if r == 0 else stream(seed, f"budget round {r}"), progress=progress)
-
-    return within_budget(type(est), settings, budget, one_round)
+    return within_budget(type(est), settings, budget,
+                         lambda est, round_seed: est.estimate(model, x, seed=round_seed, progress=progress), seed)

@@ -42,7 +42,7 @@ from nvil.estimators.certify import stored_particles
 from nvil.estimators.latent_model import BOLTZMANN_ESTIMATORS, LatentModel  # noqa: F401 (used by importers)
 from nvil.estimators.log_z import apply_log_z, has_top_log_z, top_log_z
 from nvil.estimators.protocol_view import eval_mode
-from nvil.estimators.settings import LOG_Z, LogZSettings
+from nvil.estimators.settings import LogZSettings
 
 class PerExample(Estimator):
     """Base class: subclasses set ``name`` and define ``run_batch(lm, x_runs, generator, progress) -> [chains]``

@@ -14,7 +14,6 @@ import torch
 
 from nvil.core.errors import ConfigError
 from nvil.core.ops import mean_and_stderr
-from nvil.estimators.base import check_seed  # noqa: F401  (re-exported for the protocol estimators)
 from nvil.models.protocol import ProtocolModel
 
 STARTS = (None, "prior", "proposal")

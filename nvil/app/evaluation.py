@@ -38,7 +38,6 @@ from nvil.data import build_model_data, take_rows
 from nvil.estimators import build_estimator
 from nvil.estimators.base import Result, progress_interval
 from nvil.estimators.budget import check_budget, grow, size_keys
-from nvil.estimators.protocol_view import stream
 from nvil.models import MODELS, build_model
 
 
@@ -205,10 +204,11 @@ def _within_budget(estimator_cfg, budget, model, inference, x, inputs, spec: Eva
     def make(betas: int, chains: int):
         return build_estimator({**cfg, "num_betas": betas, chains_name: chains}, model)
 
-    def one_round(est, r: int) -> Result:
-        return _estimate(est, model, inference, x, inputs, replace(spec, seed=spec.seed if r == 0 else stream(spec.seed, f"budget round {r}")), dev, d)
+    def one_round(est, round_seed: int) -> Result:
+        return _estimate(est, model, inference, x, inputs, replace(spec, seed=round_seed), dev, d)
 
-    return grow(make, int(cfg["num_betas"]), int(cfg[chains_name]), budget, one_round, ("num_betas", chains_name))
+    return grow(make, int(cfg["num_betas"]), int(cfg[chains_name]), budget, one_round, spec.seed,
+                ("num_betas", chains_name))
 
 
 def _report(result: Result, name: str, out: Path, explicit: bool = False) -> None:

@@ -27,7 +27,6 @@ from nvil.estimators import ESTIMATORS, MODEL_ESTIMATORS, build_estimator
 from nvil.estimators.base import Estimator, Result
 from nvil.estimators.budget import within_budget
 from nvil.estimators.model_estimators import build_model_estimator
-from nvil.estimators.protocol_view import stream
 from nvil.models.protocol import follows_protocol, protocol_only
 
 
@@ -107,10 +106,8 @@ def estimate(model, x, estimator, *, seed: int = 0, train=None, inference=None, 
         raise ConfigError("budget= grows an estimator named by its settings (estimator='ais', num_chains=...), not "
                           "an estimator object")
 
-    def one_round(est, r: int) -> Result:
-        return est.estimate(model, x, **{**inputs, "seed": seed if r == 0 else stream(seed, f"budget round {r}")})
-
-    return within_budget(type(est), settings, budget, one_round)
+    return within_budget(type(est), settings, budget,
+                         lambda est, round_seed: est.estimate(model, x, **{**inputs, "seed": round_seed}), seed)
 
 
 @dataclass

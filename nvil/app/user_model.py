@@ -29,7 +29,6 @@ from nvil.app.evaluation import EVAL_ROWS, _report
 from nvil.app.memory import out_of_memory
 from nvil.estimators import DRIVER_KEYS
 from nvil.estimators.budget import within_budget
-from nvil.estimators.protocol_view import stream
 from nvil.backend.threads import choose_threads, model_work, restored_threads
 from nvil.core.checkpoint import load_weights_only
 from nvil.core.config import CONFIG_DIR, positive_int, resolve_device
@@ -166,8 +165,8 @@ def _score(cfg: DictConfig, name: str, estimator, model, device: torch.device, s
         if budget is None:
             result = estimator.estimate(model, x, seed=seed)
         else:  # estimator.budget=SECONDS: grown from small until certified (nvil.estimators.budget)
-            result = within_budget(type(estimator), settings, budget, lambda est, r: est.estimate(
-                model, x, seed=seed if r == 0 else stream(seed, f"budget round {r}")))
+            result = within_budget(type(estimator), settings, budget,
+                                   lambda est, round_seed: est.estimate(model, x, seed=round_seed), seed)
     except (MemoryError, RuntimeError) as e:
         if not out_of_memory(e):
             raise
