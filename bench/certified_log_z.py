@@ -25,7 +25,8 @@ from nvil.backend.cpu_kernels import choose_kernels  # noqa: E402
 choose_kernels()  # as the entry points do, before torch's first operation
 
 from nvil.estimators.ais_rbm import base_rate
-from nvil.estimators.certify import certified_log_z, certify_settings, stored_particles  # noqa: E402
+from nvil.estimators.certify import certified_log_z, certify_settings  # noqa: E402
+from nvil.estimators.reverse_starts import stored_particles  # noqa: E402
 from nvil.estimators.log_z import has_top_log_z  # noqa: E402
 from nvil.data import build_model_data  # noqa: E402
 from nvil.app.evaluation import load_model  # noqa: E402

@@ -39,7 +39,7 @@ from omegaconf import OmegaConf
 
 import nvil.app.main as train
 from nvil.estimators import build_estimator
-from nvil.estimators.certify import stored_particles
+from nvil.estimators.reverse_starts import stored_particles
 from nvil.estimators.log_z import top_log_z
 from nvil.models.rbm import BoltzmannMachine
 from nvil.core.config import estimator_config

@@ -6,13 +6,17 @@ one from a config: ``ESTIMATORS[cfg.name](**settings)``, the settings being the 
 evaluation driver reads for itself.
 
 A model of the user's own (``nvil.models.protocol``: ``latent``, ``log_prior``, ``log_likelihood``, optionally the
-samplers and a proposal) is scored by ``evaluate_model(model, x, estimator="ais")`` with the estimators of
-``MODEL_ESTIMATORS`` (``nvil.estimators.model_estimators``)."""
+samplers and a proposal) is scored from the same registry: ``evaluate_model(model, x, estimator="ais")`` or
+``build_estimator({"name": "ais", ...}, model)``. Where the registry's class does not take such a model, the name is
+routed (``PROTOCOL_ROUTES``): ``ais`` and ``ais_hmc`` on a model whose latents are to be integrated out are
+per-example AIS (``ModelAIS``), with that class's defaults and the settings the user gave."""
 
 from __future__ import annotations
 
+import inspect
+
 from nvil.core.errors import ConfigError
-from nvil.core.registry import keywords, lookup, read_settings
+from nvil.core.registry import keywords, lookup, plain, read_settings
 from nvil.estimators.ais_hmc import AISHMC
 from nvil.estimators.base import Result
 from nvil.estimators.bounds import ELBO, IWAE, SampledBound
@@ -22,21 +26,19 @@ from nvil.estimators.dbm_bound import DBMBound
 from nvil.estimators.dbn_bound import DBNBound
 from nvil.estimators.exact import Exact
 from nvil.estimators.harmonic import Harmonic
-from nvil.estimators.model_estimators import (
-    MODEL_ESTIMATORS,
-    ModelAIS,
-    evaluate_model,
-)
+from nvil.estimators.ais_per_example import ModelAIS
 from nvil.estimators.ais import AIS, RAISE
 from nvil.estimators.ais_posterior import AISPosterior
 from nvil.estimators.bdmc import BDMC
+from nvil.estimators.smc_estimators import SMC
 from nvil.estimators.settings import AISSettings, CertifySettings, LogZSettings
-from nvil.models.protocol import protocol_only
+from nvil.estimators.budget import within_budget
+from nvil.models.protocol import follows_protocol, protocol_only
 
 ESTIMATORS = {"iwae": IWAE, "elbo": ELBO, "exact": Exact, "classify": Classify, "ais": AIS,
               "raise": RAISE, "ais_posterior": AISPosterior, "chib": Chib, "harmonic": Harmonic,
               "dbn_bound": DBNBound, "dbm_bound": DBMBound, "ais_hmc": AISHMC, "chib_mh": ChibMH,
-              "bdmc": BDMC}
+              "bdmc": BDMC, "smc": SMC}
 
 # Keys of an estimator config that are not the estimator's: its name, Hydra's defaults list (a file loaded without
 # Hydra), estimator.strict (nvil.app.main: a failed certificate exits with code 3) and estimator.budget
@@ -63,34 +65,90 @@ def estimator_settings(cfg) -> dict:
     return read_settings("estimator", name, cfg, known, skip)
 
 
-# A model seen through the protocol alone (a user's model, the VAE: no capability of a built-in family) is scored by
-# the estimator of ``MODEL_ESTIMATORS`` that does the same job: its name and the settings both take (the config's
-# own names, left, as the protocol estimator's, right; the other keys of the config file are the built-in's own).
-PROTOCOL_ROUTES = {
-    "ais_hmc": ("ais", {"num_betas": "num_betas", "schedule": "schedule", "num_runs": "num_chains",
-                        "num_leapfrog": "num_leapfrog", "step_size": "step_size", "target_accept": "target_accept",
-                        "adapt": "adapt", "pilot_chains": "pilot_chains", "batch_size": "batch_size",
-                        "min_example_ess": "min_example_ess"}),
-}
+# ``estimator=NAME`` on a model the registry's own class does not take (a user's model, the VAE, a Gaussian net for
+# ``ais``), whose latents the protocol describes: per-example AIS, under the config's names (left) as ModelAIS's
+# (right; a name not listed is the same in both). The config file's defaults are the registry class's (a Boltzmann
+# machine's log Z for ``ais``), so only the settings the user gave are read.
+PROTOCOL_ROUTES = {"ais": (ModelAIS, {}), "ais_hmc": (ModelAIS, {"num_runs": "num_chains"})}
 
 
-def build_estimator(cfg, model=None):
-    """The estimator ``cfg`` (``estimator.*``: a Hydra config or any mapping with ``name``) describes; for a
-    ``model`` seen through the protocol alone, the protocol estimator of ``PROTOCOL_ROUTES``."""
+def serves(name: str, model, inference=None) -> bool:
+    """Whether the registry's class ``name`` takes ``model`` itself (its own check, at its default settings)."""
+    cls = ESTIMATORS[name]
+    if protocol_only(model):
+        return getattr(cls, "serves_protocol", False)
+    try:
+        cls().check(model, inference)
+    except ConfigError:
+        return False
+    return True
+
+
+def routed(name, model, inference=None) -> bool:
+    """Whether ``estimator=name`` on ``model`` is the route of ``PROTOCOL_ROUTES`` rather than the registry's class."""
+    return (model is not None and name in PROTOCOL_ROUTES and follows_protocol(model)
+            and not serves(name, model, inference))
+
+
+def protocol_names() -> list[str]:
+    """The estimators that score a model seen through the protocol alone."""
+    return sorted({*PROTOCOL_ROUTES, *(n for n, c in ESTIMATORS.items() if getattr(c, "serves_protocol", False))})
+
+
+def user_settings(cfg, given=None) -> dict:
+    """The keys of ``cfg`` the user set: those whose value differs from the registry class's default (a config
+    file's own values are its defaults; an experiment's are the user's), and those in ``given`` (the keys named on
+    the command line or as keywords, whatever their value)."""
+    cls = ESTIMATORS[cfg.get("name")]
+    defaults = {p.name: p.default for p in inspect.signature(cls).parameters.values()}
+    given = set(given or ())
+    return {key: plain(value) for key, value in cfg.items()
+            if key not in DRIVER_KEYS and key not in cls.config_only
+            and (key in given or key not in defaults or plain(value) != defaults[key])}
+
+
+def resolve(cfg, model=None, given=None, inference=None) -> tuple[type, dict]:
+    """(class, keyword settings) of the estimator ``cfg`` (``estimator.*``: a Hydra config or any mapping with
+    ``name``) describes for ``model`` (None: the registry's class); where the registry's class does not take
+    ``model``, the route of ``PROTOCOL_ROUTES`` with the settings the user set (``user_settings``; ``given`` names
+    them). A key the class does not take is refused in one line."""
     name = cfg.get("name")
     cls = lookup("estimator", name, ESTIMATORS)
-    given = estimator_settings(cfg)
-    if model is None or not protocol_only(model) or getattr(cls, "serves_protocol", False):
-        return cls(**given)
-    if name not in PROTOCOL_ROUTES:
-        served = set(PROTOCOL_ROUTES) | {n for n, c in ESTIMATORS.items() if getattr(c, "serves_protocol", False)}
+    if routed(name, model, inference):
+        target, names = PROTOCOL_ROUTES[name]
+        settings = {names.get(k, k): v for k, v in user_settings(cfg, given).items()}
+        known = parameters(target)
+        return target, read_settings("estimator", f"{name} (per-example AIS on a {type(model).__name__})", settings,
+                                     known, [k for k in SHARED_KEYS if k not in known])
+    if model is not None and protocol_only(model) and not getattr(cls, "serves_protocol", False):
         raise ConfigError(f"estimator={name} needs a capability a {type(model).__name__} does not declare (it follows "
-                          f"the model protocol alone); use estimator={', '.join(sorted(served))}")
-    target, keys = PROTOCOL_ROUTES[name]
-    return MODEL_ESTIMATORS[target](**{keys[k]: v for k, v in given.items() if k in keys})
+                          f"the model protocol alone); use estimator={', '.join(protocol_names())}")
+    return cls, estimator_settings(cfg)
+
+
+def build_estimator(cfg, model=None, given=None, inference=None):
+    """The estimator ``cfg`` describes for ``model`` (``resolve``)."""
+    cls, settings = resolve(cfg, model, given, inference)
+    return cls(**settings)
+
+
+def evaluate_model(model, x, estimator: str = "ais", *, seed: int = 0, progress=None, budget: float | None = None,
+                   **settings) -> Result:
+    """log p(x) of each row of ``x`` under a model following ``nvil.models.protocol``, with ``estimator`` (ais | iwae |
+    bdmc | exact; binary z also chib | ais_posterior | harmonic; continuous z chib_mh) and its keyword ``settings``; a
+    ``Result`` with ``mean_log_p``, ``stderr``, ``certified``, ``warnings`` and the per-example ``log_p``. ``x`` is on
+    the device the model computes on; bdmc ignores it. ``budget``: seconds; the estimator starts small and doubles its
+    temperatures and chains until its certificate holds or the budget would be overrun (``nvil.estimators.budget``),
+    the rounds in ``extras["budget"]``."""
+    cls, kwargs = resolve({"name": estimator, **settings}, model, given=set(settings))
+    est = cls(**kwargs)
+    est.check(model)
+    if budget is None:
+        return est.estimate(model, x, seed=seed, progress=progress)
+    return within_budget(cls, kwargs, budget,
+                         lambda est, round_seed: est.estimate(model, x, seed=round_seed, progress=progress), seed)
 
 
 __all__ = ["AIS", "AISHMC", "AISPosterior", "AISSettings", "BDMC", "CertifySettings", "Chib", "ChibMH", "Classify",
-           "DBMBound", "DBNBound", "ELBO", "ESTIMATORS", "Exact", "Harmonic", "IWAE", "LogZSettings", "MODEL_ESTIMATORS",
-           "ModelAIS", "RAISE", "Result", "SampledBound", "build_estimator",
-           "estimator_settings", "evaluate_model"]
+           "DBMBound", "DBNBound", "ELBO", "ESTIMATORS", "Exact", "Harmonic", "IWAE", "LogZSettings", "ModelAIS", "PROTOCOL_ROUTES", "RAISE", "Result", "SMC", "SampledBound", "build_estimator",
+           "estimator_settings", "resolve", "evaluate_model", "protocol_names", "routed", "serves"]

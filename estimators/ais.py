@@ -32,8 +32,8 @@ from nvil.core.errors import ConfigError
 from nvil.estimators.ais_rbm import base_rate, check_boltzmann, free_energy_log_p
 from nvil.estimators.annealing import LogZ
 from nvil.estimators.base import Estimator, Result, check_rows, default_generator, phase_namer, shows_progress
-from nvil.estimators.certify import (CertifiedLogZ, certified_log_z, check_sources, log_p_extras,
-                                     stored_particles)
+from nvil.estimators.certify import CertifiedLogZ, certified_log_z, check_sources, log_p_extras
+from nvil.estimators.reverse_starts import stored_particles
 from nvil.estimators.log_z import cached_log_z, log_z_key
 from nvil.estimators.settings import AISSettings, CertifySettings
 from nvil.models.protocol import TOP_MACHINE, VARIATIONAL_BOUND, capable
@@ -121,10 +121,18 @@ class AIS(Estimator):
         (``nvil.estimators.log_z.cached_log_z``)."""
         if checkpoint is None or not self.cache:
             return self.certified_log_z(model, train, rows, generator, progress, particles, phase), False
-        key = log_z_key(model, owner or model, self.settings, self.cert, seed, self.reverse_sources, reverse_rows=rows_split)
+        key = log_z_key(model, owner or model, self.settings, self.cert, seed, self.reverse_sources,
+                        reverse_rows=rows_split, **self.cache_extra())
         fresh = torch.Generator(device=model.W.device).manual_seed(seed)
         return cached_log_z(checkpoint, key, model, rows, self.cert,
                             lambda: self.certified_log_z(model, train, rows, fresh, progress, particles, phase), phase)
+
+    def cache_extra(self) -> dict:
+        """What else the cached log Z depends on (a subclass's sampler settings)."""
+        return {}
+
+    def schedule_label(self) -> str:
+        return self.settings.schedule
 
     def side(self, c: CertifiedLogZ) -> LogZ:
         """The log Z that ``mean_log_p`` uses: the forward estimate."""
@@ -170,7 +178,7 @@ class AIS(Estimator):
         log_p = free_energy_log_p(model, data, side.log_z, self.batch_size, progress,
                                   None if owner is None else owner.variational_bound)
         result = Result(self.name, log_p, time.perf_counter() - t0, seed,
-                        {**c.extras(), "num_betas": c.forward.num_betas, "schedule": self.settings.schedule},
+                        {**c.extras(), "num_betas": c.forward.num_betas, "schedule": self.schedule_label()},
                         shared_stderr=side.stderr)
         if owner is not None:
             result.extras["lower_bound"] = "mean-field lower bound"

@@ -21,7 +21,7 @@ the truth; with 3 leapfrog steps the error changes sign (0.906 +- 0.003). With p
 1.000 +- 0.004 (tests/test_ais_hmc_unbiased.py). ``adapt=false``: every move uses the constant ``step_size``,
 and no pilot runs.
 
-The estimator is ``ModelAIS`` (``nvil.estimators.model_estimators``), the AIS every model of the protocol gets,
+The estimator is ``ModelAIS`` (``nvil.estimators.ais_per_example``), the AIS every model of the protocol gets,
 seeing the net through ``ContinuousLatent``; its path is ``nvil.estimators.model_paths.ModelPath`` with the prior as
 its base; the net declares ``closed_form_gradient``, so its leapfrog steps use ``GaussianNet.posterior``
 instead of autograd (``nvil.backend.registry``). The sampler runs in the auxiliary form by default (the state is eps, the prior is N(0, I)); ``form=centred``
@@ -33,7 +33,7 @@ from __future__ import annotations
 import torch
 
 from nvil.core.errors import ConfigError
-from nvil.estimators.model_estimators import ModelAIS
+from nvil.estimators.ais_per_example import ModelAIS
 from nvil.estimators.model_paths import (  # noqa: F401  (the names this estimator's docstring and tests use)
     CONTINUOUS_HINT,
     MAX_STEP_SIZE,

@@ -33,7 +33,7 @@ from nvil.estimators.base import (
     phase_namer,
     shows_progress,
 )
-from nvil.estimators.certify import stored_particles
+from nvil.estimators.reverse_starts import stored_particles
 from nvil.estimators.log_z import apply_log_z, has_top_log_z, top_log_z
 from nvil.estimators.latent_model import BOLTZMANN_ESTIMATORS
 from nvil.estimators.settings import LOG_Z, LogZSettings

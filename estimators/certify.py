@@ -36,7 +36,8 @@ from nvil.estimators.annealing import LogZ, make_ladder
 from nvil.estimators.base import Certificate
 from nvil.estimators.hard_bound import HardBound, climb, hard_lower_bound
 from nvil.estimators.reverse_starts import (SOURCES, ReverseRun, check_sources, choose_reverse, gibbs_run,
-                                            resampled_end_states, reverse_log_zs, reverse_starts, tolerance)
+                                            resampled_end_states, reverse_log_zs, reverse_starts, stored_particles,
+                                            tolerance)
 from nvil.estimators.settings import AISSettings, CertifySettings
 from nvil.models.rbm import BoltzmannMachine
 
@@ -172,8 +173,9 @@ def digest(d: dict) -> str:
 def run_checks(c: CertifiedLogZ, settings: CertifySettings) -> None:
     """The checks, each with the sentence a user sees when it fails."""
     fwd = c.forward
-    fix = ("more betas or more chains" if c.ladder.get("schedule") == "adaptive"
-           else "estimator.schedule=adaptive, more betas or more chains")
+    fix = {"adaptive": "more betas or more chains",
+           "smc": "a higher estimator.cess, more particles or more runs"}.get(
+        c.ladder.get("schedule"), "estimator.schedule=adaptive, more betas or more chains")
 
     # At least MIN_ESS chains' worth: with few chains the fraction alone asks for less than one, and an estimate one
     # chain carries has no standard error to speak of.
@@ -207,18 +209,22 @@ def run_checks(c: CertifiedLogZ, settings: CertifySettings) -> None:
 @torch.no_grad()
 def certified_log_z(model: BoltzmannMachine, base, settings: AISSettings, cert: CertifySettings, generator=None, *,
                     data_rows: torch.Tensor | None = None, particles: torch.Tensor | None = None,
-                    progress: bool = False, accel: str = "none", phase=None, sources=SOURCES) -> CertifiedLogZ:
+                    progress: bool = False, accel: str = "none", phase=None, sources=SOURCES,
+                    sampler=None) -> CertifiedLogZ:
     """Forward AIS for log Z on the ladder ``settings.schedule`` (adaptive: from a pilot run), and, with
     ``cert.certify``, its certificate: the hard lower bound from probes (``reference_bound``'s among them), one
     reverse AIS run on ``reverse_fraction`` of the betas with chains from each of ``sources`` (``reverse_starts``:
     the forward end states resampled by their weights, ``particles``, Gibbs runs from ``data_rows``), the run
     ``choose_reverse`` keeps, and the checks (``run_checks``). One path (and its compiled kernels) and one ladder serve every run: the pilot, forward and
     reverse. ``progress``: inner bars for the forward and reverse runs; ``phase(text)`` is told each phase as it
-    starts (``log Z (forward AIS, 2/4)``), for the evaluation bar's description."""
+    starts (``log Z (forward AIS, 2/4)``), for the evaluation bar's description. ``sampler``: a forward sampler in
+    place of the ladder and forward AIS (``nvil.estimators.smc_estimators.SMCSampler``: its phases' names ``steps``,
+    ``run(path, generator, progress, announce) -> (ForwardRun, Ladder)``); the reverse run walks its ladder."""
     settings, cert = AISSettings.of(settings), CertifySettings.of(cert)  # a dict of either is accepted too
     sources = check_sources(sources)
-    steps = ((["pilot AIS"] if settings.schedule == "adaptive" else []) + ["forward AIS"]
-             + (["hard-bound probes", "reverse AIS"] if cert.certify else []))
+    first = (sampler.steps if sampler is not None
+             else (["pilot AIS"] if settings.schedule == "adaptive" else []) + ["forward AIS"])
+    steps = first + (["hard-bound probes", "reverse AIS"] if cert.certify else [])
 
     def announce(step: str) -> None:
         if phase is not None:
@@ -228,16 +234,22 @@ def certified_log_z(model: BoltzmannMachine, base, settings: AISSettings, cert: 
     t0 = time.perf_counter()
     path = RBMPath(model, base, accel)
     n, K = settings.num_chains, settings.num_betas
-    if settings.schedule == "adaptive":
-        announce("pilot AIS")
-    ladder = make_ladder(settings.schedule, K, pilot=lambda: (path, path.sample_base(n, generator)), generator=generator,
-                         pilot_fraction=cert.pilot_fraction)
-    seconds["pilot"] = time.perf_counter() - t0
-    t1 = time.perf_counter()
-    announce("forward AIS")
-    betas = ladder.betas(K)  # built once: the forward run walks it, and the reverse run too when it has K steps
-    forward = forward_run(path, n, betas, generator, progress)
-    seconds["forward"] = time.perf_counter() - t1
+    if sampler is not None:
+        forward, ladder = sampler.run(path, generator, progress, announce)
+        betas = ladder.betas(ladder.pilot_steps)
+        K = len(betas) - 1
+        seconds["forward"] = time.perf_counter() - t0
+    else:
+        if settings.schedule == "adaptive":
+            announce("pilot AIS")
+        ladder = make_ladder(settings.schedule, K, pilot=lambda: (path, path.sample_base(n, generator)),
+                             generator=generator, pilot_fraction=cert.pilot_fraction)
+        seconds["pilot"] = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        announce("forward AIS")
+        betas = ladder.betas(K)  # built once: the forward run walks it, and the reverse run too when it has K steps
+        forward = forward_run(path, n, betas, generator, progress)
+        seconds["forward"] = time.perf_counter() - t1
     c = CertifiedLogZ(forward.estimate, ladder.extras(), seconds=seconds)
     if not cert.certify:
         return c
@@ -286,14 +298,3 @@ def log_p_extras(mean_log_p: float, c: CertifiedLogZ, used_log_z: float) -> dict
     if c.bound is not None:
         out["mean_log_p_hard_upper_bound"] = round(mean_log_p + used_log_z - c.bound.value, 4)
     return out
-
-
-def stored_particles(payload: dict | None, n_visible: int) -> torch.Tensor | None:
-    """The persistent particles a checkpoint's learner stored (SAP and its kin; a greedy DBN run's current layer),
-    when they fit a model with ``n_visible`` units."""
-    learner = (payload or {}).get("learner") or {}
-    for state in (learner, learner.get("inner") or {}):
-        x = state.get("particles_x") if isinstance(state, dict) else None
-        if torch.is_tensor(x) and x.dim() == 2 and x.shape[1] == n_visible and len(x):
-            return x
-    return None

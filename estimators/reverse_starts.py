@@ -177,3 +177,14 @@ def reverse_log_zs(path: RBMPath, x_inits: list[torch.Tensor], betas: torch.Tens
     seconds = time.perf_counter() - t0
     return [LogZ.from_log_w(w, path.log_z0(), "reverse", len(betas) - 1, seconds * len(w) / len(log_w))
             for w in log_w.split(sizes)]
+
+
+def stored_particles(payload: dict | None, n_visible: int) -> torch.Tensor | None:
+    """The persistent particles a checkpoint's learner stored (SAP and its kin; a greedy DBN run's current layer),
+    when they fit a model with ``n_visible`` units."""
+    learner = (payload or {}).get("learner") or {}
+    for state in (learner, learner.get("inner") or {}):
+        x = state.get("particles_x") if isinstance(state, dict) else None
+        if torch.is_tensor(x) and x.dim() == 2 and x.shape[1] == n_visible and len(x):
+            return x
+    return None

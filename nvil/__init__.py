@@ -28,7 +28,7 @@ import importlib
 
 _API = {"train": "nvil.app.api", "evaluate": "nvil.app.api", "Run": "nvil.app.api", "load": "nvil.app.api",
         "compare": "nvil.app.api", "Latent": "nvil.models.protocol",
-        "evaluate_model": "nvil.estimators.model_estimators"}
+        "evaluate_model": "nvil.estimators"}
 
 
 def __getattr__(name: str):

@@ -48,8 +48,8 @@ def tiny_model(n_visible: int = 6, layers=(4, 3), seed: int = 0, scale: float = 
     posterior, so importance sampling converges at moderate K.
     """
     torch.manual_seed(seed)
-    spec = {"name": name, "layers": list(layers), "n_latent": int(sum(layers)),
-            "inference": {"autoregressive": autoregressive_q}}
+    size = {"n_latent": int(sum(layers))} if name == "fdarn" else {"layers": list(layers)}
+    spec = {"name": name, **size, "inference": {"autoregressive": autoregressive_q}}
     model, inference = build_model(OmegaConf.create(spec), n_visible)
     with torch.no_grad():
         for p in model.parameters():

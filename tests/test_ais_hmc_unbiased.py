@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from nvil.core.ops import mean_and_stderr
-from nvil.estimators import bdmc, model_estimators
+from nvil.estimators import ais_per_example, bdmc
 from nvil.estimators.ais_hmc import MAX_STEP_SIZE, AISHMC, ContinuousLatent, fixed_kernel_path
 from nvil.estimators.annealing import StepTape, ais, schedule
 from nvil.estimators.model_paths import ModelPath, pilot_steps
@@ -69,7 +69,7 @@ def test_pilot_step_sizes_keep_exp_log_w_unbiased_for_p_x():
 
 def test_step_sizes_adapted_on_the_chain_itself_fail_the_same_check(monkeypatch):
     """No pilot: ``ModelPath`` without fixed step sizes adapts each main chain's own after every move."""
-    monkeypatch.setattr(model_estimators, "fixed_kernel_path", chain_adapted_path)
+    monkeypatch.setattr(ais_per_example, "fixed_kernel_path", chain_adapted_path)
     mean, se = ais_hmc_ratio()
     assert mean - 1 > 3 * se, f"E[w] / p(x) = {mean:.4f} +- {se:.4f}"
 

@@ -92,5 +92,5 @@ def test_evaluate_py_takes_estimator_budget(tmp_path):
     assert rounds[0]["num_betas"] == 10 and rounds[0]["num_chains"] == 4 and r.certified == rounds[-1]["certified"]
     with pytest.raises(ConfigError, match="cannot be split between processes"):
         nvil.evaluate(ck, estimator="ais", budget=60, **{**quiet, "eval.shard": 0, "eval.num_shards": 2})
-    with pytest.raises(ConfigError, match="estimator.budget"):  # exact has no temperatures: its config has no budget
+    with pytest.raises(ConfigError, match="Exact has no num_betas and num_chains to grow"):  # no temperatures
         nvil.evaluate(ck, estimator="exact", **{**quiet, "estimator.budget": 5})

@@ -69,3 +69,36 @@ def test_every_registered_family_is_covered():
 def test_asking_for_a_capability_that_does_not_exist_is_an_error_not_a_false():
     with pytest.raises(ValueError, match="unknown capability 'boltzmann'"):
         capable(object(), "boltzmann")
+
+
+def model_yaml(name: str) -> dict:
+    from omegaconf import OmegaConf
+
+    from nvil.core.config import CONFIG_DIR
+    cfg = OmegaConf.to_container(OmegaConf.load(Path(CONFIG_DIR) / "model" / f"{name}.yaml"))
+    return {k: v for k, v in cfg.items() if k != "defaults"}
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_builder_defaults_are_the_config_files(name):
+    """Each family's builder takes its config file's keys as typed keywords with the file's values as defaults, so
+    a model built in a notebook with no keywords is the one ``model=NAME`` trains."""
+    import inspect
+
+    from nvil.core.registry import plain
+    params = inspect.signature(MODELS[name]).parameters
+    settings = {k: v for k, v in model_yaml(name).items() if k != "name"}
+    assert set(settings) == set(params) - {"n_visible"}
+    for key, value in settings.items():
+        assert plain(params[key].default) == value, f"{name}.yaml's {key}"
+
+
+def test_a_key_a_family_does_not_take_is_one_line_naming_its_settings():
+    from nvil.core.errors import ConfigError
+    with pytest.raises(ConfigError, match=r"model.n_hiden is not a setting of model=rbm \(did you mean "
+                                          r"model.n_hidden\?\); its settings are n_hidden, visible, labels"):
+        build_model({"name": "rbm", "n_hiden": 5}, 6)
+    with pytest.raises(ConfigError, match="model.inference.autoregresive is not a setting"):
+        build_model({"name": "sbn", "inference": {"autoregresive": True}}, 6)
+    with pytest.raises(ConfigError, match="unknown model 'rbn'"):
+        build_model({"name": "rbn"}, 6)

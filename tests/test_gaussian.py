@@ -290,10 +290,16 @@ def test_gaussian_estimators_and_errors_through_evaluate(tmp_path):
             device="cpu", progress=False, num_examples=20))
         assert torch.isfinite(results[name].log_p).all() and results[name].log_p.shape == (20,)
     assert results["iwae"].extras["proposal"] == "prior"
-    for name, hint in [("chib", "ais_hmc"), ("ais_posterior", "ais_hmc"), ("ais", "ais_hmc")]:
+    for name, hint in [("chib", "ais_hmc"), ("ais_posterior", "ais_hmc")]:
         with pytest.raises(ConfigError, match=hint):
             evaluate_checkpoint(m["checkpoint"], estimator_config(name), EvalSpec(
                 device="cpu", progress=False, num_examples=5))
+    # estimator=ais on a Gaussian net is per-example AIS through the protocol (ModelAIS), with its own defaults
+    # and the settings given (not the Boltzmann machine's log-Z defaults of ais.yaml)
+    ais = evaluate_checkpoint(m["checkpoint"], OmegaConf.merge(estimator_config("ais"), {"num_betas": 30, "num_chains": 4}),
+                              EvalSpec(device="cpu", progress=False, num_examples=5, given=("num_betas", "num_chains")))
+    assert ais.summary()["num_chains"] == 4 and ais.summary()["schedule"] == "sigmoid"
+    assert torch.isfinite(ais.log_p).all()
 
 
 def test_continuous_estimators_and_learners_refuse_other_models(tmp_path):

@@ -309,8 +309,10 @@ def test_settings_a_model_cannot_use_are_refused(linear, binary):
         Exact(max_latent=4).check(binary[0])
     with pytest.raises(ConfigError, match="not a setting of estimator=ais"):
         evaluate_model(linear[0], linear[1], "ais", num_temperatures=10)
-    with pytest.raises(ConfigError, match="unknown estimator"):
+    with pytest.raises(ConfigError, match="estimator=raise needs a capability"):
         evaluate_model(linear[0], linear[1], "raise")
+    with pytest.raises(ConfigError, match="unknown estimator"):
+        evaluate_model(linear[0], linear[1], "ais_typo")
     with pytest.raises(ConfigError, match="binary latent units.*continuous"):
         evaluate_model(linear[0], linear[1], "chib")
     with pytest.raises(ConfigError, match="fixed ladder"):

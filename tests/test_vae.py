@@ -137,6 +137,17 @@ def test_train_then_evaluate_a_vae(tmp_path):
                         **{"eval.num_examples": 30, "eval.progress": False})
     assert ais.summary()["num_chains"] == 4 and math.isfinite(iwae.mean_log_p)
     assert ais.mean_log_p > iwae.mean_log_p - 3 * math.hypot(ais.stderr, iwae.stderr)
+    # estimator=ais on a VAE is the same per-example AIS as ais_hmc's route: the same numbers for the same seed,
+    # with the settings the user gave (num_chains=100 is AIS's log-Z default, honoured because it was given)
+    by_name = nvil.evaluate(run.checkpoint, estimator="ais", num_betas=50, num_chains=4,
+                            **{"eval.num_examples": 30, "eval.progress": False})
+    assert torch.equal(by_name.log_p, ais.log_p) and by_name.summary()["schedule"] == "sigmoid"
+    wide = nvil.evaluate(run.checkpoint, estimator="ais", num_betas=10, num_chains=100, iwae_samples=0,
+                         num_simulated=0, **{"eval.num_examples": 2, "eval.progress": False})
+    assert wide.summary()["num_chains"] == 100
+    with pytest.raises(nvil.core.errors.ConfigError, match="reverse_sources is not a setting of estimator=ais "
+                                                           r"\(per-example AIS on a VAE\)"):
+        nvil.evaluate(run.checkpoint, estimator="ais", reverse_sources=["data"], **{"eval.progress": False})
     bdmc = nvil.evaluate(run.checkpoint, estimator="bdmc", num_simulated=8, num_betas=50, num_chains=2,
                          **{"eval.progress": False})
     assert bdmc.extras["bdmc_gap"] >= -1.0

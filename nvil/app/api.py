@@ -35,7 +35,7 @@ from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
 from nvil.app import objects
-from nvil.app.cli import explain, user_model_overrides
+from nvil.app.cli import explain, estimator_overrides
 from nvil.app.main import evaluate as evaluate_job
 from nvil.app.main import train_job
 from nvil.core.config import CONFIG_DIR
@@ -160,7 +160,7 @@ def evaluate(source, x=None, *overrides, estimator=None, **settings) -> Result:
         if any(not isinstance(e, str) for e in ([estimator] if estimator is not None else [])):
             raise ConfigError("evaluating a checkpoint from its path takes an estimator's name; for an estimator "
                               "object give the rows too: nvil.evaluate(nvil.load(path), x, estimator=AIS(...))")
-        given = user_model_overrides([f"checkpoint={source}", *given])
+        given = estimator_overrides([f"checkpoint={source}", *given])
         return evaluate_job(compose_config("evaluate", given), given)
     if overrides:
         raise ConfigError(f"override strings {list(overrides)} apply to a checkpoint evaluated on its own split; "

@@ -35,7 +35,7 @@ def run_task(hydra_main: Callable, config_name: str, run_dir_root: str | None = 
     ``hydra.run.dir``, and only rank 0 writes Hydra's own files there."""
     try:
         if config_name == "evaluate":
-            sys.argv[1:] = user_model_overrides(sys.argv[1:])
+            sys.argv[1:] = estimator_overrides(sys.argv[1:])
         argv = sys.argv[1:]
         check_group_choices(argv)
         check_launcher(argv)
@@ -57,12 +57,11 @@ def run_task(hydra_main: Callable, config_name: str, run_dir_root: str | None = 
         distributed.cleanup()
 
 
-def user_model_overrides(argv: list[str]) -> list[str]:
-    """With ``model_module=`` (a model of the user's own), ``estimator.KEY=VALUE`` becomes ``++estimator.KEY=VALUE``:
-    its keys are the settings of ``nvil.estimators.MODEL_ESTIMATORS``, not those of the package's estimator files,
-    and ``nvil.app.user_model`` checks them against the estimator's own."""
-    if not any(a.startswith("model_module=") for a in argv):
-        return argv
+def estimator_overrides(argv: list[str]) -> list[str]:
+    """``estimator.KEY=VALUE`` becomes ``++estimator.KEY=VALUE``: which keys an estimator takes depends on the model
+    it scores (a user's model, or ``estimator=ais`` on a VAE: per-example AIS, ``nvil.estimators.PROTOCOL_ROUTES``),
+    known only once the model is loaded, so the estimator's own settings refuse an unknown key in one line
+    (``nvil.estimators.resolve``) rather than the config file's."""
     return [f"++{a}" if a.startswith("estimator.") else a for a in argv]
 
 

@@ -35,9 +35,9 @@ from nvil.core.errors import CertificateFailed, CheckpointError, ConfigError, Da
 from nvil.core.files import append_line, describe_write_failure
 from nvil.core.ops import mean_and_stderr
 from nvil.data import build_model_data, take_rows
-from nvil.estimators import build_estimator
+from nvil.estimators import PROTOCOL_ROUTES, build_estimator, resolve
 from nvil.estimators.base import Result, progress_interval
-from nvil.estimators.budget import check_budget, grow, size_keys
+from nvil.estimators.budget import check_budget, size_keys, within_budget
 from nvil.models import MODELS, build_model
 
 
@@ -100,6 +100,7 @@ class EvalSpec:
     strict: bool = False  # an estimate that is not certified raises ``CertificateFailed``
     flush_denormal: bool = True  # flush denormal floats to zero on the CPU (nvil/backend/denormals.py)
     threads: int | str = "auto"  # torch's intra-op threads (nvil/backend/threads.py)
+    given: tuple[str, ...] | None = None  # the estimator settings the user set (None: those unlike the defaults)
 
     @property
     def sharded(self) -> bool:
@@ -120,9 +121,11 @@ def _evaluate_checkpoint(path: Path, estimator_cfg, spec: EvalSpec) -> Result:
     if d.enabled and spec.sharded:
         raise ConfigError("eval.shard / eval.num_shards split the work between separate jobs; under torchrun the "
                           "ranks already share the examples, so leave them unset")
-    build_estimator(estimator_cfg)  # a bad setting is refused before the checkpoint is read
+    if estimator_cfg.get("name") not in PROTOCOL_ROUTES:  # a route's settings are known once the model is
+        build_estimator(estimator_cfg)  # a bad setting is refused before the checkpoint is read
     model, inference, payload = load_model(path, dev)
-    estimator = build_estimator(estimator_cfg, model)
+    built = resolve(estimator_cfg, model, spec.given, inference)
+    estimator = built[0](**built[1])
     if estimator.simulates_own_data and (d.enabled or spec.sharded):
         raise ConfigError(f"estimator={estimator.name} simulates its own examples, so sharding it (torchrun, eval.shard) "
                           "would repeat them on every shard; run it in one process")
@@ -130,7 +133,7 @@ def _evaluate_checkpoint(path: Path, estimator_cfg, spec: EvalSpec) -> Result:
     budget = estimator_cfg.get("budget")
     if budget is not None:
         check_budget(budget)
-        size_keys(type(estimator))
+        size_keys(built[0])
         if d.enabled or spec.sharded:
             raise ConfigError("estimator.budget grows one estimate until its certificate holds; its rounds cannot be "
                               "split between processes: run it in one (no torchrun, no eval.shard)")
@@ -146,7 +149,7 @@ def _evaluate_checkpoint(path: Path, estimator_cfg, spec: EvalSpec) -> Result:
         x = first_per_class(x, data, spec.split, positive_int(spec.per_class, "eval.per_class"), estimator.name)
     total = data.rows_to_evaluate(x, spec.split, spec.num_examples)
     start, stop = shard_rows(total, d.rank if d.enabled else spec.shard, d.world_size if d.enabled else spec.num_shards,
-                             int(estimator_cfg.get("batch_size", 100) or 100))
+                             int(getattr(estimator, "batch_size", None) or estimator_cfg.get("batch_size") or 100))
     x = take_rows(x, start, stop, dense=False)
     # What estimators need beyond the rows (classify: labels; AIS: training marginals; DBNs: the log Z cache).
     inputs = estimator.dataset_inputs(model, data, spec.split, (start, stop), checkpoint=path, payload=payload)
@@ -156,7 +159,8 @@ def _evaluate_checkpoint(path: Path, estimator_cfg, spec: EvalSpec) -> Result:
         if budget is None:
             result = _estimate(estimator, model, inference, x, inputs, spec, dev, d)
         else:
-            result = _within_budget(estimator_cfg, budget, model, inference, x, inputs, spec, dev, d)
+            result = within_budget(*built, budget, lambda est, round_seed: _estimate(
+                est, model, inference, x, inputs, replace(spec, seed=round_seed), dev, d), spec.seed)
     except (MemoryError, RuntimeError) as e:  # torch.OutOfMemoryError is a RuntimeError
         if not out_of_memory(e):
             raise
@@ -193,22 +197,6 @@ def _estimate(estimator, model, inference, x: torch.Tensor, inputs: dict, spec: 
               bar_format="{l_bar}{bar}| {n:.1f}/{total_fmt} [{elapsed}<{remaining}, {rate_fmt}{postfix}]") as bar:
         return estimator.estimate(model, x, inference=inference, generator=generator, seed=spec.seed, progress=bar,
                                   **inputs)
-
-
-def _within_budget(estimator_cfg, budget, model, inference, x, inputs, spec: EvalSpec, dev, d) -> Result:
-    """``estimator.budget``: the estimator ``estimator_cfg`` describes, grown from small (``nvil.estimators.budget``),
-    each round built from the config with its two sizes replaced, under the config's own names."""
-    chains_name = "num_chains" if "num_chains" in estimator_cfg else "num_runs"
-    cfg = OmegaConf.to_container(estimator_cfg, resolve=True) if OmegaConf.is_config(estimator_cfg) else dict(estimator_cfg)
-
-    def make(betas: int, chains: int):
-        return build_estimator({**cfg, "num_betas": betas, chains_name: chains}, model)
-
-    def one_round(est, round_seed: int) -> Result:
-        return _estimate(est, model, inference, x, inputs, replace(spec, seed=round_seed), dev, d)
-
-    return grow(make, int(cfg["num_betas"]), int(cfg[chains_name]), budget, one_round, spec.seed,
-                ("num_betas", chains_name))
 
 
 def _report(result: Result, name: str, out: Path, explicit: bool = False) -> None:

@@ -25,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from nvil.app.cli import guarded, run_task
 from nvil.app.evaluation import EvalSpec, evaluate_checkpoint
-from nvil.app.user_model import evaluate_user_model
+from nvil.app.user_model import evaluate_user_model, given_keys
 from nvil.app.logging import log_hparams
 from nvil.app.loop import fit
 from nvil.app.resume import record_config, run_config
@@ -156,14 +156,15 @@ def evaluate(cfg: DictConfig, overrides: list[str] | tuple[str, ...] = ()) -> Re
         return evaluate_user_model(cfg, list(overrides))
     if not cfg.get("checkpoint"):
         raise ConfigError("evaluate.py needs checkpoint=PATH")
-    overrides = {k: v for k, v in OmegaConf.to_container(cfg.data, resolve=True).items()
-                 if k != "split" and not (k == "name" and v is None)}
+    given = tuple(given_keys(overrides))
+    data_overrides = {k: v for k, v in OmegaConf.to_container(cfg.data, resolve=True).items()
+                      if k != "split" and not (k == "name" and v is None)}
     return evaluate_checkpoint(cfg.checkpoint, cfg.estimator, EvalSpec(
         split=cfg.data.split, num_examples=cfg.eval.num_examples, seed=cfg.seed, device=cfg.eval.device,
-        progress=cfg.eval.progress, data_overrides=overrides, output=cfg.eval.output, shard=cfg.eval.get("shard"),
+        progress=cfg.eval.progress, data_overrides=data_overrides, output=cfg.eval.output, shard=cfg.eval.get("shard"),
         num_shards=cfg.eval.get("num_shards"), per_class=cfg.eval.get("per_class"),
         strict=bool(cfg.estimator.get("strict", False)), flush_denormal=cfg.eval.get("flush_denormal", True),
-        threads=cfg.eval.get("threads", "auto")))
+        threads=cfg.eval.get("threads", "auto"), given=given))
 
 
 def _train_hydra_job(cfg: DictConfig) -> dict:

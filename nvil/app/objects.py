@@ -23,11 +23,10 @@ from nvil.app.evaluation import load_model
 from nvil.core.config import resolve_device
 from nvil.core.errors import ConfigError
 from nvil.core.ops import mean_and_stderr
-from nvil.estimators import ESTIMATORS, MODEL_ESTIMATORS, build_estimator
+from nvil.estimators import resolve
 from nvil.estimators.base import Estimator, Result
 from nvil.estimators.budget import within_budget
-from nvil.estimators.model_estimators import build_model_estimator
-from nvil.models.protocol import follows_protocol, protocol_only
+from nvil.models.protocol import protocol_only
 
 
 def load(path: str | Path, device: str | torch.device = "cpu") -> torch.nn.Module:
@@ -50,37 +49,22 @@ def builtin(model) -> bool:
     return not protocol_only(model)
 
 
-def serves(name: str, model) -> bool:
-    """Whether the registry's estimator ``name`` takes ``model`` (its own check, at its default settings)."""
-    try:
-        ESTIMATORS[name]().check(model, getattr(model, "inference_network", None))
-    except ConfigError:
-        return False
-    return True
-
-
-def estimator_object(name_or_estimator, settings: dict, model) -> Estimator:
+def estimator_object(name_or_estimator, settings: dict, model) -> tuple[Estimator, tuple[type, dict] | None]:
     """The estimator ``name_or_estimator`` (a name of the registry, or an estimator object, which takes no further
-    settings) with ``settings`` as its keywords."""
+    settings) with ``settings`` as its keywords, for ``model`` (``nvil.estimators.resolve``), and the (class,
+    keywords) it was built from (None for an object)."""
     if isinstance(name_or_estimator, Estimator):
         if settings:
             raise ConfigError(f"settings {sorted(settings)} were given beside an estimator object; set them on "
                               f"{type(name_or_estimator).__name__}(...) itself")
-        return name_or_estimator
+        return name_or_estimator, None
     if name_or_estimator is None:
         raise ConfigError("name the estimator: estimator='ais', 'iwae', 'exact', ... (or an estimator object)")
     if not isinstance(name_or_estimator, str):
         raise ConfigError(f"estimator must be a name or an estimator object, got {type(name_or_estimator).__name__}")
-    if builtin(model):
-        if name_or_estimator not in ESTIMATORS:
-            raise ConfigError(f"unknown estimator {name_or_estimator!r}; known estimators: {', '.join(sorted(ESTIMATORS))}")
-        if name_or_estimator in MODEL_ESTIMATORS and follows_protocol(model) and not serves(name_or_estimator, model):
-            return build_model_estimator(name_or_estimator, **settings)  # a Gaussian net's ais: the protocol's AIS
-        return build_estimator({"name": name_or_estimator, **settings})
-    if name_or_estimator not in MODEL_ESTIMATORS:
-        raise ConfigError(f"estimator={name_or_estimator} does not score a user's model; its estimators are "
-                          f"{', '.join(sorted(MODEL_ESTIMATORS))}")
-    return build_model_estimator(name_or_estimator, **settings)
+    cls, kwargs = resolve({"name": name_or_estimator, **settings}, model, given=set(settings),
+                          inference=getattr(model, "inference_network", None))
+    return cls(**kwargs), (cls, kwargs)
 
 
 def estimate(model, x, estimator, *, seed: int = 0, train=None, inference=None, progress=None,
@@ -90,7 +74,7 @@ def estimate(model, x, estimator, *, seed: int = 0, train=None, inference=None, 
     default ``x``); ``inference``: q(h | v) (default the loaded model's ``inference_network``); ``budget``: seconds,
     within which an annealing estimator named here grows from small until its certificate holds
     (``nvil.estimators.budget``)."""
-    est = estimator_object(estimator, settings, model)
+    est, built = estimator_object(estimator, settings, model)
     accepted = inspect.signature(est.estimate).parameters
     inputs = {"seed": seed, "progress": progress}
     if "inference" in accepted:
@@ -102,11 +86,11 @@ def estimate(model, x, estimator, *, seed: int = 0, train=None, inference=None, 
         check(model, inputs.get("inference")) if builtin(model) else check(model)
     if budget is None:
         return est.estimate(model, x, **inputs)
-    if not isinstance(estimator, str):
+    if built is None:
         raise ConfigError("budget= grows an estimator named by its settings (estimator='ais', num_chains=...), not "
                           "an estimator object")
 
-    return within_budget(type(est), settings, budget,
+    return within_budget(*built, budget,
                          lambda est, round_seed: est.estimate(model, x, **{**inputs, "seed": round_seed}), seed)
 
 

@@ -10,8 +10,8 @@ The module is imported only because the user named it (a file path, or a dotted 
 dict, or a dict holding one under ``state_dict`` / ``model_state_dict`` / ``model``) read with
 ``torch.load(weights_only=True)``. The data: ``data.name=`` one of the package's datasets (configs/data/, with
 ``data.split``) or ``data_file=`` a tensor [N, ...] saved with ``torch.save``. The estimator's settings are the
-``estimator.KEY=VALUE`` overrides given, over the defaults of ``MODEL_ESTIMATORS[estimator]`` (the package's own
-estimator files hold the settings of its own models and do not apply); without ``estimator=`` it is ``ais``.
+``estimator.KEY=VALUE`` overrides given, over the defaults of the estimator's class (``nvil.estimators.resolve``: the
+package's estimator files hold the settings of its own models and do not apply); without ``estimator=`` it is ``ais``.
 """
 
 from __future__ import annotations
@@ -27,14 +27,13 @@ from omegaconf import DictConfig, OmegaConf
 
 from nvil.app.evaluation import EVAL_ROWS, _report
 from nvil.app.memory import out_of_memory
-from nvil.estimators import DRIVER_KEYS
+from nvil.estimators import DRIVER_KEYS, protocol_names, resolve
 from nvil.estimators.budget import within_budget
 from nvil.backend.threads import choose_threads, model_work, restored_threads
 from nvil.core.checkpoint import load_weights_only
 from nvil.core.config import CONFIG_DIR, positive_int, resolve_device
 from nvil.core.errors import CertificateFailed, CheckpointError, ConfigError, OutOfMemory
 from nvil.data import build_model_data
-from nvil.estimators.model_estimators import MODEL_ESTIMATORS, build_model_estimator
 
 STATE_KEYS = ("state_dict", "model_state_dict", "model")
 OVERRIDE = re.compile(r"^\+{0,2}estimator\.([A-Za-z_][A-Za-z0-9_]*)=")
@@ -119,14 +118,19 @@ def user_data(cfg: DictConfig, device: torch.device) -> torch.Tensor:
     return build_model_data(data_cfg, device).split(cfg.data.split)
 
 
+def given_keys(overrides) -> list[str]:
+    """The estimator settings ``overrides`` set (``estimator.KEY=VALUE``, with or without Hydra's ``+`` / ``++``)."""
+    return [m.group(1) for o in overrides if (m := OVERRIDE.match(o))]
+
+
 def user_estimator_settings(cfg: DictConfig, overrides: list[str]) -> tuple[str, dict]:
     """(estimator name, its settings): the name ``estimator=`` chose (ais where none was given) and the values of
     the ``estimator.KEY=`` overrides, as the config resolved them."""
     chosen = any(o.lstrip("+").startswith("estimator=") for o in overrides)
     name = str(cfg.estimator.get("name")) if chosen else "ais"
-    if name not in MODEL_ESTIMATORS:
-        raise ConfigError(f"estimator={name} does not take a user's model; use one of {', '.join(MODEL_ESTIMATORS)}")
-    keys = [m.group(1) for o in overrides if (m := OVERRIDE.match(o))]
+    if name not in protocol_names():
+        raise ConfigError(f"estimator={name} does not take a user's model; use one of {', '.join(protocol_names())}")
+    keys = given_keys(overrides)
     settings = {}
     for key in keys:
         if key in DRIVER_KEYS:
@@ -141,21 +145,22 @@ def evaluate_user_model(cfg: DictConfig, overrides: list[str]):
     ``<checkpoint>.eval.jsonl``, or ``evaluate.jsonl`` in the working directory without a checkpoint)."""
     device = resolve_device(cfg.eval.device)
     name, settings = user_estimator_settings(cfg, overrides)
-    estimator = build_model_estimator(name, **settings)
     kwargs = cfg.get("model_kwargs")
     kwargs = OmegaConf.to_container(kwargs, resolve=True) if OmegaConf.is_config(kwargs) else (kwargs or {})
     if not isinstance(kwargs, dict):
         raise ConfigError(f"model_kwargs must be a mapping such as '{{latent_dim: 50}}', got {kwargs!r}")
     model = build_user_model(cfg.model_module, kwargs, cfg.get("checkpoint"), device)
+    built = resolve({"name": name, **settings}, model, given=set(settings))
+    estimator = built[0](**built[1])
     estimator.check(model)
     modules = [model] if isinstance(model, torch.nn.Module) else []
     with restored_threads():
         torch.set_num_threads(choose_threads(cfg.eval.get("threads", "auto"), model_work(modules, EVAL_ROWS),
                                              "eval.threads"))
-        return _score(cfg, name, estimator, model, device, settings)
+        return _score(cfg, name, estimator, model, device, built)
 
 
-def _score(cfg: DictConfig, name: str, estimator, model, device: torch.device, settings: dict):
+def _score(cfg: DictConfig, name: str, estimator, model, device: torch.device, built: tuple[type, dict]):
     x = user_data(cfg, device)
     n = positive_int(cfg.eval.num_examples, "eval.num_examples", allow_none=True)
     x = x[:n] if n else x
@@ -165,7 +170,7 @@ def _score(cfg: DictConfig, name: str, estimator, model, device: torch.device, s
         if budget is None:
             result = estimator.estimate(model, x, seed=seed)
         else:  # estimator.budget=SECONDS: grown from small until certified (nvil.estimators.budget)
-            result = within_budget(type(estimator), settings, budget,
+            result = within_budget(*built, budget,
                                    lambda est, round_seed: est.estimate(model, x, seed=round_seed), seed)
     except (MemoryError, RuntimeError) as e:
         if not out_of_memory(e):

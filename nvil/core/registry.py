@@ -6,6 +6,7 @@ several classes share (an AIS run, a certificate, a tempered-transitions schedul
 
 from __future__ import annotations
 
+import difflib
 import inspect
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import fields
@@ -42,14 +43,18 @@ def lookup(group: str, name, registry: Mapping, label: str | None = None):
 
 def read_settings(group: str, name: str, cfg: Mapping, known: Sequence[str], skip: Iterable[str] = ()) -> dict:
     """The keywords for ``group=name`` from ``cfg``'s keys: each key but ``skip`` must be one of ``known``, else
-    ``group.KEY is not a setting of group=NAME; its settings are ...``; values as plain Python."""
+    ``group.KEY is not a setting of group=NAME (did you mean group.CLOSEST?); its settings are ...``; values as plain
+    Python."""
     skip = set(skip)
     out = {}
     for key, value in cfg.items():
         if key in skip:
             continue
         if key not in known:
-            raise ConfigError(f"{group}.{key} is not a setting of {group}={name}; its settings are {', '.join(known)}")
+            close = difflib.get_close_matches(str(key), list(known), n=1, cutoff=0.8)
+            hint = f" (did you mean {group}.{close[0]}?)" if close else ""
+            raise ConfigError(f"{group}.{key} is not a setting of {group}={name}{hint}; its settings are "
+                              f"{', '.join(known)}")
         out[key] = plain(value)
     return out
 

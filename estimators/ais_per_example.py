@@ -1,33 +1,19 @@
-"""Certified log p(x) for any model that follows ``nvil.models.protocol`` (a user's own VAE, binary VAE, ...):
+"""Per-example AIS for any model that follows ``nvil.models.protocol`` (a user's own VAE, binary VAE, the built-in
+VAE, the Gaussian nets in a sampler form): ``estimator=ais`` on a model whose latents are integrated out
+(``nvil.estimators.PROTOCOL_ROUTES``), batched over examples x chains (example-major), each batch drawing from a
+generator seeded by (seed, first row), so a seed fixes every estimate and sharding does not change one.
 
-    result = evaluate_model(vae, x_test, estimator="ais", num_betas=1000, num_chains=16)
-    result.mean_log_p, result.stderr, result.certified, result.warnings, result.log_p   # per example
-
-The estimators, batched over examples x chains (example-major), each batch drawing from a generator seeded by
-(seed, first row), so a seed fixes every estimate and sharding does not change one:
-
-- ``iwae``: Burda et al. 2016's L_K = log (1/K) sum_k p(x, z_k) / q(z_k | x), z_k from the proposal or the prior;
-  a stochastic lower bound;
-- ``ais``: per example, ``num_chains`` AIS runs from the base (prior or proposal) to the posterior along
-  ``nvil.estimators.model_paths.ModelPath`` (HMC for continuous z, Gibbs or Metropolis flips for binary z), their
-  weights averaged: exp(estimate) is unbiased for p(x). Its certificate: each example's ESS over its chains; the
-  estimate at or above IWAE's (a lower bound below a cheaper lower bound, beyond 3 standard errors of their paired
-  difference, is flagged); and BDMC at the same settings on data simulated from the model;
-- ``bdmc``: Grosse, Ghahramani & Adams 2015 (bidirectional Monte Carlo): for (z, x) drawn from the model, forward
-  AIS (a stochastic lower bound on log p(x)) and reverse AIS from the exact posterior sample z (a stochastic upper
-  bound); a mean gap above ``max_gap`` says the schedule is too short for forward AIS on real data. It also checks
-  that ``log_likelihood`` and ``sample_likelihood`` agree on whether x depends on z (``likelihood_consistency``);
-- ``exact``: log p(x) = logsumexp_z log p(x, z) over the 2^D states of at most 20 binary units (``Exact``, the
-  one enumeration, which serves the built-in families too);
-- ``chib``, ``ais_posterior``, ``harmonic``: for binary z, the built-in families' own estimators (``Chib``,
-  ``AISPosterior``, ``Harmonic``), whose ``LatentModel`` sees the user's densities and proposal;
-- ``chib_mh``: for continuous z, the Gaussian nets' ``ChibMH`` on the user's log p(x, z) and prior draws.
+Per example, ``num_chains`` AIS runs from the base (prior or proposal) to the posterior along
+``nvil.estimators.model_paths`` (HMC for continuous z, Gibbs or Metropolis flips for binary z), their weights
+averaged: exp(estimate) is unbiased for p(x) (Neal 2001, eq. 3). Its certificate: each example's ESS over its
+chains; the estimate at or above IWAE's (a lower bound below a cheaper lower bound, beyond 3 standard errors of
+their paired difference, is flagged); and BDMC at the same settings on data simulated from the model (Grosse,
+Ghahramani & Adams 2015).
 """
 
 
 from __future__ import annotations
 
-import inspect
 import time
 
 import torch
@@ -38,12 +24,8 @@ from nvil.core.ops import chunks, mean_and_stderr
 from nvil.estimators.annealing import ais
 from nvil.estimators.annealing import schedule as schedule_betas
 from nvil.estimators.base import NO_PROGRESS, BatchProgress, Result, batch_generator, check_seed
-from nvil.estimators.chib import Chib, ChibMH
-from nvil.estimators.exact import Exact
-from nvil.estimators.harmonic import Harmonic
 from nvil.estimators.bdmc import BDMC
-from nvil.estimators.budget import within_budget
-from nvil.estimators.bounds import ELBO, IWAE
+from nvil.estimators.bounds import IWAE
 from nvil.estimators.protocol_view import (
     check_data,
     check_start,
@@ -52,7 +34,6 @@ from nvil.estimators.protocol_view import (
     stream,
 )
 from nvil.estimators.model_paths import fixed_kernel_path, path_settings
-from nvil.estimators.ais_posterior import AISPosterior
 from nvil.estimators.per_example import PerExample
 from nvil.models.protocol import ProtocolModel
 
@@ -184,36 +165,3 @@ class ModelAIS(PerExample):
         if self.accept:
             out["accept_rate"] = round(torch.cat(self.accept).double().mean().item(), 4)
         return out
-
-
-MODEL_ESTIMATORS = {"ais": ModelAIS, "iwae": IWAE, "elbo": ELBO, "bdmc": BDMC, "exact": Exact, "chib": Chib,
-                    "ais_posterior": AISPosterior, "harmonic": Harmonic, "chib_mh": ChibMH}
-
-
-def build_model_estimator(name: str, **settings):
-    """The estimator ``name`` (``MODEL_ESTIMATORS``) for a user's model, with ``settings`` as its keywords."""
-    if name not in MODEL_ESTIMATORS:
-        raise ConfigError(f"unknown estimator {name!r} for a user's model; known: {', '.join(MODEL_ESTIMATORS)}")
-    cls = MODEL_ESTIMATORS[name]
-    known = [p.name for p in inspect.signature(cls).parameters.values() if p.kind == p.KEYWORD_ONLY]
-    unknown = [k for k in settings if k not in known]
-    if unknown:
-        raise ConfigError(f"estimator.{unknown[0]} is not a setting of estimator={name} for a user's model; its "
-                          f"settings are {', '.join(known)}")
-    return cls(**settings)
-
-
-def evaluate_model(model, x, estimator: str = "ais", *, seed: int = 0, progress=None, budget: float | None = None,
-                   **settings) -> Result:
-    """log p(x) of each row of ``x`` under a model following ``nvil.models.protocol``, with ``estimator`` (ais | iwae |
-    bdmc | exact; binary z also chib | ais_posterior | harmonic; continuous z chib_mh) and its keyword ``settings``; a ``Result`` with ``mean_log_p``, ``stderr``, ``certified``,
-    ``warnings`` and the per-example ``log_p``. ``x`` is on the device the model computes on; bdmc ignores it.
-    ``budget``: seconds; the estimator starts small and doubles its temperatures and chains until its certificate
-    holds or the budget would be overrun (``nvil.estimators.budget``), the rounds in ``extras["budget"]``."""
-    est = build_model_estimator(estimator, **settings)
-    est.check(model)
-    if budget is None:
-        return est.estimate(model, x, seed=seed, progress=progress)
-
-    return within_budget(type(est), settings, budget,
-                         lambda est, round_seed: est.estimate(model, x, seed=round_seed, progress=progress), seed)
