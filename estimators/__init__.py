@@ -30,7 +30,7 @@ from nvil.estimators.ais_per_example import ModelAIS
 from nvil.estimators.ais import AIS, RAISE
 from nvil.estimators.ais_posterior import AISPosterior
 from nvil.estimators.bdmc import BDMC
-from nvil.estimators.smc_estimators import SMC
+from nvil.estimators.smc_estimators import SMC, ModelSMC
 from nvil.estimators.settings import AISSettings, CertifySettings, LogZSettings
 from nvil.estimators.budget import within_budget
 from nvil.models.protocol import follows_protocol, protocol_only
@@ -69,7 +69,7 @@ def estimator_settings(cfg) -> dict:
 # ``ais``), whose latents the protocol describes: per-example AIS, under the config's names (left) as ModelAIS's
 # (right; a name not listed is the same in both). The config file's defaults are the registry class's (a Boltzmann
 # machine's log Z for ``ais``), so only the settings the user gave are read.
-PROTOCOL_ROUTES = {"ais": (ModelAIS, {}), "ais_hmc": (ModelAIS, {"num_runs": "num_chains"})}
+PROTOCOL_ROUTES = {"ais": (ModelAIS, {}), "ais_hmc": (ModelAIS, {"num_runs": "num_chains"}), "smc": (ModelSMC, {})}
 
 
 def serves(name: str, model, inference=None) -> bool:
@@ -150,5 +150,5 @@ def evaluate_model(model, x, estimator: str = "ais", *, seed: int = 0, progress=
 
 
 __all__ = ["AIS", "AISHMC", "AISPosterior", "AISSettings", "BDMC", "CertifySettings", "Chib", "ChibMH", "Classify",
-           "DBMBound", "DBNBound", "ELBO", "ESTIMATORS", "Exact", "Harmonic", "IWAE", "LogZSettings", "ModelAIS", "PROTOCOL_ROUTES", "RAISE", "Result", "SMC", "SampledBound", "build_estimator",
+           "DBMBound", "DBNBound", "ELBO", "ESTIMATORS", "Exact", "Harmonic", "IWAE", "LogZSettings", "ModelAIS", "ModelSMC", "PROTOCOL_ROUTES", "RAISE", "Result", "SMC", "SampledBound", "build_estimator",
            "estimator_settings", "resolve", "evaluate_model", "protocol_names", "routed", "serves"]

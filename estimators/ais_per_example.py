@@ -145,14 +145,18 @@ class ModelAIS(PerExample):
                                           "sample_likelihood(z, generator), so the schedule was not checked on "
                                           "simulated data")
             return
-        bdmc = BDMC(num_simulated=self.num_simulated, num_betas=self.num_betas, schedule=self.schedule,
-                    num_chains=self.num_runs, start=self.start, batch_size=self.batch_size, max_gap=self.max_gap,
-                    **self.path_settings).estimate(pm, seed=stream(seed, "bdmc"))
+        bdmc = self.bdmc(num_simulated=self.num_simulated, num_betas=self.num_betas, schedule=self.schedule,
+                         num_chains=self.num_runs, start=self.start, batch_size=self.batch_size, max_gap=self.max_gap,
+                         **self.path_settings).estimate(pm, seed=stream(seed, "bdmc"))
         result.carry(bdmc)
         keep = ("bdmc_gap", "bdmc_gap_stderr", "bdmc_gap_per_example_q50_q90_max", "num_simulated",
                 "log_likelihood_ratio_z", "sampler_dependence_z")
         result.extras.update({k: bdmc.extras[k] for k in keep if k in bdmc.extras})
         result.extras["bdmc_mean_log_p_lower_upper"] = [round(bdmc.mean, 4), bdmc.extras.get("mean_log_p_upper")]
+
+    def bdmc(self, **settings) -> BDMC:
+        """The BDMC run that checks the schedule."""
+        return BDMC(**settings)
 
     def settings(self, pm: ProtocolModel | None = None) -> dict:
         out = {"num_betas": self.num_betas, "schedule": self.schedule, "num_chains": self.num_runs,

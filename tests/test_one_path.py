@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 import nvil
 from nvil.core.errors import ConfigError
-from nvil.estimators import BDMC, ELBO, IWAE, AISPosterior, Chib, ChibMH, Harmonic, ModelAIS
+from nvil.estimators import BDMC, ELBO, IWAE, AISPosterior, Chib, ChibMH, Harmonic, ModelAIS, ModelSMC
 from nvil.models.gaussian import GaussianBeliefNet
 from nvil.models.inference import LayeredInference
 from nvil.models.protocol import Latent
@@ -55,6 +55,8 @@ CASES = [
     ("iwae", lambda: IWAE(num_samples=200, batch_size=5)),
     ("elbo", lambda: ELBO(num_samples=50, batch_size=5)),
     ("ais", lambda: ModelAIS(batch_size=5, **AIS_SETTINGS)),
+    ("smc", lambda: ModelSMC(batch_size=5, num_particles=8, num_runs=4, num_leapfrog=3, iwae_samples=50,
+                             num_simulated=4)),
     ("chib_mh", lambda: ChibMH(num_steps=10, num_runs=10, batch_size=5)),
 ]
 # The built-in's and the copy's log p(x, z) differ in the last bits (the order of their sums); chib_mh's Adam climb

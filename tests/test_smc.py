@@ -140,3 +140,34 @@ def test_evaluate_py_estimator_smc_on_a_trained_rbm(tmp_path):
     assert again.extras["log_z_cached"] and again.extras["log_z"] == r.extras["log_z"]
     with pytest.raises(ConfigError, match="did you mean estimator.num_particles"):
         nvil.evaluate(ck, estimator="smc", num_particle=20, **quiet)
+
+
+def user_smc_ratios(monkeypatch=None, **broken):
+    """Z_r / p(x) over 400 runs of ``estimator=smc`` on two examples of a user's linear-Gaussian model (closed-form
+    log p(x)): [runs, examples]."""
+    import functools
+
+    from test_user_model import LinearGaussianVAE
+
+    from nvil.estimators import ModelSMC, smc_estimators
+    m = LinearGaussianVAE(d=2, v=6, sigma=0.5, seed=0)
+    x = m.sample_likelihood(m.sample_prior(2, torch.Generator().manual_seed(1)), torch.Generator().manual_seed(2))
+    x = x.detach()
+    if broken:
+        monkeypatch.setattr(smc_estimators, "smc", functools.partial(smc, **broken))
+    r = ModelSMC(num_particles=8, num_runs=400, start="prior", num_leapfrog=3, iwae_samples=0, num_simulated=0,
+                 cess=0.8).estimate(m, x, seed=0)
+    return torch.exp(r.run_log_p.double() - m.exact_log_p(x).double().detach().unsqueeze(0))
+
+
+def test_per_example_smc_is_unbiased_for_p_x_on_a_users_model():
+    ratio = user_smc_ratios()
+    mean, se = ratio.mean(0), ratio.std(0) / math.sqrt(ratio.shape[0])
+    assert bool((se < 0.06).all()), se
+    assert bool(((mean - 1).abs() < 3 * se).all()), (mean, se)
+
+
+def test_per_example_smc_without_renormalising_is_caught(monkeypatch):
+    ratio = user_smc_ratios(monkeypatch, renormalise=False)
+    mean, se = ratio.mean(0), ratio.std(0) / math.sqrt(ratio.shape[0])
+    assert bool(((mean - 1).abs() > 5 * se).all()), (mean, se)
