@@ -32,7 +32,7 @@ from nvil.estimators.ais_posterior import AISPosterior
 from nvil.estimators.bdmc import BDMC
 from nvil.estimators.smc_estimators import SMC, ModelSMC
 from nvil.estimators.settings import AISSettings, CertifySettings, LogZSettings
-from nvil.estimators.budget import within_budget
+from nvil.estimators.budget import resolve_budget, within_budget
 from nvil.models.protocol import follows_protocol, protocol_only
 
 ESTIMATORS = {"iwae": IWAE, "elbo": ELBO, "exact": Exact, "classify": Classify, "ais": AIS,
@@ -132,17 +132,19 @@ def build_estimator(cfg, model=None, given=None, inference=None):
     return cls(**settings)
 
 
-def evaluate_model(model, x, estimator: str = "ais", *, seed: int = 0, progress=None, budget: float | None = None,
-                   **settings) -> Result:
+def evaluate_model(model, x, estimator: str = "ais", *, seed: int = 0, progress=None,
+                   budget: float | str | None = "auto", **settings) -> Result:
     """log p(x) of each row of ``x`` under a model following ``nvil.models.protocol``, with ``estimator`` (ais | iwae |
     bdmc | exact; binary z also chib | ais_posterior | harmonic; continuous z chib_mh) and its keyword ``settings``; a
     ``Result`` with ``mean_log_p``, ``stderr``, ``certified``, ``warnings`` and the per-example ``log_p``. ``x`` is on
     the device the model computes on; bdmc ignores it. ``budget``: seconds; the estimator starts small and doubles its
     temperatures and chains until its certificate holds or the budget would be overrun (``nvil.estimators.budget``),
-    the rounds in ``extras["budget"]``."""
+    the rounds in ``extras["budget"]``; ``"auto"`` (the default): ``AUTO_SECONDS`` for an annealing estimator given
+    no schedule, else the schedule given; None: the schedule given or the defaults."""
     cls, kwargs = resolve({"name": estimator, **settings}, model, given=set(settings))
     est = cls(**kwargs)
     est.check(model)
+    budget = resolve_budget(cls, kwargs, budget)
     if budget is None:
         return est.estimate(model, x, seed=seed, progress=progress)
     return within_budget(cls, kwargs, budget,

@@ -94,3 +94,21 @@ def test_evaluate_py_takes_estimator_budget(tmp_path):
         nvil.evaluate(ck, estimator="ais", budget=60, **{**quiet, "eval.shard": 0, "eval.num_shards": 2})
     with pytest.raises(ConfigError, match="Exact has no num_betas and num_chains to grow"):  # no temperatures
         nvil.evaluate(ck, estimator="exact", **{**quiet, "estimator.budget": 5})
+
+
+def test_no_schedule_means_a_budget_and_a_schedule_given_is_run_as_given():
+    """``budget="auto"`` is the default of ``evaluate_model`` and ``nvil.evaluate``: an annealing estimator given no
+    schedule grows within ``AUTO_SECONDS`` and says what it spent; one given a schedule (or ``budget=None``) runs
+    it as given; an estimator without temperatures is unaffected."""
+    from nvil.estimators.budget import AUTO_SECONDS
+    m = LinearGaussianVAE(d=2, v=5, sigma=1.0, seed=0)
+    x = m.sample_likelihood(m.sample_prior(6, torch.Generator().manual_seed(1)), torch.Generator().manual_seed(2))
+    x = x.detach()
+    quick = {"num_simulated": 4, "iwae_samples": 50, "num_leapfrog": 3}
+    grown = evaluate_model(m, x, **quick)
+    assert grown.extras["budget"]["seconds"] == AUTO_SECONDS and grown.extras["budget"]["rounds"]
+    assert grown.extras["budget"]["spent"] < AUTO_SECONDS and grown.certified
+    fixed = evaluate_model(m, x, num_betas=30, num_chains=4, **quick)
+    assert "budget" not in fixed.extras and fixed.summary()["num_betas"] == 30
+    assert "budget" not in evaluate_model(m, x, budget=None, num_betas=30, **quick).extras
+    assert "budget" not in nvil.evaluate(m, x, estimator="iwae", num_samples=20).extras

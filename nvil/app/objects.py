@@ -25,7 +25,7 @@ from nvil.core.errors import ConfigError
 from nvil.core.ops import mean_and_stderr
 from nvil.estimators import resolve
 from nvil.estimators.base import Estimator, Result
-from nvil.estimators.budget import within_budget
+from nvil.estimators.budget import resolve_budget, within_budget
 from nvil.models.protocol import protocol_only
 
 
@@ -68,12 +68,13 @@ def estimator_object(name_or_estimator, settings: dict, model) -> tuple[Estimato
 
 
 def estimate(model, x, estimator, *, seed: int = 0, train=None, inference=None, progress=None,
-             budget: float | None = None, **settings) -> Result:
+             budget: float | str | None = "auto", **settings) -> Result:
     """``estimator`` (a name and its keyword ``settings``, or an object) on the rows ``x`` of ``model``: the
     ``Result``. ``train``: the training rows where the estimator needs them (an RBM's base rates, a DBN's log Z;
     default ``x``); ``inference``: q(h | v) (default the loaded model's ``inference_network``); ``budget``: seconds,
     within which an annealing estimator named here grows from small until its certificate holds
-    (``nvil.estimators.budget``)."""
+    (``nvil.estimators.budget``); ``"auto"``, the default: ``AUTO_SECONDS`` where no schedule is given; None: the
+    schedule given or the estimator's defaults."""
     est, built = estimator_object(estimator, settings, model)
     accepted = inspect.signature(est.estimate).parameters
     inputs = {"seed": seed, "progress": progress}
@@ -84,11 +85,15 @@ def estimate(model, x, estimator, *, seed: int = 0, train=None, inference=None, 
     check = getattr(est, "check", None)
     if callable(check):
         check(model, inputs.get("inference")) if builtin(model) else check(model)
+    if built is None:
+        if budget is not None and budget != "auto":
+            raise ConfigError("budget= grows an estimator named by its settings (estimator='ais', num_chains=...), "
+                              "not an estimator object")
+        budget = None
+    else:
+        budget = resolve_budget(*built, budget)
     if budget is None:
         return est.estimate(model, x, **inputs)
-    if built is None:
-        raise ConfigError("budget= grows an estimator named by its settings (estimator='ais', num_chains=...), not "
-                          "an estimator object")
 
     return within_budget(*built, budget,
                          lambda est, round_seed: est.estimate(model, x, **{**inputs, "seed": round_seed}), seed)

@@ -28,7 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 from nvil.app.evaluation import EVAL_ROWS, _report
 from nvil.app.memory import out_of_memory
 from nvil.estimators import DRIVER_KEYS, protocol_names, resolve
-from nvil.estimators.budget import within_budget
+from nvil.estimators.budget import resolve_budget, within_budget
 from nvil.backend.threads import choose_threads, model_work, restored_threads
 from nvil.core.checkpoint import load_weights_only
 from nvil.core.config import CONFIG_DIR, positive_int, resolve_device
@@ -157,16 +157,18 @@ def evaluate_user_model(cfg: DictConfig, overrides: list[str]):
     with restored_threads():
         torch.set_num_threads(choose_threads(cfg.eval.get("threads", "auto"), model_work(modules, EVAL_ROWS),
                                              "eval.threads"))
-        return _score(cfg, name, estimator, model, device, built)
+        return _score(cfg, name, estimator, model, device, built, given_keys(overrides))
 
 
-def _score(cfg: DictConfig, name: str, estimator, model, device: torch.device, built: tuple[type, dict]):
+def _score(cfg: DictConfig, name: str, estimator, model, device: torch.device, built: tuple[type, dict],
+           given: list[str]):
     x = user_data(cfg, device)
     n = positive_int(cfg.eval.num_examples, "eval.num_examples", allow_none=True)
     x = x[:n] if n else x
     seed = cfg.seed
     try:
-        budget = cfg.estimator.get("budget")
+        # no estimator.budget= given: auto (a budget where the estimator anneals and no schedule was given)
+        budget = resolve_budget(*built, cfg.estimator.get("budget") if "budget" in given else "auto")
         if budget is None:
             result = estimator.estimate(model, x, seed=seed)
         else:  # estimator.budget=SECONDS: grown from small until certified (nvil.estimators.budget)
