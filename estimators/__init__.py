@@ -8,7 +8,7 @@ evaluation driver reads for itself.
 A model of the user's own (``nvil.models.protocol``: ``latent``, ``log_prior``, ``log_likelihood``, optionally the
 samplers and a proposal) is scored from the same registry: ``evaluate_model(model, x, estimator="ais")`` or
 ``build_estimator({"name": "ais", ...}, model)``. Where the registry's class does not take such a model, the name is
-routed (``PROTOCOL_ROUTES``): ``ais`` and ``ais_hmc`` on a model whose latents are to be integrated out are
+routed (``ROUTES``): ``ais`` and ``ais_hmc`` on a model whose latents are to be integrated out are
 per-example AIS (``ModelAIS``), with that class's defaults and the settings the user gave."""
 
 from __future__ import annotations
@@ -30,10 +30,11 @@ from nvil.estimators.ais_per_example import ModelAIS
 from nvil.estimators.ais import AIS, RAISE
 from nvil.estimators.ais_posterior import AISPosterior
 from nvil.estimators.bdmc import BDMC
-from nvil.estimators.smc_estimators import SMC, ModelSMC
+from nvil.estimators.smc_log_z import SMC
+from nvil.estimators.smc_per_example import ModelSMC, PosteriorSMC
 from nvil.estimators.settings import AISSettings, CertifySettings, LogZSettings
 from nvil.estimators.budget import resolve_budget, within_budget
-from nvil.models.protocol import follows_protocol, protocol_only
+from nvil.models.protocol import BINARY_LATENTS, capable, follows_protocol, protocol_only
 
 ESTIMATORS = {"iwae": IWAE, "elbo": ELBO, "exact": Exact, "classify": Classify, "ais": AIS,
               "raise": RAISE, "ais_posterior": AISPosterior, "chib": Chib, "harmonic": Harmonic,
@@ -66,10 +67,14 @@ def estimator_settings(cfg) -> dict:
 
 
 # ``estimator=NAME`` on a model the registry's own class does not take (a user's model, the VAE, a Gaussian net for
-# ``ais``), whose latents the protocol describes: per-example AIS, under the config's names (left) as ModelAIS's
-# (right; a name not listed is the same in both). The config file's defaults are the registry class's (a Boltzmann
-# machine's log Z for ``ais``), so only the settings the user gave are read.
-PROTOCOL_ROUTES = {"ais": (ModelAIS, {}), "ais_hmc": (ModelAIS, {"num_runs": "num_chains"}), "smc": (ModelSMC, {})}
+# ``ais``; an SBN or a DBN for ``smc``): the first route whose model test holds, under the config's names (left) as
+# the route's class's (right; a name not listed is the same in both). The config file's defaults are the registry
+# class's (a Boltzmann machine's log Z for ``ais`` and ``smc``), so only the settings the user gave are read.
+ROUTES = {
+    "ais": [(ModelAIS, {}, follows_protocol)],
+    "ais_hmc": [(ModelAIS, {"num_runs": "num_chains"}, follows_protocol)],
+    "smc": [(ModelSMC, {}, follows_protocol), (PosteriorSMC, {}, lambda m: capable(m, BINARY_LATENTS))],
+}
 
 
 def serves(name: str, model, inference=None) -> bool:
@@ -84,15 +89,17 @@ def serves(name: str, model, inference=None) -> bool:
     return True
 
 
-def routed(name, model, inference=None) -> bool:
-    """Whether ``estimator=name`` on ``model`` is the route of ``PROTOCOL_ROUTES`` rather than the registry's class."""
-    return (model is not None and name in PROTOCOL_ROUTES and follows_protocol(model)
-            and not serves(name, model, inference))
+def route(name, model, inference=None):
+    """(class, names) of the route of ``ROUTES`` that scores ``model`` under ``name`` in place of the registry's
+    class, or None."""
+    if model is None or name not in ROUTES or serves(name, model, inference):
+        return None
+    return next(((target, names) for target, names, applies in ROUTES[name] if applies(model)), None)
 
 
 def protocol_names() -> list[str]:
     """The estimators that score a model seen through the protocol alone."""
-    return sorted({*PROTOCOL_ROUTES, *(n for n, c in ESTIMATORS.items() if getattr(c, "serves_protocol", False))})
+    return sorted({*ROUTES, *(n for n, c in ESTIMATORS.items() if getattr(c, "serves_protocol", False))})
 
 
 def user_settings(cfg, given=None) -> dict:
@@ -110,16 +117,18 @@ def user_settings(cfg, given=None) -> dict:
 def resolve(cfg, model=None, given=None, inference=None) -> tuple[type, dict]:
     """(class, keyword settings) of the estimator ``cfg`` (``estimator.*``: a Hydra config or any mapping with
     ``name``) describes for ``model`` (None: the registry's class); where the registry's class does not take
-    ``model``, the route of ``PROTOCOL_ROUTES`` with the settings the user set (``user_settings``; ``given`` names
+    ``model``, the route of ``ROUTES`` with the settings the user set (``user_settings``; ``given`` names
     them). A key the class does not take is refused in one line."""
     name = cfg.get("name")
     cls = lookup("estimator", name, ESTIMATORS)
-    if routed(name, model, inference):
-        target, names = PROTOCOL_ROUTES[name]
+    routed = route(name, model, inference)
+    if routed is not None:
+        target, names = routed
         settings = {names.get(k, k): v for k, v in user_settings(cfg, given).items()}
         known = parameters(target)
-        return target, read_settings("estimator", f"{name} (per-example AIS on a {type(model).__name__})", settings,
-                                     known, [k for k in SHARED_KEYS if k not in known])
+        return target, read_settings("estimator", f"{name} (per example, {target.__name__}, on a "
+                                     f"{type(model).__name__})", settings, known,
+                                     [k for k in SHARED_KEYS if k not in known])
     if model is not None and protocol_only(model) and not getattr(cls, "serves_protocol", False):
         raise ConfigError(f"estimator={name} needs a capability a {type(model).__name__} does not declare (it follows "
                           f"the model protocol alone); use estimator={', '.join(protocol_names())}")
@@ -152,5 +161,5 @@ def evaluate_model(model, x, estimator: str = "ais", *, seed: int = 0, progress=
 
 
 __all__ = ["AIS", "AISHMC", "AISPosterior", "AISSettings", "BDMC", "CertifySettings", "Chib", "ChibMH", "Classify",
-           "DBMBound", "DBNBound", "ELBO", "ESTIMATORS", "Exact", "Harmonic", "IWAE", "LogZSettings", "ModelAIS", "ModelSMC", "PROTOCOL_ROUTES", "RAISE", "Result", "SMC", "SampledBound", "build_estimator",
-           "estimator_settings", "resolve", "evaluate_model", "protocol_names", "routed", "serves"]
+           "DBMBound", "DBNBound", "ELBO", "ESTIMATORS", "Exact", "Harmonic", "IWAE", "LogZSettings", "ModelAIS", "ModelSMC", "PosteriorSMC", "ROUTES", "RAISE", "Result", "SMC", "SampledBound", "build_estimator",
+           "estimator_settings", "resolve", "evaluate_model", "protocol_names", "route", "serves"]

@@ -1,6 +1,6 @@
 """Per-example AIS for any model that follows ``nvil.models.protocol`` (a user's own VAE, binary VAE, the built-in
 VAE, the Gaussian nets in a sampler form): ``estimator=ais`` on a model whose latents are integrated out
-(``nvil.estimators.PROTOCOL_ROUTES``), batched over examples x chains (example-major), each batch drawing from a
+(``nvil.estimators.ROUTES``), batched over examples x chains (example-major), each batch drawing from a
 generator seeded by (seed, first row), so a seed fixes every estimate and sharding does not change one.
 
 Per example, ``num_chains`` AIS runs from the base (prior or proposal) to the posterior along

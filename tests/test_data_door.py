@@ -116,8 +116,8 @@ def test_a_non_finite_estimate_is_never_certified():
 
 
 def test_every_estimator_class_goes_through_the_door():
-    from nvil.estimators import ESTIMATORS, PROTOCOL_ROUTES
-    for cls in {*ESTIMATORS.values(), *(target for target, _ in PROTOCOL_ROUTES.values())}:
+    from nvil.estimators import ESTIMATORS, ROUTES
+    for cls in {*ESTIMATORS.values(), *(target for routes in ROUTES.values() for target, _, _ in routes)}:
         assert getattr(cls.estimate, "through_the_door", False), cls.__name__
 
 

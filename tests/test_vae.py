@@ -146,7 +146,7 @@ def test_train_then_evaluate_a_vae(tmp_path):
                          num_simulated=0, **{"eval.num_examples": 2, "eval.progress": False})
     assert wide.summary()["num_chains"] == 100
     with pytest.raises(nvil.core.errors.ConfigError, match="reverse_sources is not a setting of estimator=ais "
-                                                           r"\(per-example AIS on a VAE\)"):
+                                                           r"\(per example, ModelAIS, on a VAE\)"):
         nvil.evaluate(run.checkpoint, estimator="ais", reverse_sources=["data"], **{"eval.progress": False})
     bdmc = nvil.evaluate(run.checkpoint, estimator="bdmc", num_simulated=8, num_betas=50, num_chains=2,
                          **{"eval.progress": False})

@@ -59,7 +59,7 @@ def run_task(hydra_main: Callable, config_name: str, run_dir_root: str | None = 
 
 def estimator_overrides(argv: list[str]) -> list[str]:
     """``estimator.KEY=VALUE`` becomes ``++estimator.KEY=VALUE``: which keys an estimator takes depends on the model
-    it scores (a user's model, or ``estimator=ais`` on a VAE: per-example AIS, ``nvil.estimators.PROTOCOL_ROUTES``),
+    it scores (a user's model, or ``estimator=ais`` on a VAE: per-example AIS, ``nvil.estimators.ROUTES``),
     known only once the model is loaded, so the estimator's own settings refuse an unknown key in one line
     (``nvil.estimators.resolve``) rather than the config file's."""
     return [f"++{a}" if a.startswith("estimator.") else a for a in argv]

@@ -35,7 +35,7 @@ from nvil.core.errors import CertificateFailed, CheckpointError, ConfigError, Da
 from nvil.core.files import append_line, describe_write_failure
 from nvil.core.ops import mean_and_stderr
 from nvil.data import build_model_data, take_rows
-from nvil.estimators import PROTOCOL_ROUTES, build_estimator, resolve
+from nvil.estimators import ROUTES, build_estimator, resolve
 from nvil.estimators.base import Result, progress_interval
 from nvil.estimators.budget import check_budget, size_keys, within_budget
 from nvil.models import MODELS, build_model
@@ -121,7 +121,7 @@ def _evaluate_checkpoint(path: Path, estimator_cfg, spec: EvalSpec) -> Result:
     if d.enabled and spec.sharded:
         raise ConfigError("eval.shard / eval.num_shards split the work between separate jobs; under torchrun the "
                           "ranks already share the examples, so leave them unset")
-    if estimator_cfg.get("name") not in PROTOCOL_ROUTES:  # a route's settings are known once the model is
+    if estimator_cfg.get("name") not in ROUTES:  # a route's settings are known once the model is
         build_estimator(estimator_cfg)  # a bad setting is refused before the checkpoint is read
     model, inference, payload = load_model(path, dev)
     built = resolve(estimator_cfg, model, spec.given, inference)

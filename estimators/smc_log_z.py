@@ -22,12 +22,9 @@ import torch
 from nvil.core.config import positive_float, positive_int
 from nvil.core.errors import ConfigError
 from nvil.estimators.ais import AIS
-from nvil.estimators.ais_per_example import ModelAIS
 from nvil.estimators.ais_rbm import ForwardRun, base_rate
 from nvil.estimators.annealing import Ladder, LogZ
-from nvil.estimators.base import NO_PROGRESS
 from nvil.estimators.certify import certified_log_z
-from nvil.estimators.model_paths import ModelPath, fixed_kernel_path
 from nvil.estimators.smc import adaptive_betas, group_log_z, smc
 
 
@@ -134,84 +131,3 @@ class SMC(AIS):
     def schedule_label(self) -> str:
         return "smc"
 
-
-class ModelSMC(ModelAIS):
-    """``estimator=smc`` on a model whose latents are integrated out (a user's model, the VAE, a Gaussian net: the
-    route of ``nvil.estimators.PROTOCOL_ROUTES``): per example, ``num_runs`` independent SMC runs of
-    ``num_particles`` particles from the base (``start``: prior or proposal) to the posterior along
-    ``nvil.estimators.model_paths.ModelPath``. Per batch, a pilot system (``pilot_runs`` runs per example, its
-    HMC chains adapting their own step sizes) chooses one ladder by the conditional ESS share ``cess`` in the
-    example that needs the smallest steps; for continuous z the step sizes are then fixed on that ladder by the
-    pilot of ``estimator=ais`` (``fixed_kernel_path``), and the runs walk it with fresh particles, resampling a run
-    whose ESS falls below ``resample_ess`` and moving every particle ``num_moves`` times per beta (a Gibbs scan,
-    ``num_latent`` Metropolis flips, or an HMC move of ``num_leapfrog`` steps). Each run's estimate is unbiased for
-    p(x); the certificate is ``estimator=ais``'s over the runs (per-example ESS, run spread, above IWAE, and BDMC on
-    simulated data by AIS on the SMC ladder)."""
-
-    name = "smc"
-    runs_name = "num_runs"
-
-    def __init__(self, *, num_particles: int = 16, num_runs: int = 4, cess: float = 0.9, resample_ess: float = 0.5,
-                 num_moves: int = 1, max_betas: int = 100_000, pilot_runs: int = 1, start: str | None = None,
-                 batch_size: int = 50, num_leapfrog: int = 10, step_size: float = 0.05, target_accept: float = 0.65,
-                 max_step_size: float | None = 10.0, adapt: bool = True, pilot_chains: int = 2, moves: str = "gibbs",
-                 num_flips: int = 1, iwae_samples: int = 1000, num_simulated: int = 50, max_gap: float = 1.0,
-                 accel: str = "none", min_example_ess: float | None = None) -> None:
-        self.sampler = SMCSampler(num_particles, num_runs, cess, resample_ess, num_moves, max_betas, pilot_runs)
-        super().__init__(num_chains=self.sampler.num_runs, start=start, batch_size=batch_size,
-                         num_leapfrog=num_leapfrog, step_size=step_size, target_accept=target_accept,
-                         max_step_size=max_step_size, adapt=adapt, pilot_chains=pilot_chains, moves=moves,
-                         num_flips=num_flips, iwae_samples=iwae_samples, num_simulated=num_simulated,
-                         max_gap=max_gap, accel=accel, min_example_ess=min_example_ess)
-        self.ladders: list[torch.Tensor] = []
-        self.events = 0
-
-    def run_batch(self, pm, x, generator, progress=NO_PROGRESS) -> torch.Tensor:
-        """Each row of ``x`` is one run of its example (``num_runs`` rows per example): [rows] log p(x) per run."""
-        s, n, runs = self.sampler, self.sampler.num_particles, self.num_runs
-        start = self.start or pm.default_base()
-        kernel = {k: self.path_settings[k] for k in ("num_leapfrog", "target_accept", "max_step_size", "moves",
-                                                     "num_flips", "accel")}
-        pilot_rows = x[::runs].repeat_interleave(s.pilot_runs * n, 0)
-        pilot = ModelPath(pm, pilot_rows, pm.base(start, pilot_rows), adapt=self.path_settings["adapt"], **kernel)
-        betas = adaptive_betas(pilot, pilot.start(generator, self.step_size), pilot_rows.shape[0] // n,
-                               target=s.cess, resample_ess=s.resample_ess, num_moves=s.num_moves,
-                               max_betas=s.max_betas, generator=generator)
-        progress.plan(2 * (len(betas) - 1))
-        rows = x.repeat_interleave(n, 0)
-        path = fixed_kernel_path(pm, rows, betas, start=start, chains=runs * n, generator=generator,
-                                 **self.path_settings)
-        log_w, final, events = smc(path, path.start(generator, self.step_size), betas, x.shape[0],
-                                   resample_ess=s.resample_ess, num_moves=s.num_moves, generator=generator,
-                                   on_step=lambda k, inc: progress.advance())
-        self.ladders.append(betas)
-        self.events += events
-        moves = max(1, (len(betas) - 2) * s.num_moves)
-        self.accept.append((final.accept_sum / moves).cpu())
-        self.final_steps.append(final.step_size.cpu())
-        return group_log_z(log_w, x.shape[0])
-
-    def check_schedule(self, pm, result, seed: int) -> None:
-        """BDMC on simulated data at the SMC's cost (``ModelAIS.check_schedule``): forward and reverse AIS with
-        ``num_runs`` chains on the longest ladder the batches chose, refined to ``num_particles`` x ``num_moves``
-        times its steps (the same log-density evaluations per example as the SMC runs), so a small gap says that
-        this much work per example resolves the posterior on data from the model."""
-        longest = SMCLadder.of(max(self.ladders, key=len))
-        steps = longest.pilot_steps * self.sampler.num_particles * self.sampler.num_moves
-        self.num_betas, self.betas, self.schedule = steps, longest.betas(steps), "linear"
-        super().check_schedule(pm, result, seed)
-        result.extras["bdmc_num_betas"] = steps
-
-    def bdmc(self, **settings):
-        bdmc = super().bdmc(**settings)
-        bdmc.betas = self.betas
-        return bdmc
-
-    def settings(self, pm=None) -> dict:
-        out = super().settings(pm)
-        steps = [len(b) - 1 for b in self.ladders]
-        out.update({"schedule": "smc", "num_betas": max(steps) if steps else None, "num_runs": self.num_runs,
-                    "num_particles": self.sampler.num_particles, "cess": self.sampler.cess,
-                    "resampling_events": self.events})
-        out.pop("num_chains", None)
-        return out
