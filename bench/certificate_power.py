@@ -3,6 +3,7 @@ often a right estimate is certified, and whether every wrong one is flagged.
 
     python bench/certificate_power.py                     # 10 runs per row, 100 chains, 1000 betas
     python bench/certificate_power.py --runs 20 --threads 2
+    python bench/certificate_power.py --samplers smc,budget  # adaptive tempered SMC and the budget mode only
 
 The models: RBMs trained by PCD on prototype data (their persistent chains kept as a checkpoint keeps them: not
 equilibrium samples of the final parameters), a random RBM with strong weights (multimodal), and a barrier RBM
@@ -13,12 +14,18 @@ whose strong mode no forward chain from the base rate reaches. Each is run with
 - ``shift -d`` / ``shift +d``: the ``enough`` runs' forward log Z moved by ``--shift`` nats and checked again
   (a number that is not what the runs gave);
 - ``particles only``: ``enough`` with the reverse chains from the stored particles alone (a start that lags the
-  model; the rows without stored particles are skipped).
+  model; the rows without stored particles are skipped);
+- ``smc``: ``estimator=smc``'s sampler (``--particles`` x ``--smc-runs``, conditional ESS share ``--cess``) in place
+  of forward AIS, with the same certificate; ``smc coarse``: 8 particles x 4 runs at a share of 0.3 (too coarse);
+  ``smc shift -d`` / ``+d`` as above;
+- ``budget``: ``estimator=ais`` within ``--budget`` seconds from its defaults (``nvil.estimators.budget``), the
+  log Z and certificate of its last round.
 
 Columns: runs; ``off``: runs whose forward log Z is more than 3 SE (+ 0.01 nats) from the exact value;
 ``certified``; ``cert. & off``: certified runs whose forward log Z is off; ``cert. & outside``: certified runs
 whose band (``CertifiedLogZ.band``), widened by 3 SE of each side, misses the exact value (the number that must be
-0); the reverse source each run kept (f: forward-resampled, p: stored particles, d: data). Not run by CI;
+0); the reverse source each run kept (f: forward-resampled, p: stored particles, d: data); the mean seconds per run.
+Not run by CI;
 tests/test_certificate_power.py checks two such models with fixed seeds.
 """
 
@@ -30,6 +37,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
+from types import SimpleNamespace
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -44,6 +52,7 @@ import torch  # noqa: E402
 from nvil.estimators.ais_rbm import base_rate  # noqa: E402
 from nvil.estimators.certify import SOURCES, CertifiedLogZ, certified_log_z, run_checks  # noqa: E402
 from nvil.estimators.settings import CertifySettings  # noqa: E402
+from nvil.estimators.smc_log_z import SMCSampler  # noqa: E402
 from nvil.mcmc.gibbs import BlockGibbs  # noqa: E402
 from nvil.models.rbm import BoltzmannMachine, State  # noqa: E402
 
@@ -137,11 +146,39 @@ def held_out_cases(seed: int = 100) -> list[Case]:
             case("random 20-12", random_rbm(seed), sparse(20)), case("barrier 40-12", barrier_rbm(seed), sparse(40))]
 
 
-def certify(c: Case, schedule: str, num_betas: int, chains: int, seed: int, sources=SOURCES) -> CertifiedLogZ:
+def certify(c: Case, schedule: str, num_betas: int, chains: int, seed: int, sources=SOURCES,
+            sampler=None) -> CertifiedLogZ:
     g = torch.Generator().manual_seed(seed)
-    return certified_log_z(c.model, base_rate(c.model, c.rows), {"num_chains": chains, "schedule": schedule,
-                                                                  "num_betas": num_betas},
-                           CERT, g, data_rows=c.rows, particles=c.particles, sources=sources)
+    t0 = time.perf_counter()
+    out = certified_log_z(c.model, base_rate(c.model, c.rows), {"num_chains": chains, "schedule": schedule,
+                                                                 "num_betas": num_betas},
+                          CERT, g, data_rows=c.rows, particles=c.particles, sources=sources, sampler=sampler)
+    out.seconds["total"] = time.perf_counter() - t0
+    return out
+
+
+def smc_certify(c: Case, particles: int, runs: int, cess: float, seed: int) -> CertifiedLogZ:
+    sampler = SMCSampler(particles, runs, cess, 0.5, 1, 100_000, 2)
+    return certify(c, "adaptive", 1000, particles * runs, seed, sampler=sampler)
+
+
+def budget_certify(c: Case, seconds: float, seed: int) -> CertifiedLogZ:
+    """``estimator=ais`` grown within ``seconds`` (``within_budget``): its last round's certified log Z."""
+    from nvil.estimators.ais import AIS
+    from nvil.estimators.budget import within_budget
+
+    kept = []
+
+    def one_round(est, round_seed):
+        t0 = time.perf_counter()
+        g = torch.Generator().manual_seed(round_seed)
+        kept.append(est.certified_log_z(c.model, c.rows, c.rows, g, False, c.particles))
+        kept[-1].seconds["total"] = time.perf_counter() - t0
+        return SimpleNamespace(certified=kept[-1].certified, failed=kept[-1].failed, warnings=[], extras={})
+
+    within_budget(AIS, {}, seconds, one_round, seed)
+    kept[-1].seconds["total"] = sum(k.seconds["total"] for k in kept)
+    return kept[-1]
 
 
 def shifted(c: CertifiedLogZ, delta: float, cert: CertifySettings = CERT) -> CertifiedLogZ:
@@ -173,7 +210,8 @@ def row(name: str, setting: str, runs: list[CertifiedLogZ], exact: float) -> str
     return " | ".join([name, f"{exact:.2f}", setting, str(len(runs)), str(sum(bad)), str(sum(ok)),
                        str(sum(b and o for b, o in zip(bad, ok))),
                        str(sum(outside(c, exact) and o for c, o in zip(runs, ok))),
-                       " ".join(f"{k}{v}" for k, v in sorted(src.items()))])
+                       " ".join(f"{k}{v}" for k, v in sorted(src.items())),
+                       f"{sum(c.seconds.get('total', 0.0) for c in runs) / len(runs):.2f}"])
 
 
 def main() -> None:
@@ -184,23 +222,40 @@ def main() -> None:
     p.add_argument("--few-betas", default="5,30", help="comma-separated ladder lengths")
     p.add_argument("--shift", type=float, default=2.0)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--samplers", default="ais,smc,budget", help="which rows: ais, smc, budget (comma-separated)")
+    p.add_argument("--particles", type=int, default=50)
+    p.add_argument("--smc-runs", type=int, default=10)
+    p.add_argument("--cess", type=float, default=0.9)
+    p.add_argument("--budget", type=float, default=30.0, help="seconds per budget run")
     args = p.parse_args()
+    samplers = set(args.samplers.split(","))
     torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
     print(f"{args.runs} runs per row, {args.chains} chains, {args.betas} betas (few: {args.few_betas}), shift "
           f"{args.shift} nats, {args.threads} threads")
     print(" | ".join(["model", "exact log Z", "setting", "runs", "off", "certified", "cert. & off", "cert. & outside",
-                      "reverse source"]), flush=True)
+                      "reverse source", "seconds"]), flush=True)
     seeds, few = range(args.runs), [int(k) for k in args.few_betas.split(",")]
     for c in held_out_cases():
-        enough = [certify(c, "adaptive", args.betas, args.chains, s) for s in seeds]
-        rows = {f"enough ({args.betas} adaptive)": enough}
-        for k in few:
-            rows[f"few ({k} linear)"] = [certify(c, "linear", k, args.chains, s) for s in seeds]
-        rows.update({f"shift -{args.shift:g}": [shifted(r, -args.shift) for r in enough],
-                     f"shift +{args.shift:g}": [shifted(r, args.shift) for r in enough]})
-        if c.particles is not None:
-            rows["particles only"] = [certify(c, "adaptive", args.betas, args.chains, s, ("particles",)) for s in seeds]
+        rows = {}
+        if "ais" in samplers:
+            enough = [certify(c, "adaptive", args.betas, args.chains, s) for s in seeds]
+            rows[f"enough ({args.betas} adaptive)"] = enough
+            for k in few:
+                rows[f"few ({k} linear)"] = [certify(c, "linear", k, args.chains, s) for s in seeds]
+            rows.update({f"shift -{args.shift:g}": [shifted(r, -args.shift) for r in enough],
+                         f"shift +{args.shift:g}": [shifted(r, args.shift) for r in enough]})
+            if c.particles is not None:
+                rows["particles only"] = [certify(c, "adaptive", args.betas, args.chains, s, ("particles",))
+                                          for s in seeds]
+        if "smc" in samplers:
+            smc = [smc_certify(c, args.particles, args.smc_runs, args.cess, s) for s in seeds]
+            rows[f"smc ({args.particles}x{args.smc_runs}, cess {args.cess:g})"] = smc
+            rows["smc coarse (8x4, cess 0.3)"] = [smc_certify(c, 8, 4, 0.3, s) for s in seeds]
+            rows.update({f"smc shift -{args.shift:g}": [shifted(r, -args.shift) for r in smc],
+                         f"smc shift +{args.shift:g}": [shifted(r, args.shift) for r in smc]})
+        if "budget" in samplers:
+            rows[f"budget {args.budget:g} s (ais)"] = [budget_certify(c, args.budget, s) for s in seeds]
         for setting, runs in rows.items():
             print(row(c.name, setting, runs, c.exact), flush=True)
     print(f"{time.perf_counter() - t0:.0f} s")

@@ -218,8 +218,8 @@ def certified_log_z(model: BoltzmannMachine, base, settings: AISSettings, cert: 
     ``choose_reverse`` keeps, and the checks (``run_checks``). One path (and its compiled kernels) and one ladder serve every run: the pilot, forward and
     reverse. ``progress``: inner bars for the forward and reverse runs; ``phase(text)`` is told each phase as it
     starts (``log Z (forward AIS, 2/4)``), for the evaluation bar's description. ``sampler``: a forward sampler in
-    place of the ladder and forward AIS (``nvil.estimators.smc_log_z.SMCSampler``: its phases' names ``steps``,
-    ``run(path, generator, progress, announce) -> (ForwardRun, Ladder)``); the reverse run walks its ladder."""
+    place of the ladder and forward AIS (``nvil.estimators.smc_log_z.SMCSampler``: ``steps``, ``run(path, generator,
+    progress, announce) -> (ForwardRun, Ladder)``, ``reverse(K, cert) -> (chains, steps)`` on its ladder)."""
     settings, cert = AISSettings.of(settings), CertifySettings.of(cert)  # a dict of either is accepted too
     sources = check_sources(sources)
     first = (sampler.steps if sampler is not None
@@ -266,7 +266,7 @@ def certified_log_z(model: BoltzmannMachine, base, settings: AISSettings, cert: 
     seconds["probes"] = time.perf_counter() - t2
     t3 = time.perf_counter()
     announce("reverse AIS")
-    k_rev = max(1, round(cert.reverse_fraction * K))
+    n, k_rev = (n, max(1, round(cert.reverse_fraction * K))) if sampler is None else sampler.reverse(K, cert)
     starts = reverse_starts(model, n, sources, forward=forward, particles=particles, rows=rows, num_betas=K,
                             burn_in=cert.reverse_burn_in, generator=generator)
     estimates = reverse_log_zs(path, [x for _, x, _ in starts], betas if k_rev == K else ladder.betas(k_rev),

@@ -7,8 +7,9 @@ mean-field bound less the log Z of its top machine).
 resampling a run whose ESS falls below ``resample_ess`` of its particles and moving every particle by
 ``num_moves`` block-Gibbs sweeps per beta. Each run's Z_r is unbiased for Z; the estimate is their mean, its
 standard error from their spread (the delta method on Z_hat = mean_r Z_r), its ESS over the runs. The certificate
-(``nvil.estimators.certify``): the hard lower bound from probe states, reverse AIS from each reverse source on
-``reverse_fraction`` of the SMC ladder's steps, the ESS over runs, and the forward-reverse gap.
+(``nvil.estimators.certify``): the hard lower bound from probe states, reverse AIS from each reverse source on the
+SMC ladder at ``reverse_fraction`` of the forward cost (``SMCSampler.reverse``), the ESS over runs, and the
+forward-reverse gap.
 """
 
 from __future__ import annotations
@@ -71,6 +72,14 @@ class SMCSampler:
             object.__setattr__(self, key, value)
         if self.num_particles < 2:
             raise ConfigError("estimator.num_particles must be at least 2 (resampling needs a choice)")
+
+    def reverse(self, num_betas: int, cert) -> tuple[int, int]:
+        """(chains, steps) of the reverse AIS run on this ladder of ``num_betas`` steps: 2 x ``num_runs`` chains
+        on ``reverse_fraction`` x ``num_betas`` x ``num_particles`` / 2 steps, so it costs ``reverse_fraction``
+        of the forward runs as in ``estimator=ais``, spent on longer chains: the resampling that lets SMC take
+        large steps is not open to reverse AIS, whose bound needs small ones."""
+        chains = 2 * self.num_runs
+        return chains, max(1, round(cert.reverse_fraction * num_betas * self.num_particles * self.num_runs / chains))
 
     def settings(self) -> dict:
         return {"num_particles": self.num_particles, "num_runs": self.num_runs, "cess": self.cess,
