@@ -26,7 +26,7 @@ from nvil.models.protocol import (
     protocol_only,
 )
 
-BOLTZMANN_ESTIMATORS = "ais, raise, exact or classify"
+BOLTZMANN_ESTIMATORS = "ais, smc, raise, exact or classify"
 CONTINUOUS_ESTIMATORS = "ais_hmc, chib_mh or iwae"
 
 
