@@ -52,7 +52,7 @@ import torch  # noqa: E402
 from nvil.estimators.ais_rbm import base_rate  # noqa: E402
 from nvil.estimators.certify import SOURCES, CertifiedLogZ, certified_log_z, run_checks  # noqa: E402
 from nvil.estimators.settings import CertifySettings  # noqa: E402
-from nvil.estimators.smc_log_z import SMCSampler  # noqa: E402
+from nvil.estimators.smc import SMCSampler  # noqa: E402
 from nvil.mcmc.gibbs import BlockGibbs  # noqa: E402
 from nvil.models.rbm import BoltzmannMachine, State  # noqa: E402
 

@@ -218,7 +218,7 @@ def certified_log_z(model: BoltzmannMachine, base, settings: AISSettings, cert: 
     ``choose_reverse`` keeps, and the checks (``run_checks``). One path (and its compiled kernels) and one ladder serve every run: the pilot, forward and
     reverse. ``progress``: inner bars for the forward and reverse runs; ``phase(text)`` is told each phase as it
     starts (``log Z (forward AIS, 2/4)``), for the evaluation bar's description. ``sampler``: a forward sampler in
-    place of the ladder and forward AIS (``nvil.estimators.smc_log_z.SMCSampler``: ``steps``, ``run(path, generator,
+    place of the ladder and forward AIS (``nvil.estimators.smc.SMCSampler``: ``steps``, ``run(path, generator,
     progress, announce) -> (ForwardRun, Ladder)``, ``reverse(K, cert) -> (chains, steps)`` on its ladder)."""
     settings, cert = AISSettings.of(settings), CertifySettings.of(cert)  # a dict of either is accepted too
     sources = check_sources(sources)

@@ -30,6 +30,7 @@ from nvil.estimators.certify import (SOURCES, CertifiedLogZ, certified_log_z, ch
                                      log_p_extras, reference_bound, run_checks)
 from nvil.estimators.log_z_cache import LogZCache, Untrusted
 from nvil.estimators.settings import AISSettings, CertifySettings, LogZSettings
+from nvil.estimators.smc import SMCSampler
 from nvil.models.protocol import TOP_MACHINE, capable
 
 
@@ -84,7 +85,10 @@ def top_log_z(dbn, train: torch.Tensor, settings: LogZSettings, checkpoint=None,
 def _top_log_z(dbn, train, log_z: LogZSettings, checkpoint, progress, particles,
                phase) -> tuple[CertifiedLogZ, bool]:
     settings, cert, seed = log_z.ais, log_z.cert, log_z.seed
-    key = log_z_key(dbn.top, dbn, settings, cert, seed)
+    sampler = None if log_z.sampler == "ais" else SMCSampler(log_z.num_particles, log_z.num_runs, log_z.cess, 0.5, 1,
+                                                             100_000, 2)
+    key = log_z_key(dbn.top, dbn, settings, cert, seed, **({} if sampler is None else
+                                                            {"sampler": "smc", **sampler.settings()}))
     phase("log Z (training data up to the top machine)")
     top_data = dbn.top_data(train)
 
@@ -95,7 +99,7 @@ def _top_log_z(dbn, train, log_z: LogZSettings, checkpoint, progress, particles,
         # accel changes only the float rounding, so it is not part of the cache key
         return certified_log_z(dbn.top, base, settings, cert, generator, data_rows=top_data, particles=particles,
                                progress=progress, accel=check_mode(log_z.accel, device, "estimator.log_z.accel"),
-                               phase=phase)
+                               phase=phase, sampler=sampler)
 
     return cached_log_z(checkpoint if log_z.cache else None, key, dbn.top, top_data, cert, compute, phase)
 

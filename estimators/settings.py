@@ -91,8 +91,10 @@ class CertifySettings(Settings):
 class LogZSettings(Settings):
     """The top RBM's log Z for the DBN estimators (configs/log_z/ais.yaml): the fields of ``AISSettings`` and
     ``CertifySettings`` (there the base rate comes from the training data passed up to the top RBM), with
-    ``seed`` (the AIS runs' generator), ``cache`` (keep the certified value in ``<checkpoint>.log_z.json``) and
-    ``accel`` (none | compile | cudagraphs: the fused AIS step)."""
+    ``seed`` (the AIS runs' generator), ``cache`` (keep the certified value in ``<checkpoint>.log_z.json``),
+    ``accel`` (none | compile | cudagraphs: the fused AIS step) and ``sampler``: ais, or smc (adaptive tempered SMC,
+    ``nvil.estimators.smc``, with ``num_particles`` x ``num_runs`` at the conditional ESS share ``cess``, in place
+    of the forward AIS run; the certificate is the same)."""
 
     PREFIX: ClassVar[str] = "estimator.log_z."
     NULLABLE: ClassVar[tuple] = ("reverse_burn_in",)
@@ -112,10 +114,16 @@ class LogZSettings(Settings):
     seed: int = 0
     cache: bool = True
     accel: str = "none"
+    sampler: str = "ais"
+    num_particles: int = 100
+    num_runs: int = 10
+    cess: float = 0.9
 
     def __post_init__(self) -> None:
         _validate_ais(self, self.PREFIX)
         _validate_certify(self, self.PREFIX)
+        if self.sampler not in ("ais", "smc"):
+            raise ConfigError(f"{self.PREFIX}sampler must be ais or smc, got {self.sampler!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise ConfigError(f"{self.PREFIX}seed must be an integer, got {self.seed!r}")
         self._set("cache", bool(self.cache))

@@ -21,11 +21,16 @@ are then weighted along them would bias Z_hat.
 from __future__ import annotations
 
 import math
+import time
+from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
+from nvil.core.config import positive_int
 from nvil.core.errors import ConfigError
-from nvil.estimators.annealing import ais
+from nvil.estimators.ais_rbm import ForwardRun
+from nvil.estimators.annealing import Ladder, LogZ, ais
 
 BISECTION_STEPS = 50
 
@@ -169,3 +174,76 @@ def group_log_z(log_w: torch.Tensor, groups: int) -> torch.Tensor:
     """Each group's log Z_1 / Z_0 estimate: the log-mean of its final log-weights (their product of epoch means)."""
     lw = log_w.double().view(groups, -1)
     return torch.logsumexp(lw, 1) - math.log(lw.shape[1])
+
+
+@dataclass
+class SMCLadder(Ladder):
+    """The ladder an adaptive SMC pilot chose (``knots``, one unit of ``rate`` mass per step, so ``betas(K)`` spaces
+    any number of steps as the pilot did: the reverse run's), with what the runs did on it."""
+
+    cess: float = 0.9
+    num_particles: int = 0
+    num_runs: int = 0
+    resampling_events: int = 0
+
+    @classmethod
+    def of(cls, betas: torch.Tensor, **what) -> "SMCLadder":
+        return cls("adaptive", betas, 1.0 / betas.diff().clamp(min=1e-300), len(betas) - 1, None, **what)
+
+    def extras(self) -> dict:
+        return {"schedule": "smc", "num_betas": self.pilot_steps, "cess": self.cess,
+                "num_particles": self.num_particles, "num_runs": self.num_runs,
+                "resampling_events": self.resampling_events}
+
+
+@dataclass(frozen=True)
+class SMCSampler:
+    """The forward side of ``certified_log_z`` by SMC (the module docstring)."""
+
+    num_particles: int
+    num_runs: int
+    cess: float
+    resample_ess: float
+    num_moves: int
+    max_betas: int
+    pilot_runs: int
+    steps: ClassVar[list[str]] = ["pilot SMC", "forward SMC"]
+
+    def __post_init__(self) -> None:
+        for key in ("num_particles", "num_runs", "pilot_runs", "num_moves", "max_betas"):
+            object.__setattr__(self, key, positive_int(getattr(self, key), f"estimator.{key}"))
+        for key in ("cess", "resample_ess"):
+            value = float(getattr(self, key))
+            if not 0.0 < value < 1.0:
+                raise ConfigError(f"estimator.{key} must lie strictly between 0 and 1, got {value}")
+            object.__setattr__(self, key, value)
+        if self.num_particles < 2:
+            raise ConfigError("estimator.num_particles must be at least 2 (resampling needs a choice)")
+
+    def reverse(self, num_betas: int, cert) -> tuple[int, int]:
+        """(chains, steps) of the reverse AIS run on this ladder of ``num_betas`` steps: 2 x ``num_runs`` chains
+        on ``reverse_fraction`` x ``num_betas`` x ``num_particles`` / 2 steps, so it costs ``reverse_fraction``
+        of the forward runs as in ``estimator=ais``, spent on longer chains: the resampling that lets SMC take
+        large steps is not open to reverse AIS, whose bound needs small ones."""
+        chains = 2 * self.num_runs
+        return chains, max(1, round(cert.reverse_fraction * num_betas * self.num_particles * self.num_runs / chains))
+
+    def settings(self) -> dict:
+        return {"num_particles": self.num_particles, "num_runs": self.num_runs, "cess": self.cess,
+                "resample_ess": self.resample_ess, "num_moves": self.num_moves, "pilot_runs": self.pilot_runs}
+
+    def run(self, path, generator, progress, announce) -> tuple[ForwardRun, SMCLadder]:
+        n = self.num_particles
+        announce("pilot SMC")
+        betas = adaptive_betas(path, path.sample_base(self.pilot_runs * n, generator), self.pilot_runs,
+                               target=self.cess, resample_ess=self.resample_ess, num_moves=self.num_moves,
+                               max_betas=self.max_betas, generator=generator)
+        announce("forward SMC")
+        t0 = time.perf_counter()
+        log_w, end, events = smc(path, path.sample_base(self.num_runs * n, generator), betas, self.num_runs,
+                                 resample_ess=self.resample_ess, num_moves=self.num_moves, generator=generator)
+        estimate = LogZ.from_log_w(group_log_z(log_w, self.num_runs), path.log_z0(), "forward", len(betas) - 1,
+                                   time.perf_counter() - t0)
+        ladder = SMCLadder.of(betas, cess=self.cess, num_particles=n, num_runs=self.num_runs,
+                              resampling_events=events)
+        return ForwardRun(estimate, end, log_w), ladder

@@ -18,8 +18,7 @@ from nvil.estimators.base import NO_PROGRESS, BatchProgress
 from nvil.estimators.latent_model import LatentModel
 from nvil.estimators.model_paths import ModelPath, fixed_kernel_path
 from nvil.estimators.settings import LOG_Z, LogZSettings
-from nvil.estimators.smc import adaptive_betas, group_log_z, smc
-from nvil.estimators.smc_log_z import SMCLadder, SMCSampler
+from nvil.estimators.smc import SMCLadder, SMCSampler, adaptive_betas, group_log_z, smc
 
 
 class ModelSMC(ModelAIS):

@@ -213,3 +213,21 @@ def test_estimator_smc_reaches_every_family_by_its_name():
              (GaussianBeliefNet(6, [2]), None, ModelSMC)]
     for model, inference, cls in cases:
         assert type(build_estimator({"name": "smc"}, model, inference=inference)) is cls, type(model).__name__
+
+
+def test_a_dbns_top_log_z_by_smc_is_certified_and_holds_the_exact_value():
+    """``estimator.log_z.sampler=smc``: the DBN estimators' top-machine log Z by SMC, with the same certificate."""
+    from conftest import tiny_dbn
+
+    from nvil.estimators.log_z import top_log_z
+    from nvil.estimators.settings import LogZSettings
+    dbn = tiny_dbn(3)
+    train = (torch.rand(300, 12, generator=torch.Generator().manual_seed(6)) < 0.4).float()
+    exact = dbn.top.log_z_exact().double().item()
+    for seed in range(3):
+        c, _ = top_log_z(dbn, train, LogZSettings(seed=seed, cache=False, num_climb=32, sampler="smc"))
+        lo, hi = c.band()
+        assert c.certified is True and c.ladder["schedule"] == "smc", c.warnings
+        assert (lo is None or lo <= exact) and (hi is None or exact <= hi), (lo, exact, hi)
+    with pytest.raises(ConfigError, match="estimator.log_z.sampler must be ais or smc"):
+        LogZSettings(sampler="mcmc")
