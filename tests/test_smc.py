@@ -231,3 +231,36 @@ def test_a_dbns_top_log_z_by_smc_is_certified_and_holds_the_exact_value():
         assert (lo is None or lo <= exact) and (hi is None or exact <= hi), (lo, exact, hi)
     with pytest.raises(ConfigError, match="estimator.log_z.sampler must be ais or smc"):
         LogZSettings(sampler="mcmc")
+
+
+@pytest.mark.parametrize("family", ["dbn", "dbm"])
+def test_evaluate_py_estimator_smc_and_budget_auto_on_a_dbn_and_a_dbm(tmp_path, family):
+    """``evaluate.py checkpoint=... estimator=smc`` on trained DBN and DBM checkpoints (the DBN's binary latents by
+    PosteriorSMC; the DBM's top machine by SMC), certified and within 3 SE of exact enumeration; with
+    ``estimator.budget=auto`` and no schedule the rounds start from a quarter of the particles at cess 0.5."""
+    import nvil
+    from conftest import SYNTHETIC, make_cfg
+
+    from nvil.app.main import train
+    args = [a for a in SYNTHETIC if not a.startswith(("final_eval", "model.layers"))]
+    spec = {"dbn": ["model=dbn", "model.layers=[6,5]", "learner=greedy", "learner.layer_steps=50",
+                    "trainer.max_steps=100"],
+            "dbm": ["model=dbm", "model.layers=[6,4]", "learner=dbm_sap", "learner.pretrain_steps=[40,40]",
+                    "learner.validation_betas=200", "trainer.val_every=30", "trainer.max_steps=100"]}[family]
+    ck = train(make_cfg("train", [*args, *spec, "final_eval.enabled=false"]), tmp_path / "run")["checkpoint"]
+    quiet = {"eval.num_examples": 10, "eval.progress": False, "eval.output": str(tmp_path / "e.jsonl")}
+    small = {"num_particles": 20, "num_runs": 4} if family == "dbn" else {"num_particles": 20, "num_runs": 8}
+    if family == "dbn":
+        small["log_z"] = {"num_betas": 200, "num_chains": 20}
+    r = nvil.evaluate(ck, estimator="smc", **small, **quiet)
+    exact = nvil.evaluate(ck, estimator="exact", **quiet)
+    assert r.certified is True, r.warnings
+    if family == "dbn":  # log p(v) per example; a DBM's smc is its mean-field bound, below log p(v)
+        d = r.log_p.double() - exact.log_p.double()
+        assert abs(d.mean().item()) < 3 * (d.std().item() / math.sqrt(len(d)) + r.shared_stderr) + 0.02
+    else:
+        assert r.mean_log_p <= exact.mean_log_p + 3 * r.shared_stderr
+    auto = nvil.evaluate(ck, estimator="smc", budget="auto", **({"log_z": small["log_z"]} if family == "dbn" else {}),
+                         **quiet)
+    first = auto.extras["budget"]["rounds"][0]
+    assert first["cess"] == 0.5 and auto.certified == auto.extras["budget"]["rounds"][-1]["certified"]

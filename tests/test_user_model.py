@@ -386,6 +386,20 @@ def test_evaluate_py_grows_a_users_ais_within_estimator_budget(user_files):
     assert result.certified is rounds[-1]["certified"] and within(result.log_p, truth)[2], result.warnings
 
 
+def test_evaluate_py_scores_a_users_module_by_smc_and_sizes_it_itself(user_files):
+    """``estimator=smc`` on a user's module: per-example SMC, right against the closed form; with no schedule the
+    budget is auto (300 s) and the result says what it spent."""
+    tmp, truth = user_files
+    common = [f"model_module={tmp / 'decoder.py'}:Decoder", f"data_file={tmp / 'x.pt'}", "estimator=smc",
+              "estimator.num_simulated=10", "estimator.iwae_samples=50", "eval.progress=false"]
+    fixed = nvil.evaluate(tmp / "w.pt", *common, "estimator.num_particles=16", "estimator.num_runs=4")
+    assert "budget" not in fixed.extras and fixed.summary()["schedule"] == "smc"
+    assert within(fixed.log_p, truth)[2], fixed.warnings
+    auto = nvil.evaluate(tmp / "w.pt", *common)
+    assert auto.extras["budget"]["seconds"] == 300 and auto.extras["budget"]["rounds"][0]["cess"] == 0.5
+    assert auto.certified is True and within(auto.log_p, truth)[2], auto.warnings
+
+
 @pytest.mark.parametrize("override, message", [
     ("estimator.num_temperatures=5", "not a setting of estimator=iwae"),
     ("model_kwargs={visible: 7}", "does not match"),

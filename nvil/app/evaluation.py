@@ -37,7 +37,7 @@ from nvil.core.ops import mean_and_stderr
 from nvil.data import build_model_data, take_rows
 from nvil.estimators import ROUTES, build_estimator, resolve
 from nvil.estimators.base import Result, progress_interval
-from nvil.estimators.budget import check_budget, size_keys, within_budget
+from nvil.estimators.budget import check_budget, resolve_budget, size_keys, within_budget
 from nvil.models import MODELS, build_model
 
 
@@ -134,6 +134,9 @@ def _evaluate_checkpoint(path: Path, estimator_cfg, spec: EvalSpec) -> Result:
     if budget is not None:
         check_budget(budget)
         size_keys(built[0])
+        # auto: a budget unless the user set part of the schedule (nvil.estimators.budget.resolve_budget)
+        budget = resolve_budget(built[0], dict.fromkeys(spec.given or ()), budget)
+    if budget is not None:
         if d.enabled or spec.sharded:
             raise ConfigError("estimator.budget grows one estimate until its certificate holds; its rounds cannot be "
                               "split between processes: run it in one (no torchrun, no eval.shard)")
