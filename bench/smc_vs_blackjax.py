@@ -92,6 +92,7 @@ import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import NamedTuple  # noqa: E402
 
+from certificate_power import random_rbm  # noqa: E402  (W ~ N(0, scale^2), b ~ N(-1, 1), c ~ N(0, 1))
 from common import ROOT, cpu_name, markdown_table  # noqa: E402,I001
 
 import numpy as np  # noqa: E402
@@ -162,17 +163,6 @@ class LinearGaussian(Counted):
         return torch.distributions.MultivariateNormal(b, cov).log_prob(x.double()).item()
 
 
-def random_rbm(seed: int = 4, V: int = 30, H: int = 10, scale: float = 3.0) -> BoltzmannMachine:
-    """tests/test_certificate.py's ``random_rbm``: W ~ N(0, scale^2), b ~ N(-1, 1), c ~ N(0, 1)."""
-    torch.manual_seed(seed)
-    m = BoltzmannMachine(V, H)
-    with torch.no_grad():
-        m.W.normal_(0, scale)
-        m.b.normal_(-1, 1)
-        m.c.normal_(0, 1)
-    return m
-
-
 class RBMOverVisibles(Counted):
     """The RBM as a protocol model over z = v (binary, V units): log_prior the base-rate model A(v) (normalised),
     log_likelihood log p*(v) - log A(v), so that log p(x, z) = log p*(v) and the path from the prior is the geometric
@@ -211,7 +201,7 @@ def build_targets() -> Targets:
     with torch.no_grad():
         g = torch.Generator().manual_seed(1)
         x = lg.sample_likelihood(lg.sample_prior(1, g), g)[0]
-        m = random_rbm()
+        m = random_rbm(4, 30, 10, 3.0)
         data = (torch.rand(300, m.n_pixels, generator=torch.Generator().manual_seed(5)) < 0.3).float()
         path = RBMPath(m, base_rate(m, data, 0.05))
         exact = m.log_z_exact().double().item()
