@@ -44,6 +44,31 @@ from nvil.estimators.log_z import apply_log_z, has_top_log_z, top_log_z
 from nvil.estimators.protocol_view import eval_mode
 from nvil.estimators.settings import LogZSettings
 
+def monte_carlo_band(mean_log_p: float, w: torch.Tensor, band: list | None = None) -> list:
+    """The interval printed for the test mean of log p(v) from importance-weight runs w [examples, runs] (each row
+    scaled by its largest weight): per example, the delta method gives log Z_hat_i's variance
+    s_i^2 = var_r(w_ir) / (R mean_r(w_ir)^2) and its Jensen bias, about -s_i^2 / 2; the mean over n examples is
+    within 3 sqrt(sum_i s_i^2) / n of its expectation, which is sum_i s_i^2 / (2 n) below the truth. So the band
+    runs from 3 sigma below to 3 sigma plus the bias above ``mean_log_p``; with ``band`` (the log Z band's
+    [low, high] for the mean), that band is widened by the same amounts. An open end (None) stays open."""
+    w = w.double()
+    runs = w.shape[1]
+    mean = w.mean(1).clamp(min=1e-300)
+    rel_var = (w.var(1) / runs / mean**2).nan_to_num(0.0)
+    n = w.shape[0]
+    sigma = math.sqrt(float(rel_var.sum())) / n
+    bias = float(rel_var.sum()) / (2 * n)
+    lo, hi = band if band is not None else (mean_log_p, mean_log_p)
+    return [None if lo is None else round(lo - 3 * sigma, 4), None if hi is None else round(hi + 3 * sigma + bias, 4)]
+
+
+def widen_band(result: Result, w: torch.Tensor) -> None:
+    """``mean_log_p_band`` from the runs' Monte Carlo error (``monte_carlo_band``), over a log Z band already there."""
+    if math.isfinite(result.mean_log_p):
+        result.extras["mean_log_p_band"] = monte_carlo_band(result.mean_log_p, w,
+                                                            result.extras.get("mean_log_p_band"))
+
+
 class PerExample(Estimator):
     """Base class: subclasses set ``name`` and define ``run_batch(lm, x_runs, generator, progress) -> [chains]``
     (estimates of log P*(v), one per chain), advancing ``progress`` (the batch's ``BatchProgress``) as it works."""
@@ -155,6 +180,7 @@ class PerExample(Estimator):
                          f"{int(low.sum())} of {n} examples have an ESS over their {runs} runs below {threshold:g} "
                          f"(lowest {ess.min().item():.2f}, example {int(ess.argmin())}): their estimates rest on one "
                          "run; use more betas or runs")
+            widen_band(result, w)
         finite = torch.isfinite(per_run).all(0)
         if finite.sum() >= 2 and math.isfinite(result.stderr_examples):
             spread = per_run[:, finite].double().mean(0).std().item()

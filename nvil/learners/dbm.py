@@ -34,24 +34,37 @@ from nvil.learners.dbm_pretrain import Pretraining
 from nvil.learners.negative_phase import PHASES
 from nvil.learners.sap import filter_grid
 from nvil.learners.settings import TTSettings
+from nvil.models.dbm import binary_entropy
 from nvil.models.protocol import TOP_MACHINE, VARIATIONAL_BOUND, capable
 from nvil.models.visible import bernoulli_sample
 
 
 def sap_gradient(dbm, x_pos: torch.Tensor, y_pos: torch.Tensor, x_neg: torch.Tensor,
-                 y_neg: torch.Tensor) -> dict[str, torch.Tensor]:
+                 y_neg: torch.Tensor, data_term: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """The ascent direction of the variational objective in the bipartite form: x = even layers, y = odd layers (means
     or Rao-Blackwellised probabilities), data rows first, model rows second. {W: <x y'>_data - <x y'>_model (zero
-    outside the neighbours' blocks), b: <x>_data - <x>_model, c: <y>_data - <y>_model}."""
-    w = (x_pos.T @ y_pos / x_pos.shape[0] - x_neg.T @ y_neg / x_neg.shape[0]) * dbm.mask
+    outside the neighbours' blocks), b: <x>_data - <x>_model, c: <y>_data - <y>_model}. ``data_term``: <x y'>_data
+    when the caller has it (``mean_bound`` shares it)."""
+    pos = x_pos.T @ y_pos / x_pos.shape[0] if data_term is None else data_term
+    w = (pos - x_neg.T @ y_neg / x_neg.shape[0]) * dbm.mask
     return {"W": w, "b": x_pos.mean(0) - x_neg.mean(0), "c": y_pos.mean(0) - y_neg.mean(0)}
+
+
+def mean_bound(dbm, x_pos: torch.Tensor, y_pos: torch.Tensor, data_term: torch.Tensor,
+               mus: list[torch.Tensor]) -> torch.Tensor:
+    """The minibatch mean of the unnormalised bound -E(v, mu) + H(q) (``DBM.variational_bound``) from the data term
+    <x y'>_data the gradient needs: the mean of x'Wy is sum(W * <x y'>), so no further product with W."""
+    top = dbm.top
+    neg_energy = (x_pos @ top.b).mean() + (y_pos @ top.c).mean() + (top.W * data_term).sum()
+    return neg_energy + sum(binary_entropy(mu) for mu in mus[1:]).mean()
 
 
 class DBMSAP(Learner):
     """Keywords (defaults: configs/learner/dbm_sap.yaml): ``pretrain_steps`` (one integer or one per RBM),
     ``pretrain_lr``, ``pretrain_weight_decay``; ``lr``, ``lr_decay``, ``lr_min``, ``weight_decay``, ``momentum``,
     ``momentum_initial``, ``momentum_switch`` (counted per RBM in pretraining and from the start of the joint phase);
-    ``num_particles``, ``k``; ``mean_field_iters`` and ``mean_field_tol``; ``tempered`` and its ``tt`` block;
+    ``num_particles``, ``k``; ``mean_field_iters``, ``mean_field_tol`` and ``mean_field_omega``
+    (``DBM.mean_field``); ``tempered`` and its ``tt`` block;
     ``validation_betas`` and ``validation_chains``: the forward AIS whose log Z puts the validation bound in nats."""
 
     has_own_validation = True  # a DBM's score needs log Z: training reports the bound without it
@@ -61,7 +74,8 @@ class DBMSAP(Learner):
                  pretrain_weight_decay: float = 0.001, lr: float = 0.001, lr_decay: float = 1.000015,
                  lr_min: float = 0.0001, weight_decay: float = 0.0002, momentum: float = 0.9,
                  momentum_initial: float = 0.5, momentum_switch: int = 3000, num_particles: int = 100, k: int = 5,
-                 mean_field_iters: int = 50, mean_field_tol: float = 1e-7, tempered: bool = False,
+                 mean_field_iters: int = 50, mean_field_tol: float = 1e-3, mean_field_omega: float = 1.3,
+                 tempered: bool = False,
                  tt: TTSettings | Mapping | None = TTSettings(), validation_betas: int = 1000,
                  validation_chains: int = 100) -> None:
         super().__init__()
@@ -86,6 +100,11 @@ class DBMSAP(Learner):
         self.k = positive_int(k, "learner.k")
         self.mf_iters = positive_int(mean_field_iters, "learner.mean_field_iters")
         self.mf_tol = positive_float(mean_field_tol, "learner.mean_field_tol")
+        if isinstance(mean_field_omega, bool) or not isinstance(mean_field_omega, (int, float)) \
+                or not 0 < mean_field_omega < 2:
+            raise ConfigError(f"learner.mean_field_omega (over-relaxation of the mean-field updates) must be a "
+                              f"number in (0, 2), got {mean_field_omega!r}")
+        self.mf_omega = float(mean_field_omega)
         self.validation_log_z = AIS(num_chains=positive_int(validation_chains, "learner.validation_chains"),
                                     num_betas=positive_int(validation_betas, "learner.validation_betas"),
                                     certify=False, cache=False)
@@ -123,11 +142,13 @@ class DBMSAP(Learner):
     @torch.no_grad()
     def joint_step(self, v: torch.Tensor) -> dict[str, torch.Tensor]:
         dbm, top = self.model, self.model.top
-        mus = dbm.mean_field(v, self.mf_iters, self.mf_tol)
+        mus = dbm.mean_field(v, self.mf_iters, self.mf_tol, omega=self.mf_omega)
         x_pos, y_pos = dbm.join(v, torch.cat(mus[2::2], -1)), torch.cat(mus[1::2], -1)
         start = dbm.join(v, bernoulli_sample(torch.cat(mus[2::2], -1), self.generator))
         x_neg = self.phase.sample(start, self.k, self.joint_updates)
-        grad = sap_gradient(dbm, x_pos, y_pos, x_neg, top.h_given_x(x_neg))
+        data_term = x_pos.T @ y_pos / x_pos.shape[0]
+        bound = mean_bound(dbm, x_pos, y_pos, data_term, mus)  # at the parameters the means were computed for
+        grad = sap_gradient(dbm, x_pos, y_pos, x_neg, top.h_given_x(x_neg), data_term)
         grad["W"] = grad["W"] - self.weight_cost * top.W
         momentum = self.momentum_initial if self.joint_updates < self.momentum_switch else self.momentum
         lr = self.rate()
@@ -135,8 +156,7 @@ class DBMSAP(Learner):
             self.inc[name].mul_(momentum).add_(grad[name], alpha=lr)
             getattr(top, name).add_(self.inc[name])
         dbm.constrain_()
-        bound = dbm.variational_bound(v, mus)
-        return {"dbm/variational_bound_unnormalised": bound.mean(), "dbm/lr": torch.tensor(lr),
+        return {"dbm/variational_bound_unnormalised": bound, "dbm/lr": torch.tensor(lr),
                 **self.phase.report()}
 
     @torch.no_grad()
@@ -152,7 +172,7 @@ class DBMSAP(Learner):
             x = self.pretraining.up(valid, layer, torch.Generator(device=valid.device).manual_seed(1))
             recon = rbm.x_given_h(rbm.h_given_x(x))
             return {f"val/pretrain_layer{layer}/reconstruction_error": ((recon - x) ** 2).sum(-1).mean().item()}
-        bound = dbm.variational_bound(valid, dbm.mean_field(valid, self.mf_iters, self.mf_tol))
+        bound = dbm.variational_bound(valid, dbm.mean_field(valid, self.mf_iters, self.mf_tol, omega=self.mf_omega))
         out = {"val/variational_bound_unnormalised": bound.mean().item()}
         ais = self.validation_log_z.estimate(dbm, valid, train=train_subset, seed=0)
         out["val/variational_bound_ais"] = ais.mean
