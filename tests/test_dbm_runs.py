@@ -12,6 +12,7 @@ from conftest import SYNTHETIC, make_cfg
 from nvil.app.api import evaluate
 from nvil.app.main import train
 from nvil.core.checkpoint import load_checkpoint
+from nvil.core.errors import CheckpointError, ConfigError
 
 DBM = [o for o in SYNTHETIC if not o.startswith("model.layers")] + [
     "model=dbm", "model.layers=[6,4]", "learner=dbm_sap", "learner.pretrain_steps=[40,40]", "learner.k=2",
@@ -84,3 +85,18 @@ def test_the_fused_sweep_gives_the_eager_chib_estimate(straight):
     eager = evaluate(ckpt, *args, "estimator.accel=none")
     native = evaluate(ckpt, *args, "estimator.accel=native")
     assert torch.allclose(eager.log_p, native.log_p, atol=1e-4)
+
+
+def test_a_resume_may_change_the_mean_field_stopping_rule_and_nothing_else(tmp_path):
+    """The mean field's tolerance, cap and over-relaxation set how closely one fixed point is computed, so a resumed
+    run may change them (an old run sped up); the learner's other settings still refuse to change."""
+    train(make_cfg("train", DBM + ["trainer.max_steps=80", "learner.mean_field_tol=1e-7",
+                                   "learner.mean_field_omega=1.0"]), tmp_path)
+    train(make_cfg("train", DBM + ["trainer.max_steps=100", "trainer.resume=true", "learner.mean_field_tol=1e-3",
+                                   "learner.mean_field_omega=1.3", "learner.mean_field_iters=30"]), tmp_path)
+    saved = load_checkpoint(tmp_path / "checkpoints" / "last.pt")
+    assert saved["step"] == 100
+    assert saved["config"]["learner"]["mean_field_tol"] == 1e-3
+    assert saved["config"]["learner"]["mean_field_omega"] == 1.3
+    with pytest.raises((CheckpointError, ConfigError), match="cannot resume.*learner.k"):
+        train(make_cfg("train", DBM + ["trainer.max_steps=120", "trainer.resume=true", "learner.k=3"]), tmp_path)

@@ -3,7 +3,8 @@
 A resumed run is the run that wrote the checkpoint: its model, learner, data, seed and batch size come from
 ``checkpoints/last.pt``, whatever the command line says, so ``python train.py hydra.run.dir=RUN
 trainer.resume=true`` continues a run started with any overrides. Overrides given at resume change only what
-is safe to change mid-run (``SAFE_ON_RESUME``: the step budget, logging, devices, the final evaluation);
+is safe to change mid-run (``SAFE_ON_RESUME``: the step budget, logging, devices, the final evaluation, the
+DBM's mean-field stopping rule);
 any other override must repeat the run's own value, or the resume is refused with one line. Every check here
 runs before anything is written to the run directory, so a refused command leaves the old run as it was.
 
@@ -32,7 +33,9 @@ SAFE_ON_RESUME = ("trainer.max_steps", "trainer.log_every", "trainer.val_every",
                   "trainer.accel", "trainer.resume", "trainer.patience", "trainer.divergence", "trainer.divergence_floor",
                   "trainer.regression",
                   "trainer.detect_anomaly", "trainer.dist_timeout", "trainer.flush_denormal", "trainer.cpu_kernels", "trainer.threads", "final_eval",
-                  "print_config")
+                  "print_config",
+                  # how closely the DBM's mean-field fixed point is computed: the objective is the same
+                  "learner.mean_field_tol", "learner.mean_field_iters", "learner.mean_field_omega")
 # Overrides that are not config paths: Hydra's own settings, and presets that set the run's sections.
 NOT_CONFIG = ("hydra", "hydra/")
 PRESET_SECTIONS = ("model", "learner", "data", "seed", "trainer.batch_size")
@@ -173,7 +176,7 @@ def config_conflicts(saved, new, key: str) -> list[str]:
     state dicts are loaded)."""
     if isinstance(saved, dict) and isinstance(new, dict):
         return [c for k in saved for c in config_conflicts(saved[k], new.get(k), f"{key}.{k}")]
-    if saved != new:
+    if saved != new and not _safe(key):
         return [f"it was written with {key}={saved}, but this run asks for {key}={new}"]
     return []
 
