@@ -11,6 +11,7 @@ import torch
 from conftest import SYNTHETIC, make_cfg
 from nvil.app.api import evaluate
 from nvil.app.main import train
+from nvil.app.resume import run_config
 from nvil.core.checkpoint import load_checkpoint
 from nvil.core.errors import CheckpointError, ConfigError
 
@@ -100,3 +101,16 @@ def test_a_resume_may_change_the_mean_field_stopping_rule_and_nothing_else(tmp_p
     assert saved["config"]["learner"]["mean_field_omega"] == 1.3
     with pytest.raises((CheckpointError, ConfigError), match="cannot resume.*learner.k"):
         train(make_cfg("train", DBM + ["trainer.max_steps=120", "trainer.resume=true", "learner.k=3"]), tmp_path)
+
+
+def test_a_preset_resumed_with_a_new_mean_field_rule_is_accepted(tmp_path):
+    """``train.py experiment=... trainer.resume=true`` compares the preset's sections with the run's: a changed
+    mean-field stopping rule passes, a changed learner.k is refused in one line."""
+    train(make_cfg("train", DBM + ["trainer.max_steps=40", "learner.mean_field_tol=1e-7"]), tmp_path)
+    command = ["experiment=the_preset", "trainer.resume=true", "trainer.max_steps=60"]
+    cfg, resumed = run_config(make_cfg("train", DBM + ["trainer.max_steps=60", "trainer.resume=true",
+                                                       "learner.mean_field_tol=1e-3"]), tmp_path, command)
+    assert resumed and cfg.learner.mean_field_tol == 1e-7  # the preset's value is the run's own; no override
+    with pytest.raises(ConfigError, match="cannot resume .*learner="):
+        run_config(make_cfg("train", DBM + ["trainer.max_steps=60", "trainer.resume=true", "learner.k=3"]), tmp_path,
+                   command)
