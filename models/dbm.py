@@ -159,11 +159,13 @@ class DBM(nn.Module):
             raise ValueError(f"the over-relaxation omega must lie in (0, 2), got {omega}")
         L = len(self.sizes)
         mus, logits = [v], [v]
+        v_w = v @ self.weight(1)
+        from_v = self.bias(1) + v_w
         for l in range(1, L + 1):
             scale = 2.0 if l < L else 1.0
-            logits.append(self.bias(l) + scale * (mus[-1] @ self.weight(l)))
+            up = v_w if l == 1 else mus[-1] @ self.weight(l)
+            logits.append(self.bias(l) + scale * up)
             mus.append(torch.sigmoid(logits[-1]))
-        from_v = self.bias(1) + v @ self.weight(1)
         last = float("inf")
         for _ in range(max_iter):
             moved = []
