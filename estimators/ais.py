@@ -96,7 +96,7 @@ class AIS(Estimator):
         self.batch_size = positive_int(batch_size, "estimator.batch_size")
         self.accel = check_mode(accel, what="estimator.accel")
 
-    def check(self, model, inference) -> None:
+    def check(self, model, inference=None) -> None:
         if not scores_top_bound(model):
             check_boltzmann(model, self.name)
 

@@ -177,7 +177,7 @@ class Classify(Estimator):
             raise ConfigError(f"estimator.l2 must be a non-negative number, got {l2!r}")
         self.l2 = float(l2)
 
-    def check(self, model, inference) -> None:
+    def check(self, model, inference=None) -> None:
         if not all(hasattr(model, a) for a in ("n_labels", "free_energy", "h_given_x")):
             raise ConfigError("estimator=classify needs a Boltzmann machine (model=rbm or model=srbm), "
                               f"not {type(model).__name__}")

@@ -37,7 +37,7 @@ class DBMBound(PerExample):
         self.iters = positive_int(mean_field_iters, "estimator.mean_field_iters")
         self.tol = positive_float(mean_field_tol, "estimator.mean_field_tol")
 
-    def check(self, model, inference) -> None:
+    def check(self, model, inference=None) -> None:
         if not (capable(model, VARIATIONAL_BOUND) and capable(model, TOP_MACHINE)):
             raise ConfigError("estimator=dbm_bound is the mean-field bound of a deep Boltzmann machine (model=dbm); "
                               "for a DBN use estimator=dbn_bound, for sbn or fdarn estimator=elbo")

@@ -35,7 +35,7 @@ class DBNBound(PerExample):
         super().__init__(batch_size=batch_size, log_z=log_z)
         self.num_samples = positive_int(num_samples, "estimator.num_samples")
 
-    def check(self, model, inference) -> None:
+    def check(self, model, inference=None) -> None:
         if not (capable(model, LAYER_STACK) and capable(model, TOP_MACHINE)):
             raise ConfigError("estimator=dbn_bound is the bound of a deep belief net (model=dbn); for sbn or fdarn "
                               "use estimator=elbo, for rbm estimator=ais")

@@ -218,8 +218,9 @@ class DBM(nn.Module):
     def check_exact(self, max_units: int = 20) -> None:
         self.top.check_exact(max_units)
 
-    def log_z_exact(self, max_units: int = 20) -> torch.Tensor:
-        return self.top.log_z_exact(max_units)
+    def log_z_exact(self, max_units: int = 20, *, grad: bool = False) -> torch.Tensor:
+        """log Z of ``top`` by enumeration (``BoltzmannMachine.log_z_exact``)."""
+        return self.top.log_z_exact(max_units, grad=grad)
 
 
 class MeanFieldQ:

@@ -253,9 +253,14 @@ class BoltzmannMachine(nn.Module):
             raise ConfigError(f"exact log Z enumerates 2^H hidden states and is limited to H <= {max_units}; "
                               f"this model has H = {self.n_hidden}")
 
-    def log_z_exact(self, max_units: int = 20, chunk_elements: int = 2**24) -> torch.Tensor:
+    def log_z_exact(self, max_units: int = 20, chunk_elements: int = 2**24, *, grad: bool = False) -> torch.Tensor:
         """log Z by enumerating the hidden units (2^H states) with x summed out analytically, or, when
-        lateral connections couple the pixels, the pixels (2^V states) with h summed out."""
+        lateral connections couple the pixels, the pixels (2^V states) with h summed out. A plain number (no
+        autograd graph) unless ``grad``: then its gradient is the model's expectation of -dE/dtheta, the negative
+        phase of exact maximum likelihood."""
+        if not grad:
+            with torch.no_grad():
+                return self.log_z_exact(max_units, chunk_elements, grad=True)
         self.check_exact(max_units)
         dev, dt = self.W.device, self.W.dtype
         if self.L is not None:  # enumerate the pixels (and labels), h summed out in -F
@@ -275,7 +280,7 @@ class BoltzmannMachine(nn.Module):
 
     def exact_log_prob(self, x: torch.Tensor, log_z: torch.Tensor | None = None) -> torch.Tensor:
         """log p(x) = -F(x) - log Z (densities for Gaussian visibles)."""
-        return -self.free_energy(x) - (self.log_z_exact() if log_z is None else log_z)
+        return -self.free_energy(x) - (self.log_z_exact(grad=True) if log_z is None else log_z)
 
     @torch.no_grad()
     def sample(self, n: int, generator: torch.Generator | None = None, gibbs_sweeps: int = 1000):

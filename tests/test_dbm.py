@@ -129,7 +129,7 @@ def machine(request):
 
 def exact_log_p(dbm: DBM, v: torch.Tensor, log_z=None) -> torch.Tensor:
     """log p(v) by enumeration: the even hidden layers summed (``exact_log_marginal``), log Z of ``dbm.top``."""
-    return exact_log_marginal(dbm, v) - (dbm.log_z_exact() if log_z is None else log_z)
+    return exact_log_marginal(dbm, v) - (dbm.log_z_exact(grad=True) if log_z is None else log_z)
 
 # ---- 1. the model's identities against brute force ---------------------------------------------------------
 
@@ -412,7 +412,7 @@ def sap_with_exact_negatives(dbm: DBM, brute: Brute, x_pos, y_pos) -> dict[str, 
 def autograd_gradient(dbm: DBM, v: torch.Tensor, mus: list[torch.Tensor]) -> dict[str, torch.Tensor]:
     """d/dtheta of mean_v [-E(v, mu) + H(mu)] - log Z for top's W (masked), b, c."""
     top = dbm.top
-    objective = dbm.variational_bound(v, mus).mean() - dbm.log_z_exact()
+    objective = dbm.variational_bound(v, mus).mean() - dbm.log_z_exact(grad=True)
     gW, gb, gc = torch.autograd.grad(objective, [top.W, top.b, top.c])
     return {"W": gW * dbm.mask, "b": gb, "c": gc}
 

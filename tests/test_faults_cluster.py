@@ -12,7 +12,6 @@ signal, USR2, before the time limit, as SLURM does).
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import signal
 import subprocess
@@ -24,6 +23,7 @@ import pytest
 import torch
 
 from conftest import ROOT, SYNTHETIC
+from nvil.app.cli import has_submitit
 from nvil.app.interrupt import SYNC_EVERY
 from nvil.core.checkpoint import load_checkpoint
 
@@ -124,7 +124,7 @@ def test_a_stopped_rank_is_detected_within_the_timeout(tmp_path):
     assert "did not answer within trainer.dist_timeout=5 s" in stderr, stderr[-3000:]
 
 
-needs_submitit = pytest.mark.skipif(importlib.util.find_spec("hydra_plugins.hydra_submitit_launcher") is None,
+needs_submitit = pytest.mark.skipif(not has_submitit(),
                                     reason="needs Hydra's submitit launcher (pip install -e '.[cluster]')")
 
 

@@ -76,9 +76,18 @@ def check_launcher(argv: list[str]) -> None:
     """``hydra/launcher=local|slurm`` needs Hydra's submitit plugin, the ``[cluster]`` extra."""
     for arg in argv:
         if arg.startswith("hydra/launcher=") and arg.split("=", 1)[1] in LAUNCHERS_NEEDING_SUBMITIT:
-            if importlib.util.find_spec("hydra_plugins.hydra_submitit_launcher") is None:
+            if not has_submitit():
                 raise ConfigError(f"{arg} needs Hydra's submitit launcher, which is not installed; "
                                   "install it with: pip install -e '.[cluster]'")
+
+
+def has_submitit() -> bool:
+    """Whether Hydra's submitit launcher is installed. ``find_spec`` of a dotted name imports its parent, and
+    ``hydra_plugins`` itself is absent where no Hydra plugin is installed: that is an answer, not an error."""
+    try:
+        return importlib.util.find_spec("hydra_plugins.hydra_submitit_launcher") is not None
+    except ModuleNotFoundError:
+        return False
 
 
 def multirun(argv: list[str]) -> bool:

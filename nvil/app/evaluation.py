@@ -219,7 +219,19 @@ def _report(result: Result, name: str, out: Path, explicit: bool = False) -> Non
         if explicit:
             raise StorageError(f"{problem}; the result is the JSON line printed above") from None
         print(f"warning: {problem}; the result is the JSON line on stdout", file=sys.stderr, flush=True)
-    print(headline(json.loads(line)), file=sys.stderr, flush=True)
+    summary = json.loads(line)
+    human = headline(summary)
+    if sweeping() and summary.get("checkpoint"):  # a -m sweep prints one line per job: say whose it is
+        human = f"{summary['checkpoint']}: {human}"
+    print(human, file=sys.stderr, flush=True)
+
+
+def sweeping() -> bool:
+    """Whether this job is one of a Hydra multirun (``-m``)."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
 
 def gather_result(result: Result, lengths: torch.Tensor | None) -> tuple[Result, torch.Tensor | None]:

@@ -61,14 +61,26 @@ def writing(path, what: str, advice=""):
 
 def check_writable(path, what: str, advice: str) -> None:
     """``StorageError`` when ``path`` (or, where it does not exist yet, its nearest existing parent) is on a
-    read-only file system or not writable by this process; nothing is created."""
+    read-only file system, not writable by this process, a file, or (for a directory yet to be made) a place where
+    no directory can be created, as in /proc; nothing is left behind (a probe directory is made and removed)."""
     p = Path(path).absolute()
     while not p.exists() and p != p.parent:
         p = p.parent
+    if not p.is_dir():
+        raise StorageError(f"cannot write {what} {path}: {p} is a file, not a directory; {advice}")
     if os.statvfs(p).f_flag & os.ST_RDONLY:
         code = errno.EROFS
     elif not os.access(p, os.W_OK):
         code = errno.EACCES
+    elif p != Path(path).absolute():  # a directory to create: can one be made here at all (/proc, /sys cannot)?
+        probe = p / f".nvil-probe-{secrets.token_hex(4)}"
+        try:
+            probe.mkdir()
+        except OSError as e:
+            raise StorageError(f"cannot write {what} {path}: no directory can be created in {p} "
+                               f"({os.strerror(e.errno) if e.errno else e}); {advice}") from None
+        probe.rmdir()
+        return
     else:
         return
     raise StorageError(f"cannot write {what} {path}: {WRITE_FAILURES[code][0]}; {advice}")

@@ -24,6 +24,9 @@ LEARNERS = {"nvil": NVIL, "wake_sleep": WakeSleep, "greedy": Greedy, "dbm_sap": 
             "iwae": ImportanceWeighted,
             **{mode: SAP for mode in SAP.MODES}, **ESTIMATORS}
 DIRECTED = ("nvil", "wake_sleep", *ESTIMATORS)
+# The learners that train each built-in model class, named where a learner is given a model it does not train.
+TRAINED_BY = {"BoltzmannMachine": SAP.MODES, "DBM": ("dbm_sap",), "DBN": ("greedy",),
+              "GaussianBeliefNet": ("mcem_hmc", "map_latents"), "VAE": ("iwae",)}
 # Keys of a learner config that are not settings: its name (SAP's ``mode`` for the Boltzmann-machine learners) and
 # Hydra's defaults list (a file loaded without Hydra).
 DRIVER_KEYS = ("name", "defaults")
@@ -51,7 +54,11 @@ def build_learner(cfg, model, inference, device, seed: int):
     settings = learner_settings(cfg)
     name = cfg.get("name")
     if name in DIRECTED and inference is None:
-        raise ConfigError(f"learner={name} trains directed models with an inference network (model=sbn or fdarn)")
+        others = TRAINED_BY.get(type(model).__name__)
+        hint = (f"; this model trains with learner={', '.join(others[:-1])} or {others[-1]}" if others and len(others) > 1
+                else f"; this model trains with learner={others[0]}" if others else "")
+        raise ConfigError(f"learner={name} trains directed models with an inference network (model=sbn or "
+                          f"fdarn){hint}")
     return LEARNERS[name](model, inference, device=device, seed=seed, **settings)
 
 

@@ -175,7 +175,7 @@ class SAP(DataParallel):
         minus the log-likelihood gradient (one rank's share of it under data parallelism)."""
         f_data = self.model.free_energy(x).mean()
         if neg is None:
-            return f_data + self.model.log_z_exact()
+            return f_data + self.model.log_z_exact(grad=True)
         return f_data - self.model.free_energy(neg).mean()
 
     @torch.no_grad()
