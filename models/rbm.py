@@ -254,14 +254,12 @@ class BoltzmannMachine(nn.Module):
                               f"this model has H = {self.n_hidden}")
 
     def log_z_exact(self, max_units: int = 20, chunk_elements: int = 2**24, *, grad: bool = False) -> torch.Tensor:
-        """log Z by enumerating the hidden units (2^H states) with x summed out analytically, or, when
-        lateral connections couple the pixels, the pixels (2^V states) with h summed out. A plain number (no
-        autograd graph) unless ``grad``: then its gradient is the model's expectation of -dE/dtheta, the negative
-        phase of exact maximum likelihood."""
-        if not grad:
-            with torch.no_grad():
-                return self.log_z_exact(max_units, chunk_elements, grad=True)
+        """log Z by enumerating the hidden units (2^H states) with x summed out analytically, or, when lateral
+        connections couple the pixels, the pixels (2^V states) with h summed out. No autograd graph unless ``grad``
+        (its gradient: the model's expectation of -dE/dtheta, exact maximum likelihood's negative phase)."""
         self.check_exact(max_units)
+        if not grad:
+            return torch.no_grad()(self.log_z_exact)(max_units, chunk_elements, grad=True)
         dev, dt = self.W.device, self.W.dtype
         if self.L is not None:  # enumerate the pixels (and labels), h summed out in -F
             n = self.n_pixels
@@ -284,8 +282,7 @@ class BoltzmannMachine(nn.Module):
 
     @torch.no_grad()
     def sample(self, n: int, generator: torch.Generator | None = None, gibbs_sweeps: int = 1000):
-        """Approximate samples of p(v) = sum_h exp(-E(v, h)) / Z: ``gibbs_sweeps`` block-Gibbs sweeps (h | v, then
-        v | h) from h drawn uniformly, as the DBN's and DBM's ``sample``. Returns (v [n, n_visible], h [n, n_hidden])."""
+        """(v [n, n_visible], h [n, n_hidden]) approximately from p(v, h): ``gibbs_sweeps`` block-Gibbs sweeps from uniform h."""
         h = bernoulli_sample(torch.full((n, self.n_hidden), 0.5, device=self.W.device, dtype=self.W.dtype), generator)
         x = self.sample_x_given_h(h, 1.0, generator)
         for _ in range(gibbs_sweeps):
@@ -294,9 +291,8 @@ class BoltzmannMachine(nn.Module):
         return x, h
 
     def extra_repr(self) -> str:
-        lateral = ", lateral=True" if self.L is not None else ""
-        labels = f", n_labels={self.n_labels}" if self.n_labels else ""
-        return f"n_visible={self.n_pixels}, n_hidden={self.n_hidden}, visible={self.visible!r}{lateral}{labels}"
+        return (f"n_visible={self.n_pixels}, n_hidden={self.n_hidden}, visible={self.visible!r}"
+                + (", lateral=True" if self.L is not None else "") + (f", n_labels={self.n_labels}" * bool(self.n_labels)))
 
     @torch.no_grad()
     def init_chains(self, x: torch.Tensor, generator=None) -> State:
