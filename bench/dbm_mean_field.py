@@ -92,7 +92,7 @@ def data_term(dbm, v, mus) -> torch.Tensor:
 def converge(args) -> None:
     ns = [int(n) for n in args.sweeps.split(",")]
     tols = [float(t) for t in args.tols.split(",")]
-    omegas = [float(o) for o in args.omegas.split(",")]
+    omegas = [o if o == "auto" else float(o) for o in args.omegas.split(",")]
     for path in args.checkpoints:
         dbm, learner, grey = joint_learner(path)
         dbm64 = joint_learner(path)[0].double()
@@ -142,7 +142,7 @@ def converge(args) -> None:
         print("| mean_field_omega | mean_field_tol | sweeps (median, max) | bound shortfall | data-term error / noise |")
         print("|---:|---:|---:|---:|---:|")
         for o, t in tol_sweeps:
-            print(f"| {o:g} | {t:g} | {statistics.median(tol_sweeps[o, t])}, {max(tol_sweeps[o, t])} | "
+            print(f"| {o} | {t:g} | {statistics.median(tol_sweeps[o, t])}, {max(tol_sweeps[o, t])} | "
                   f"{statistics.mean(tol_short[o, t]):.2e} | {statistics.mean(tol_err[o, t]) / noise:.2e} |")
         if args.json:
             with open(args.json, "a") as f:
@@ -161,7 +161,7 @@ def speed(args) -> None:
         runs = {s: [] for s in settings}
         learners = {}
         for s in settings:
-            omega = float(s[2]) if len(s) > 2 else 1.0
+            omega = (s[2] if s[2] == "auto" else float(s[2])) if len(s) > 2 else 1.0
             dbm, learner, grey = joint_learner(path, mean_field_tol=float(s[0]), mean_field_iters=int(s[1]),
                                                mean_field_omega=omega)
             learners[s] = learner

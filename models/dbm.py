@@ -22,6 +22,8 @@ E_q[E(v, h)] = E(v, mu)).
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
@@ -146,17 +148,22 @@ class DBM(nn.Module):
         return a
 
     def mean_field(self, v: torch.Tensor, max_iter: int = 50, tol: float = 1e-7, return_logits: bool = False,
-                   omega: float = 1.0) -> list[torch.Tensor]:
+                   omega: float | str = 1.0) -> list[torch.Tensor]:
         """The mean-field fixed point [v, mu_1, ..., mu_L] (Salakhutdinov & Hinton 2009, Sec. 3.1): started from a
         bottom-up pass with each layer's input from below doubled (it will get as much from above), then layers
         updated in turn, bottom to top, until no mean moves by more than ``tol`` or ``max_iter`` sweeps. Each layer's
         logit a_l moves to its input, a_l <- a_l + omega (input_l - a_l): omega = 1 is the plain update (coordinate
         ascent on the bound); 1 < omega < 2 over-relaxes it (successive over-relaxation, which takes fewer sweeps
         to the same fixed point), and falls back to omega = 1 for the remaining sweeps as soon as the largest move
-        grows from one sweep to the next. With ``return_logits`` the logits of the returned means come back
-        instead of the means (v first)."""
-        if not 0 < omega < 2:
-            raise ValueError(f"the over-relaxation omega must lie in (0, 2), got {omega}")
+        grows from one sweep to the next. ``omega="auto"``: two plain sweeps, then Young's optimal over-relaxation
+        for the contraction r they show (the ratio of their largest moves), omega = 2 / (1 + sqrt(1 - r)): close to 1
+        where the plain update already converges fast, larger where it is slow. With ``return_logits`` the logits of
+        the returned means come back instead of the means (v first)."""
+        auto = omega == "auto"
+        if auto:
+            omega = 1.0
+        elif isinstance(omega, str) or not 0 < omega < 2:
+            raise ValueError(f"the over-relaxation omega must lie in (0, 2) or be 'auto', got {omega!r}")
         L = len(self.sizes)
         mus, logits = [v], [v]
         v_w = v @ self.weight(1)
@@ -167,7 +174,7 @@ class DBM(nn.Module):
             logits.append(self.bias(l) + scale * up)
             mus.append(torch.sigmoid(logits[-1]))
         last = float("inf")
-        for _ in range(max_iter):
+        for sweep in range(max_iter):
             moved = []
             for l in range(1, L + 1):
                 target = self.layer_input(l, mus, from_v)
@@ -179,7 +186,9 @@ class DBM(nn.Module):
             if largest < tol:
                 break
             if largest > last:
-                omega = 1.0
+                omega, auto = 1.0, False
+            elif auto and sweep == 1:  # two plain sweeps: their contraction
+                omega = 2.0 / (1.0 + math.sqrt(1.0 - min(largest / max(last, 1e-30), 0.99)))
             last = largest
         return logits if return_logits else mus
 

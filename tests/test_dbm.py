@@ -319,7 +319,8 @@ def sweeps_taken(dbm: DBM, v: torch.Tensor, max_iter: int, tol: float, omega: fl
 
 @pytest.mark.parametrize("sizes", [[60, 50], [60, 50, 40]], ids=["2-layers", "3-layers"])
 def test_over_relaxed_mean_field_reaches_the_plain_fixed_point_in_fewer_sweeps(sizes):
-    """omega = 1.3 run to convergence gives the plain update's fixed point in at most 60% of its sweeps; at the
+    """omega = 1.3 run to convergence gives the plain update's fixed point in at most 60% of its sweeps, omega = auto
+    (Young's rule) in fewer than the plain update's; at the
     learner's defaults (tol 1e-3) the bound is within 1e-5 nats of the fixed point's for every row, which one sweep,
     the variant that stops too early, is not; a large omega falls back to the plain update and still converges."""
     dbm, _, _ = make_dbm(80, sizes, 3, w_scale=0.3)
@@ -335,6 +336,9 @@ def test_over_relaxed_mean_field_reaches_the_plain_fixed_point_in_fewer_sweeps(s
         assert (f_fixed - dbm.variational_bound(v, default)).abs().max().item() < 1e-5
         assert n_default < n_plain / 3
         assert (f_fixed - dbm.variational_bound(v, dbm.mean_field(v, 1))).max().item() > 1e-3
+        n_auto, auto = sweeps_taken(dbm, v, 5000, 1e-10, "auto")
+        assert n_auto < n_plain, (n_auto, n_plain)
+        assert max((a - b).abs().max().item() for a, b in zip(plain[1:], auto[1:])) < 1e-8
         _, wild = sweeps_taken(dbm, v, 5000, 1e-10, 1.95)
         assert max((a - b).abs().max().item() for a, b in zip(plain[1:], wild[1:])) < 1e-8
     with pytest.raises(ValueError, match="omega"):
@@ -446,7 +450,7 @@ def test_sap_gradient_with_exact_negatives_is_the_gradient_of_the_bound(n_visibl
     through_early = autograd_gradient(dbm, v, early)
     gap = max((sap_early[k] - through_early[k]).abs().max().item() for k in ("W", "b", "c"))
     assert gap > 1e-3, gap
-    # at the learner's stopping rule (over-relaxed, tol 1e-3) the partial derivative is the total one to 3e-4
+    # at the learner's stopping rule (over-relaxed by Young's rule, tol 1e-3) the partial derivative is the total one to 3e-4
     learned = dbm.mean_field(v, LEARNER["mean_field_iters"], LEARNER["mean_field_tol"],
                              omega=LEARNER["mean_field_omega"])
     with torch.no_grad():

@@ -74,7 +74,7 @@ class DBMSAP(Learner):
                  pretrain_weight_decay: float = 0.001, lr: float = 0.001, lr_decay: float = 1.000015,
                  lr_min: float = 0.0001, weight_decay: float = 0.0002, momentum: float = 0.9,
                  momentum_initial: float = 0.5, momentum_switch: int = 3000, num_particles: int = 100, k: int = 5,
-                 mean_field_iters: int = 50, mean_field_tol: float = 1e-3, mean_field_omega: float = 1.3,
+                 mean_field_iters: int = 50, mean_field_tol: float = 1e-3, mean_field_omega: float | str = "auto",
                  tempered: bool = False,
                  tt: TTSettings | Mapping | None = TTSettings(), validation_betas: int = 1000,
                  validation_chains: int = 100) -> None:
@@ -100,11 +100,11 @@ class DBMSAP(Learner):
         self.k = positive_int(k, "learner.k")
         self.mf_iters = positive_int(mean_field_iters, "learner.mean_field_iters")
         self.mf_tol = positive_float(mean_field_tol, "learner.mean_field_tol")
-        if isinstance(mean_field_omega, bool) or not isinstance(mean_field_omega, (int, float)) \
-                or not 0 < mean_field_omega < 2:
+        if mean_field_omega != "auto" and (isinstance(mean_field_omega, bool) or not isinstance(
+                mean_field_omega, (int, float)) or not 0 < mean_field_omega < 2):
             raise ConfigError(f"learner.mean_field_omega (over-relaxation of the mean-field updates) must be a "
-                              f"number in (0, 2), got {mean_field_omega!r}")
-        self.mf_omega = float(mean_field_omega)
+                              f"number in (0, 2) or auto, got {mean_field_omega!r}")
+        self.mf_omega = mean_field_omega if mean_field_omega == "auto" else float(mean_field_omega)
         self.validation_log_z = AIS(num_chains=positive_int(validation_chains, "learner.validation_chains"),
                                     num_betas=positive_int(validation_betas, "learner.validation_betas"),
                                     certify=False, cache=False)
