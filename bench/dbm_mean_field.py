@@ -65,22 +65,10 @@ def minibatch(grey: torch.Tensor, i: int, size: int = 100) -> torch.Tensor:
     return binarize(grey[rows], "dynamic", 2000 + i)
 
 
-def sweeps_to(dbm, v, tol: float, cap: int, omega: float = 1.0) -> tuple[int, list[torch.Tensor]]:
+def sweeps_to(dbm, v, tol: float, cap: int, omega: float | str = 1.0) -> tuple[int, list[torch.Tensor]]:
     """The sweeps ``DBM.mean_field`` takes to a max change below ``tol`` (at most ``cap``), and its means."""
-    counter = {"n": 0}
-    original = dbm.layer_input
-
-    def counting(l, mus, from_v=None):
-        if l == 1:
-            counter["n"] += 1
-        return original(l, mus, from_v)
-
-    dbm.layer_input = counting
-    try:
-        mus = dbm.mean_field(v, cap, tol, omega=omega)
-    finally:
-        del dbm.layer_input
-    return counter["n"], mus
+    mus, sweeps = dbm.mean_field(v, cap, tol, omega=omega, return_sweeps=True)
+    return sweeps, mus
 
 
 def data_term(dbm, v, mus) -> torch.Tensor:

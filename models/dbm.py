@@ -148,7 +148,7 @@ class DBM(nn.Module):
         return a
 
     def mean_field(self, v: torch.Tensor, max_iter: int = 50, tol: float = 1e-7, return_logits: bool = False,
-                   omega: float | str = 1.0) -> list[torch.Tensor]:
+                   omega: float | str = 1.0, return_sweeps: bool = False):
         """The mean-field fixed point [v, mu_1, ..., mu_L] (Salakhutdinov & Hinton 2009, Sec. 3.1): started from a
         bottom-up pass with each layer's input from below doubled (it will get as much from above), then layers
         updated in turn, bottom to top, until no mean moves by more than ``tol`` or ``max_iter`` sweeps. Each layer's
@@ -158,7 +158,8 @@ class DBM(nn.Module):
         grows from one sweep to the next. ``omega="auto"``: two plain sweeps, then Young's optimal over-relaxation
         for the contraction r they show (the ratio of their largest moves), omega = 2 / (1 + sqrt(1 - r)): close to 1
         where the plain update already converges fast, larger where it is slow. With ``return_logits`` the logits of
-        the returned means come back instead of the means (v first)."""
+        the returned means come back instead of the means (v first); with ``return_sweeps``, (that list, the number
+        of sweeps taken)."""
         auto = omega == "auto"
         if auto:
             omega = 1.0
@@ -173,8 +174,9 @@ class DBM(nn.Module):
             up = v_w if l == 1 else mus[-1] @ self.weight(l)
             logits.append(self.bias(l) + scale * up)
             mus.append(torch.sigmoid(logits[-1]))
-        last = float("inf")
+        last, sweeps = float("inf"), 0
         for sweep in range(max_iter):
+            sweeps += 1
             moved = []
             for l in range(1, L + 1):
                 target = self.layer_input(l, mus, from_v)
@@ -190,7 +192,8 @@ class DBM(nn.Module):
             elif auto and sweep == 1:  # two plain sweeps: their contraction
                 omega = 2.0 / (1.0 + math.sqrt(1.0 - min(largest / max(last, 1e-30), 0.99)))
             last = largest
-        return logits if return_logits else mus
+        out = logits if return_logits else mus
+        return (out, sweeps) if return_sweeps else out
 
     def variational_bound(self, v: torch.Tensor, mus: list[torch.Tensor] | None = None) -> torch.Tensor:
         """-E(v, mu) + H(q) <= log p*(v) for each row (subtract log Z for the bound on log p(v))."""

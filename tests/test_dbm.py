@@ -302,19 +302,9 @@ LEARNER = {name: p.default for name, p in inspect.signature(DBMSAP).parameters.i
 
 
 def sweeps_taken(dbm: DBM, v: torch.Tensor, max_iter: int, tol: float, omega: float):
-    """(sweeps, means) of ``DBM.mean_field``, the sweeps counted by layer 1's updates."""
-    count, original = [0], dbm.layer_input
-
-    def counting(l, mus, from_v=None):
-        count[0] += l == 1
-        return original(l, mus, from_v)
-
-    dbm.layer_input = counting
-    try:
-        mus = dbm.mean_field(v, max_iter, tol, omega=omega)
-    finally:
-        del dbm.layer_input
-    return count[0], mus
+    """(sweeps, means) of ``DBM.mean_field``."""
+    mus, sweeps = dbm.mean_field(v, max_iter, tol, omega=omega, return_sweeps=True)
+    return sweeps, mus
 
 
 @pytest.mark.parametrize("sizes", [[60, 50], [60, 50, 40]], ids=["2-layers", "3-layers"])

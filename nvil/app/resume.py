@@ -82,7 +82,7 @@ def run_config(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> tuple[Di
             paths = (key,)
         for path in paths:
             was, now = _select(saved, path), _select(current, path)
-            if was is not None and _differs(was, now, path):
+            if was is not None and config_conflicts(was, now, path):
                 raise ConfigError(f"cannot resume {run_dir} with {path}={_show(now)}: the run was written with "
                                   f"{path}={_show(was)}; resume without it (the run's own config is restored from "
                                   "its checkpoint) or start a new run in another hydra.run.dir")
@@ -105,14 +105,6 @@ def override_keys(overrides: list[str]) -> list[str]:
         group, at, package = key.partition("@")
         keys.append(package if at else group)
     return keys
-
-
-def _differs(was, now, path: str) -> bool:
-    """Whether ``now`` disagrees with the saved ``was`` at ``path``, keys safe to change on resume left out."""
-    if isinstance(was, dict) and isinstance(now, dict):
-        return any(_differs(was.get(k), now.get(k), f"{path}.{k}") for k in set(was) | set(now)
-                   if k in was and k in now)
-    return was != now and not _safe(path)
 
 
 def _safe(key: str) -> bool:

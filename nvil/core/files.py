@@ -68,11 +68,11 @@ def check_writable(path, what: str, advice: str) -> None:
         p = p.parent
     if not p.is_dir():
         raise StorageError(f"cannot write {what} {path}: {p} is a file, not a directory; {advice}")
-    if os.statvfs(p).f_flag & os.ST_RDONLY:
-        code = errno.EROFS
-    elif not os.access(p, os.W_OK):
-        code = errno.EACCES
-    elif p != Path(path).absolute():  # a directory to create: can one be made here at all (/proc, /sys cannot)?
+    read_only = os.statvfs(p).f_flag & os.ST_RDONLY
+    if read_only or not os.access(p, os.W_OK):
+        code = errno.EROFS if read_only else errno.EACCES
+        raise StorageError(f"cannot write {what} {path}: {WRITE_FAILURES[code][0]}; {advice}")
+    if p != Path(path).absolute():  # a directory to create: can one be made here at all (/proc, /sys cannot)?
         probe = p / f".nvil-probe-{secrets.token_hex(4)}"
         try:
             probe.mkdir()
@@ -80,10 +80,6 @@ def check_writable(path, what: str, advice: str) -> None:
             raise StorageError(f"cannot write {what} {path}: no directory can be created in {p} "
                                f"({os.strerror(e.errno) if e.errno else e}); {advice}") from None
         probe.rmdir()
-        return
-    else:
-        return
-    raise StorageError(f"cannot write {what} {path}: {WRITE_FAILURES[code][0]}; {advice}")
 
 
 def append_line(path, text: str) -> None:

@@ -54,9 +54,9 @@ def build_learner(cfg, model, inference, device, seed: int):
     settings = learner_settings(cfg)
     name = cfg.get("name")
     if name in DIRECTED and inference is None:
-        others = TRAINED_BY.get(type(model).__name__)
-        hint = (f"; this model trains with learner={', '.join(others[:-1])} or {others[-1]}" if others and len(others) > 1
-                else f"; this model trains with learner={others[0]}" if others else "")
+        others = TRAINED_BY.get(type(model).__name__, ())
+        named = " or ".join(filter(None, [", ".join(others[:-1]), *others[-1:]]))
+        hint = f"; this model trains with learner={named}" if others else ""
         raise ConfigError(f"learner={name} trains directed models with an inference network (model=sbn or "
                           f"fdarn){hint}")
     return LEARNERS[name](model, inference, device=device, seed=seed, **settings)

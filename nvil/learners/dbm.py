@@ -142,7 +142,7 @@ class DBMSAP(Learner):
     @torch.no_grad()
     def joint_step(self, v: torch.Tensor) -> dict[str, torch.Tensor]:
         dbm, top = self.model, self.model.top
-        mus = dbm.mean_field(v, self.mf_iters, self.mf_tol, omega=self.mf_omega)
+        mus, sweeps = dbm.mean_field(v, self.mf_iters, self.mf_tol, omega=self.mf_omega, return_sweeps=True)
         x_pos, y_pos = dbm.join(v, torch.cat(mus[2::2], -1)), torch.cat(mus[1::2], -1)
         start = dbm.join(v, bernoulli_sample(torch.cat(mus[2::2], -1), self.generator))
         x_neg = self.phase.sample(start, self.k, self.joint_updates)
@@ -156,7 +156,7 @@ class DBMSAP(Learner):
             self.inc[name].mul_(momentum).add_(grad[name], alpha=lr)
             getattr(top, name).add_(self.inc[name])
         dbm.constrain_()
-        return {"dbm/variational_bound_unnormalised": bound, "dbm/lr": torch.tensor(lr),
+        return {"dbm/variational_bound_unnormalised": bound, "dbm/mean_field_sweeps": torch.tensor(float(sweeps)), "dbm/lr": torch.tensor(lr),
                 **self.phase.report()}
 
     @torch.no_grad()
