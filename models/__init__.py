@@ -1,6 +1,7 @@
 """Model registry: checkpoints name a model by a key of ``MODELS``, never by a class path; each name's builder
-takes its settings as typed keywords (``build_rbm(784, n_hidden=500)``), the defaults those of configs/model/<name>.yaml,
-and ``build_model(cfg, n_visible)`` reads them from a config, refusing a key the builder does not take."""
+takes its settings as typed keywords (``build_rbm(784, n_hidden=500)``), the defaults those of
+configs/model/<name>.yaml, and ``build_model(cfg, n_visible)`` reads them from a config, refusing a key the builder
+does not take."""
 
 from __future__ import annotations
 
@@ -190,6 +191,45 @@ def model_settings(cfg) -> dict:
 
 
 def build_model(cfg, n_visible: int) -> tuple[nn.Module, nn.Module | None]:
-    """(model, inference network or None) for the ``model`` config group entry ``cfg``."""
+    """(model, inference network or None) for the ``model`` config group entry ``cfg``.
+
+    ``cfg["name"]`` picks the builder in ``MODELS``; every other key but ``DRIVER_KEYS`` is passed to it as a
+    keyword (``model_settings``), so a key the builder does not take is refused in one line naming its settings.
+    Only the directed models (``sbn``, ``fdarn``) come with an inference network.
+
+    Parameters
+    ----------
+    cfg : Mapping
+        The ``model`` config group entry: ``name`` (a key of ``MODELS``) and that model's settings, the keys of
+        configs/model/<name>.yaml (``n_hidden``, ``layers``, ...), any left out at their defaults.
+    n_visible : int
+        The number of visible units: the width of a data row.
+
+    Returns
+    -------
+    tuple of (torch.nn.Module, torch.nn.Module or None)
+        The model, and its inference network q(h | x) (a ``LayeredInference``) or None for families that need
+        none.
+
+    Raises
+    ------
+    ConfigError
+        (``nvil.core.errors``) If ``name`` is not a key of ``MODELS``, a key is not one of the builder's
+        settings, or a setting's value is refused by the builder.
+
+    Examples
+    --------
+    >>> from nvil.models import build_model
+    >>> model, q = build_model({"name": "sbn", "layers": [4, 3]}, 6)
+    >>> type(model).__name__, type(q).__name__, model.layers
+    ('SBN', 'LayeredInference', [4, 3])
+    >>> model, q = build_model({"name": "rbm", "n_hidden": 4}, 6)
+    >>> type(model).__name__, q
+    ('BoltzmannMachine', None)
+    >>> build_model({"name": "rbm", "n_hiden": 4}, 6)
+    Traceback (most recent call last):
+        ...
+    nvil.core.errors.ConfigError: model.n_hiden is not a setting of model=rbm (did you mean model.n_hidden?); ...
+    """
     settings = model_settings(cfg)
     return MODELS[cfg.get("name")](n_visible, **settings)

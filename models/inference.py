@@ -26,6 +26,37 @@ def sigmoid_once(logits: torch.Tensor) -> torch.Tensor:
 
 
 class LayeredInference(nn.Module):
+    """Inference network q(h | x) = q(h_1 | x) prod_{i=2}^{n} q(h_i | h_{i-1}) for a directed binary model.
+
+    Layer by layer (Mnih & Gregor 2014, Eq. 11), each layer factorial with logits U_i h_{i-1} + c_i, or with
+    ``autoregressive=True`` with connections among its own units, p(h_ij | h_i,<j, h_{i-1}) (the paper's Table 2).
+    The input x is centred by the training mean (``set_input_mean``) before it enters the network.
+
+    Parameters
+    ----------
+    n_visible : int
+        The number of visible units: the width of x.
+    layers : list of int
+        [|h_1|, ..., |h_n|], the sizes of the latent layers from the data up (those of the model it serves).
+    autoregressive : bool, default False
+        Give each layer strictly lower-triangular connections among its own units (the paper's autoregressive
+        inference network) instead of a factorial q(h_i | h_{i-1}).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from nvil.models.inference import LayeredInference
+    >>> q = LayeredInference(6, [4, 3])
+    >>> x = torch.bernoulli(torch.full((5, 6), 0.5))
+    >>> hs, log_qs = q.sample(x)
+    >>> [h.shape for h in hs], [lq.shape for lq in log_qs]
+    ([torch.Size([5, 4]), torch.Size([5, 3])], [torch.Size([5]), torch.Size([5])])
+    >>> torch.allclose(q.log_prob(hs, x), log_qs[0] + log_qs[1])
+    True
+    >>> q.factorial, LayeredInference(6, [4], autoregressive=True).factorial
+    (True, False)
+    """
+
     def __init__(self, n_visible: int, layers: list[int], autoregressive: bool = False) -> None:
         super().__init__()
         sizes = [int(n_visible)] + [int(n) for n in layers]
@@ -36,12 +67,22 @@ class LayeredInference(nn.Module):
 
     @torch.no_grad()
     def set_input_mean(self, mean: torch.Tensor) -> None:
+        """Set the mean that centres x before it enters the network (the training data's mean, in place).
+
+        Parameters
+        ----------
+        mean : torch.Tensor
+            ``[n_visible]`` the training mean of x, copied into the buffer ``input_mean``.
+        """
         self.input_mean.copy_(mean)
 
     @property
     def layered_bernoulli(self) -> bool:
-        """Every layer Bernoulli with logits affine in the layer below (and, autoregressive, in the layer's own
-        preceding units): the case NVIL's hand-derived gradients cover (``nvil.learners.fused``)."""
+        """Every layer Bernoulli with logits affine in the layer below: always True for this network.
+
+        Affine in the layer below (and, autoregressive, in the layer's own preceding units): the case NVIL's
+        hand-derived gradients cover (``nvil.learners.fused``).
+        """
         return True
 
     @property
@@ -50,6 +91,18 @@ class LayeredInference(nn.Module):
         return self.within is None
 
     def centre(self, x: torch.Tensor) -> torch.Tensor:
+        """x minus the training mean: the input of the first layer.
+
+        Parameters
+        ----------
+        x : torch.Tensor
+            ``[..., n_visible]`` data.
+
+        Returns
+        -------
+        torch.Tensor
+            ``x - input_mean``, the same shape.
+        """
         return x - self.input_mean
 
     def _layer_log_prob(self, i: int, base_logits: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
@@ -67,14 +120,45 @@ class LayeredInference(nn.Module):
         return enc(self.centre(x))
 
     def layer_logits(self, i: int, below: torch.Tensor) -> torch.Tensor:
-        """The logits of layer i (0-based) given the layer below it (x for i = 0, centred here): U_i h_{i-1} + c_i,
-        or with autoregressive layers the part that does not depend on the layer's own units."""
+        """The logits of layer i (0-based) given the layer below it: U_i h_{i-1} + c_i.
+
+        The layer below is x for i = 0, centred here. With autoregressive layers this is the part that does not
+        depend on the layer's own units. When x repeats one batch along a stride-0 leading dimension (the K-sample
+        bounds), the first layer's logits are computed once per example and expanded.
+
+        Parameters
+        ----------
+        i : int
+            The layer, 0-based (0 is h_1, whose layer below is x).
+        below : torch.Tensor
+            ``[..., |h_{i-1}|]`` the layer below (x, uncentred, for i = 0).
+
+        Returns
+        -------
+        torch.Tensor
+            ``[..., |h_i|]`` logits.
+        """
         return self._first_logits(below) if i == 0 else self.encoders[i](below)
 
     def sample(self, x: torch.Tensor, generator: torch.Generator | None = None
                ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """(h_layers, log_q_layers): binary samples (no gradient) and log q(h_i | h_{i-1}) (with gradient), each layer
-        drawn with ``generator`` (factorial layers: u < sigmoid(logits), u ~ U(0, 1))."""
+        """Draw h ~ q(h | x) layer by layer, with each layer's log q(h_i | h_{i-1}).
+
+        Each layer is drawn with ``generator`` (factorial layers: u < sigmoid(logits), u ~ U(0, 1)).
+
+        Parameters
+        ----------
+        x : torch.Tensor
+            ``[..., n_visible]`` data (any leading dimensions: samples, examples).
+        generator : torch.Generator or None, default None
+            Source of randomness; None uses torch's global generator.
+
+        Returns
+        -------
+        tuple of (list of torch.Tensor, list of torch.Tensor)
+            ``(h_layers, log_q_layers)``: binary samples ``[..., |h_i|]`` (no gradient) and log q(h_i | h_{i-1})
+            ``[...]`` (with gradient), one of each per layer, from the data up.
+        """
         h = x
         hs, log_qs = [], []
         for i in range(len(self.encoders)):
@@ -90,15 +174,53 @@ class LayeredInference(nn.Module):
         return hs, log_qs
 
     def log_prob_layers(self, hs: list[torch.Tensor], x: torch.Tensor) -> list[torch.Tensor]:
-        """[log q(h_1 | x), log q(h_2 | h_1), ...]; broadcasts over leading dimensions."""
+        """[log q(h_1 | x), log q(h_2 | h_1), ...]; broadcasts over leading dimensions.
+
+        Parameters
+        ----------
+        hs : list of torch.Tensor
+            [h_1, ..., h_n], binary ``[..., |h_i|]``.
+        x : torch.Tensor
+            ``[..., n_visible]`` data.
+
+        Returns
+        -------
+        list of torch.Tensor
+            One ``[...]`` log-probability per layer, each summed over the layer's units.
+        """
         below = [self.centre(x)] + list(hs[:-1])
         return [self._layer_log_prob(i, enc(v), h) for i, (enc, v, h) in enumerate(zip(self.encoders, below, hs))]
 
     def log_prob(self, hs: list[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        """log q(h | x) = log q(h_1 | x) + sum_{i>=2} log q(h_i | h_{i-1}) (Eq. 11): the layers' terms summed.
+
+        Parameters
+        ----------
+        hs : list of torch.Tensor
+            [h_1, ..., h_n], binary ``[..., |h_i|]``.
+        x : torch.Tensor
+            ``[..., n_visible]`` data.
+
+        Returns
+        -------
+        torch.Tensor
+            ``[...]`` log q(h | x), the layers' terms broadcast together.
+        """
         return torch.stack(torch.broadcast_tensors(*self.log_prob_layers(hs, x))).sum(0)
 
     def latent_density(self, x: torch.Tensor) -> BinaryDensity:
-        """log q(h | x) for fixed x [chains, n_visible] as a normalised ``BinaryDensity`` over h."""
+        """log q(h | x) for fixed x [chains, n_visible] as a normalised ``BinaryDensity`` over h.
+
+        Parameters
+        ----------
+        x : torch.Tensor
+            ``[chains, n_visible]`` data, one row per chain.
+
+        Returns
+        -------
+        BinaryDensity
+            log q(h | x) over h = [h_1, ..., h_n] side by side, ``[chains, sum(layers)]``.
+        """
         sizes = [enc.out_features for enc in self.encoders]
         sl = layer_slices(sizes)
         d = DensityBuilder(sum(sizes), x.shape[0], x)

@@ -33,8 +33,40 @@ REQUIRED = ("log_prior", "log_likelihood")
 
 @dataclass(frozen=True)
 class Latent:
-    """What the latent variable z of a user's model is: ``kind`` (continuous | binary) and ``layers`` (the sizes of
-    its layers, side by side in z; one layer for most models)."""
+    """What the latent variable z of a user's model is: its kind and the sizes of its layers.
+
+    ``kind`` (continuous | binary) and ``layers`` (the sizes of its layers, side by side in z; one layer for most
+    models). Build one with ``Latent.continuous(size)`` or ``Latent.binary(size)``; ``nvil.Latent`` is this class.
+
+    Parameters
+    ----------
+    kind : str
+        ``"continuous"`` (z in R^D) or ``"binary"`` (z in {0, 1}^D).
+    layers : tuple of int
+        The sizes of z's layers, side by side along its last dimension: D = ``sum(layers)``.
+
+    Raises
+    ------
+    ConfigError
+        (``nvil.core.errors``) If ``kind`` is neither ``"continuous"`` nor ``"binary"``, or ``layers`` is empty or
+        holds anything but positive integers.
+
+    Examples
+    --------
+    >>> import torch
+    >>> import nvil
+    >>> latent = nvil.Latent.binary([3, 2])
+    >>> latent
+    Latent(kind='binary', layers=(3, 2))
+    >>> latent.size, latent.binary_units
+    (5, True)
+    >>> [h.shape for h in latent.split(torch.zeros(4, 5))]
+    [torch.Size([4, 3]), torch.Size([4, 2])]
+    >>> nvil.Latent("gaussian", (2,))
+    Traceback (most recent call last):
+        ...
+    nvil.core.errors.ConfigError: Latent.kind must be one of ['continuous', 'binary'], got 'gaussian'
+    """
 
     kind: str
     layers: tuple[int, ...]
@@ -47,24 +79,69 @@ class Latent:
 
     @classmethod
     def continuous(cls, size: int | Sequence[int]) -> "Latent":
-        """z in R^size (a list: several layers side by side)."""
+        """A continuous latent: z in R^size (a list: several layers side by side).
+
+        Parameters
+        ----------
+        size : int or sequence of int
+            D, the number of latent units, or the sizes of several layers side by side in z.
+
+        Returns
+        -------
+        Latent
+            ``Latent("continuous", layers)``.
+
+        Raises
+        ------
+        ConfigError
+            If ``size`` is neither an integer nor a list of positive integers.
+        """
         return cls("continuous", _sizes(size))
 
     @classmethod
     def binary(cls, size: int | Sequence[int]) -> "Latent":
-        """z in {0, 1}^size (a list: several layers side by side)."""
+        """A binary latent: z in {0, 1}^size (a list: several layers side by side).
+
+        Parameters
+        ----------
+        size : int or sequence of int
+            D, the number of binary latent units, or the sizes of several layers side by side in z.
+
+        Returns
+        -------
+        Latent
+            ``Latent("binary", layers)``.
+
+        Raises
+        ------
+        ConfigError
+            If ``size`` is neither an integer nor a list of positive integers.
+        """
         return cls("binary", _sizes(size))
 
     @property
     def size(self) -> int:
+        """D, the number of latent units in all: the sum of ``layers`` (the width of z)."""
         return sum(self.layers)
 
     @property
     def binary_units(self) -> bool:
+        """Whether z is binary (``kind == "binary"``), so that the estimators move it by Gibbs flips, not HMC."""
         return self.kind == "binary"
 
     def split(self, z: torch.Tensor) -> list[torch.Tensor]:
-        """z [..., D] as its layers, [..., layers[i]] each."""
+        """z [..., D] as its layers, [..., layers[i]] each.
+
+        Parameters
+        ----------
+        z : torch.Tensor
+            ``[..., D]`` latent values, the layers side by side along the last dimension.
+
+        Returns
+        -------
+        list of torch.Tensor
+            One view per layer, ``[..., layers[i]]``, in the order of ``layers``.
+        """
         return list(torch.split(z, list(self.layers), dim=-1))
 
 
@@ -102,21 +179,92 @@ CAPABILITIES = (FREE_ENERGY, TOP_MACHINE, VARIATIONAL_BOUND, BINARY_LATENTS, CON
 
 
 def capable(model, capability: str) -> bool:
-    """Whether ``model`` declares ``capability`` (one of ``CAPABILITIES``) in its ``capabilities``."""
+    """Whether ``model`` declares ``capability`` (one of ``CAPABILITIES``) in its ``capabilities``.
+
+    Estimators and learners ask this, never for a family's name, so that a new family with the same capabilities
+    reaches the same algorithms unchanged.
+
+    Parameters
+    ----------
+    model : object
+        Any model; one without a ``capabilities`` attribute declares none.
+    capability : str
+        One of ``CAPABILITIES`` (``FREE_ENERGY``, ``TOP_MACHINE``, ``BINARY_LATENTS``, ...).
+
+    Returns
+    -------
+    bool
+        True if ``capability`` is in ``model.capabilities``.
+
+    Raises
+    ------
+    ValueError
+        If ``capability`` is not one of ``CAPABILITIES`` (a misspelt name would otherwise read as False).
+
+    Examples
+    --------
+    >>> from nvil.models import RBM, VAE
+    >>> from nvil.models.protocol import FREE_ENERGY, capable
+    >>> capable(RBM(6, 4), FREE_ENERGY), capable(VAE(6, [2], [[4]]), FREE_ENERGY)
+    (True, False)
+    >>> capable(RBM(6, 4), "free_energies")
+    Traceback (most recent call last):
+        ...
+    ValueError: unknown capability 'free_energies'; the capabilities are free_energy, ...
+    """
     if capability not in CAPABILITIES:
         raise ValueError(f"unknown capability {capability!r}; the capabilities are {', '.join(CAPABILITIES)}")
     return capability in getattr(model, "capabilities", ())
 
 
 def protocol_only(model) -> bool:
-    """Whether the estimators see ``model`` through the protocol alone (latent, log_prior, log_likelihood, the
-    samplers, a proposal): a user's model or the VAE, which declare no capability of the built-in families."""
+    """Whether the estimators see ``model`` through the protocol alone (no capability of the built-in families).
+
+    The protocol is ``latent``, ``log_prior``, ``log_likelihood``, the samplers and a proposal: a user's model or
+    the VAE, which declare no capability of the built-in families.
+
+    Parameters
+    ----------
+    model : object
+        Any model; one without a ``capabilities`` attribute declares none.
+
+    Returns
+    -------
+    bool
+        True if none of ``model.capabilities`` is one of ``CAPABILITIES``.
+
+    Examples
+    --------
+    >>> from nvil.models import RBM, VAE
+    >>> from nvil.models.protocol import protocol_only
+    >>> protocol_only(VAE(6, [2], [[4]])), protocol_only(RBM(6, 4))
+    (True, False)
+    """
     return not any(c in CAPABILITIES for c in getattr(model, "capabilities", ()))
 
 
 def follows_protocol(model) -> bool:
-    """Whether ``model`` has the protocol's ``latent``, ``log_prior`` and ``log_likelihood`` (a user's model, the
-    VAE, the Gaussian nets), whatever capabilities it declares besides."""
+    """Whether ``model`` has the protocol's ``latent``, ``log_prior`` and ``log_likelihood``.
+
+    True for a user's model, the VAE and the Gaussian nets, whatever capabilities they declare besides.
+
+    Parameters
+    ----------
+    model : object
+        Any model.
+
+    Returns
+    -------
+    bool
+        True if ``model.latent`` is a ``Latent`` and ``model.log_prior`` and ``model.log_likelihood`` are callable.
+
+    Examples
+    --------
+    >>> from nvil.models import RBM, VAE
+    >>> from nvil.models.protocol import follows_protocol
+    >>> follows_protocol(VAE(6, [2], [[4]])), follows_protocol(RBM(6, 4))
+    (True, False)
+    """
     return isinstance(getattr(model, "latent", None), Latent) and all(
         callable(getattr(model, name, None)) for name in REQUIRED)
 
@@ -130,7 +278,26 @@ def _sizes(size) -> tuple[int, ...]:
 
 
 def draw_seed(generator: torch.Generator) -> int:
-    """A seed drawn from ``generator``: for draws made by code that takes no generator (a Distribution's sample)."""
+    """A seed drawn from ``generator``: for draws made by code that takes no generator (a Distribution's sample).
+
+    Parameters
+    ----------
+    generator : torch.Generator
+        The source of randomness; the seed is drawn on its device and advances it.
+
+    Returns
+    -------
+    int
+        A seed in ``[0, 2**62)``, the same for the same generator state.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from nvil.models.protocol import draw_seed
+    >>> seed = draw_seed(torch.Generator().manual_seed(0))
+    >>> 0 <= seed < 2**62, seed == draw_seed(torch.Generator().manual_seed(0))
+    (True, True)
+    """
     return int(torch.randint(0, 2**62, (), generator=generator, device=generator.device))
 
 
@@ -138,7 +305,60 @@ class ProtocolModel:
     """A user's model seen by the estimators: the protocol checked once, and the densities they combine.
 
     ``base`` is what AIS anneals from and IWAE samples from: ``prior`` (f_0 = p(z)) or ``proposal`` (f_0 = q(z | x));
-    both are normalised, so exp(log w) is unbiased for p(x) in either case."""
+    both are normalised, so exp(log w) is unbiased for p(x) in either case. Every density the user's model returns
+    is checked to hold one value per row, each problem refused in one line.
+
+    Parameters
+    ----------
+    obj : object
+        The user's model: an ``nn.Module`` or any namespace with ``latent`` (a ``Latent``), ``log_prior(z)`` and
+        ``log_likelihood(x, z)``, and optionally ``sample_prior(n, generator)``, ``sample_likelihood(z, generator)``
+        and ``proposal(x)`` (the module's docstring).
+    what : str, default "the model"
+        How the error messages name the object.
+
+    Attributes
+    ----------
+    latent : Latent
+        ``obj.latent``.
+    n_latent : int
+        D, the width of z.
+    binary : bool
+        Whether z is binary.
+    has_proposal : bool
+        Whether ``obj`` defines ``proposal(x)``.
+    can_simulate : bool
+        Whether ``obj`` defines both ``sample_prior`` and ``sample_likelihood`` (BDMC, checks on simulated data).
+
+    Raises
+    ------
+    ConfigError
+        If ``obj`` lacks a callable ``log_prior`` or ``log_likelihood``, or its ``latent`` is not a ``Latent``.
+
+    Examples
+    --------
+    >>> import types
+    >>> import torch
+    >>> from nvil.models.protocol import Latent, ProtocolModel, gaussian_log_prob
+    >>> user = types.SimpleNamespace(
+    ...     latent=Latent.continuous(2),
+    ...     log_prior=gaussian_log_prob,
+    ...     log_likelihood=lambda x, z: gaussian_log_prob(x - z),
+    ...     sample_prior=lambda n, g: torch.randn(n, 2, generator=g),
+    ...     sample_likelihood=lambda z, g: z + torch.randn(z.shape, generator=g))
+    >>> model = ProtocolModel(user)
+    >>> model.n_latent, model.binary, model.can_simulate, model.default_base()
+    (2, False, True, 'prior')
+    >>> x = torch.zeros(3, 2)
+    >>> model.log_joint(x, torch.zeros(3, 2))
+    tensor([-3.6758, -3.6758, -3.6758])
+    >>> model.base("prior", x).sample(5, torch.Generator().manual_seed(0)).shape
+    torch.Size([5, 3, 2])
+    >>> ProtocolModel(types.SimpleNamespace(latent=Latent.continuous(2)))
+    Traceback (most recent call last):
+        ...
+    nvil.core.errors.ConfigError: the model (SimpleNamespace) lacks log_prior, log_likelihood: ...
+    """
 
     needs_log_z = False  # log p(z) is normalised: no estimator subtracts a log Z
 
@@ -167,17 +387,87 @@ class ProtocolModel:
         return value
 
     def log_prior(self, z: torch.Tensor) -> torch.Tensor:
+        """log p(z) from the user's ``log_prior``, its shape checked.
+
+        Parameters
+        ----------
+        z : torch.Tensor
+            ``[N, D]`` latent values.
+
+        Returns
+        -------
+        torch.Tensor
+            ``[N]`` log p(z), normalised.
+
+        Raises
+        ------
+        ConfigError
+            If the user's ``log_prior`` returns anything but a tensor of shape ``[N]``.
+        """
         return self._vector(self.obj.log_prior(z), z.shape[0], "log_prior(z)")
 
     def log_likelihood(self, x, z: torch.Tensor) -> torch.Tensor:
+        """log p(x | z) from the user's ``log_likelihood``, its shape checked.
+
+        Parameters
+        ----------
+        x : object
+            The data in whatever form the model takes, one example per row of z along the first dimension.
+        z : torch.Tensor
+            ``[N, D]`` latent values.
+
+        Returns
+        -------
+        torch.Tensor
+            ``[N]`` log p(x | z), normalised in x.
+
+        Raises
+        ------
+        ConfigError
+            If the user's ``log_likelihood`` returns anything but a tensor of shape ``[N]``.
+        """
         return self._vector(self.obj.log_likelihood(x, z), z.shape[0], "log_likelihood(x, z)")
 
     def log_joint(self, x, z: torch.Tensor) -> torch.Tensor:
-        """log p(x, z) = log p(z) + log p(x | z)."""
+        """log p(x, z) = log p(z) + log p(x | z).
+
+        Parameters
+        ----------
+        x : object
+            The data in whatever form the model takes, one example per row of z along the first dimension.
+        z : torch.Tensor
+            ``[N, D]`` latent values.
+
+        Returns
+        -------
+        torch.Tensor
+            ``[N]`` log p(x, z): the log joint the estimators' importance weights are built from.
+        """
         return self.log_prior(z) + self.log_likelihood(x, z)
 
     def sample_prior(self, n: int, generator: torch.Generator) -> torch.Tensor:
-        self.require_simulation("sample_prior")
+        """n draws z ~ p(z) from the user's ``sample_prior``, their shape checked.
+
+        Parameters
+        ----------
+        n : int
+            Number of draws.
+        generator : torch.Generator
+            Source of randomness, passed to the user's sampler.
+
+        Returns
+        -------
+        torch.Tensor
+            ``[n, D]`` latent values.
+
+        Raises
+        ------
+        ConfigError
+            If the model defines no ``sample_prior``, or it returns anything but a tensor ``[n, D]``.
+        """
+        if not callable(getattr(self.obj, "sample_prior", None)):
+            raise ConfigError(f"drawing from the prior needs {self.what}.sample_prior(n, generator), which it does "
+                              "not define")
         z = self.obj.sample_prior(n, generator)
         if not torch.is_tensor(z) or z.shape != (n, self.n_latent):
             shape = tuple(z.shape) if torch.is_tensor(z) else type(z).__name__
@@ -185,6 +475,26 @@ class ProtocolModel:
         return z
 
     def sample_likelihood(self, z: torch.Tensor, generator: torch.Generator):
+        """x ~ p(x | z), one per row of z, from the user's ``sample_likelihood``, its first dimension checked.
+
+        Parameters
+        ----------
+        z : torch.Tensor
+            ``[N, D]`` latent values.
+        generator : torch.Generator
+            Source of randomness, passed to the user's sampler.
+
+        Returns
+        -------
+        torch.Tensor
+            ``[N, ...]`` simulated data, one row per row of z.
+
+        Raises
+        ------
+        ConfigError
+            If the model defines no samplers (``require_simulation``), or ``sample_likelihood`` returns anything
+            but a tensor with N rows.
+        """
         self.require_simulation("sample_likelihood")
         x = self.obj.sample_likelihood(z, generator)
         if not torch.is_tensor(x) or x.shape[0] != z.shape[0]:
@@ -194,6 +504,18 @@ class ProtocolModel:
         return x
 
     def require_simulation(self, purpose: str) -> None:
+        """Refuse ``purpose`` unless the model defines both ``sample_prior`` and ``sample_likelihood``.
+
+        Parameters
+        ----------
+        purpose : str
+            What needs the samplers (BDMC, a check on simulated data), as the error message names it.
+
+        Raises
+        ------
+        ConfigError
+            If ``sample_prior(n, generator)`` or ``sample_likelihood(z, generator)`` is missing.
+        """
         if not self.can_simulate:
             raise ConfigError(f"{purpose} needs {self.what}.sample_prior(n, generator) and "
                               "sample_likelihood(z, generator), which it does not define")
@@ -201,6 +523,27 @@ class ProtocolModel:
     # ---- the base density f_0: the prior or the proposal q(z | x) ---------------------------------------------
 
     def base(self, kind: str, x) -> "BaseDensity":
+        """The base density f_0 for the rows of ``x``: the prior p(z) or the proposal q(z | x).
+
+        Parameters
+        ----------
+        kind : str
+            ``"prior"`` (f_0 = p(z), drawn by ``sample_prior``) or ``"proposal"`` (f_0 = q(z | x) from
+            ``proposal(x)``).
+        x : object
+            The data, N examples along its first dimension.
+
+        Returns
+        -------
+        BaseDensity
+            A ``PriorBase`` or a ``ProposalBase`` for the N rows of ``x``.
+
+        Raises
+        ------
+        ConfigError
+            If ``kind`` is neither, or the model lacks what it needs (``sample_prior`` for the prior, ``proposal``
+            for the proposal).
+        """
         if kind == "prior":
             if not callable(getattr(self.obj, "sample_prior", None)):
                 raise ConfigError(f"starting from the prior needs {self.what}.sample_prior(n, generator); define it, "
@@ -214,41 +557,176 @@ class ProtocolModel:
         raise ConfigError(f"the base density must be prior or proposal, got {kind!r}")
 
     def default_base(self) -> str:
+        """The base density used when none is asked for: ``"proposal"`` if the model defines one, else ``"prior"``.
+
+        Returns
+        -------
+        str
+            ``"proposal"`` or ``"prior"``, a ``kind`` for ``base``.
+        """
         return "proposal" if self.has_proposal else "prior"
 
 
 class BaseDensity:
-    """f_0 of a path, normalised: ``log_prob(z)`` [N] and ``sample(k, generator)`` [k, N, D] for the N rows of x
-    it was made for (the prior ignores x)."""
+    """f_0 of a path, normalised: ``log_prob(z)`` [N] and ``sample(k, generator)`` [k, N, D] for N rows of x.
+
+    Made for the N rows of x it was built with (the prior ignores x); ``ProtocolModel.base`` gives one. Subclasses
+    (``PriorBase``, ``ProposalBase``) set ``name`` and implement both methods.
+
+    Attributes
+    ----------
+    name : str
+        ``"prior"`` or ``"proposal"``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from nvil.models import VAE
+    >>> from nvil.models.protocol import BaseDensity, ProtocolModel
+    >>> f0 = ProtocolModel(VAE(6, [2], [[4]])).base("proposal", torch.zeros(3, 6))
+    >>> isinstance(f0, BaseDensity), f0.name
+    (True, 'proposal')
+    >>> z = f0.sample(5, torch.Generator().manual_seed(0))
+    >>> z.shape, f0.log_prob(z).shape
+    (torch.Size([5, 3, 2]), torch.Size([5, 3]))
+    """
 
     name: str
 
     def log_prob(self, z: torch.Tensor) -> torch.Tensor:
+        """log f_0(z) for z [..., N, D] -> [..., N], normalised.
+
+        Parameters
+        ----------
+        z : torch.Tensor
+            ``[..., N, D]`` latent values, one row of x per position along N.
+
+        Returns
+        -------
+        torch.Tensor
+            ``[..., N]`` log f_0(z).
+
+        Raises
+        ------
+        NotImplementedError
+            Always: a subclass implements it.
+        """
         raise NotImplementedError
 
     def sample(self, k: int, generator: torch.Generator) -> torch.Tensor:
-        """k draws for each of the N rows: [k, N, D]."""
+        """k draws for each of the N rows: [k, N, D].
+
+        Parameters
+        ----------
+        k : int
+            Number of draws per row (chains, or IWAE's K).
+        generator : torch.Generator
+            Source of randomness: a seed fixes the draws.
+
+        Returns
+        -------
+        torch.Tensor
+            ``[k, N, D]`` draws from f_0.
+
+        Raises
+        ------
+        NotImplementedError
+            Always: a subclass implements it.
+        """
         raise NotImplementedError
 
 
 class PriorBase(BaseDensity):
+    """f_0 = p(z), the user's normalised prior, for ``rows`` rows of x (which it ignores).
+
+    Parameters
+    ----------
+    model : ProtocolModel
+        The checked model whose ``log_prior`` and ``sample_prior`` it calls.
+    rows : int
+        N, the number of rows of x it draws for.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from nvil.models import VAE
+    >>> from nvil.models.protocol import PriorBase, ProtocolModel
+    >>> f0 = PriorBase(ProtocolModel(VAE(6, [2], [[4]])), rows=3)
+    >>> z = f0.sample(5, torch.Generator().manual_seed(0))
+    >>> z.shape, f0.log_prob(z).shape
+    (torch.Size([5, 3, 2]), torch.Size([5, 3]))
+    """
+
     name = "prior"
 
     def __init__(self, model: ProtocolModel, rows: int) -> None:
         self.model, self.rows = model, rows
 
     def log_prob(self, z: torch.Tensor) -> torch.Tensor:
-        """log p(z) for z [..., N, D] -> [..., N]."""
+        """log p(z) for z [..., N, D] -> [..., N].
+
+        Parameters
+        ----------
+        z : torch.Tensor
+            ``[..., N, D]`` latent values.
+
+        Returns
+        -------
+        torch.Tensor
+            ``[..., N]`` log p(z).
+        """
         return self.model.log_prior(z.reshape(-1, z.shape[-1])).view(z.shape[:-1])
 
     def sample(self, k: int, generator: torch.Generator) -> torch.Tensor:
+        """k draws z ~ p(z) for each of the N rows, made as one call ``sample_prior(k * N, generator)``.
+
+        Parameters
+        ----------
+        k : int
+            Number of draws per row.
+        generator : torch.Generator
+            Source of randomness.
+
+        Returns
+        -------
+        torch.Tensor
+            ``[k, N, D]`` draws from the prior.
+        """
         return self.model.sample_prior(k * self.rows, generator).view(k, self.rows, -1)
 
 
 class ProposalBase(BaseDensity):
-    """q(z | x) from the user's ``proposal(x)``: a Distribution with batch shape [N] and event shape [D], or batch
-    shape [N, D] (a factorised q, summed over D). Its draws come from our generator (``generator_sample``), so a
-    seed fixes them, and a Bernoulli or Normal q draws exactly as the built-in inference networks do."""
+    """f_0 = q(z | x) from the user's ``proposal(x)``, its draws taken from our generator.
+
+    ``proposal(x)`` is a Distribution with batch shape [N] and event shape [D], or batch shape [N, D] (a factorised
+    q, summed over D). Its draws come from our generator (``generator_sample``), so a seed fixes them, and a
+    Bernoulli or Normal q draws exactly as the built-in inference networks do.
+
+    Parameters
+    ----------
+    model : ProtocolModel
+        The checked model whose ``proposal`` it calls.
+    x : object
+        The data, N examples along its first dimension; ``proposal(x)`` is called once, here.
+
+    Raises
+    ------
+    ConfigError
+        If ``proposal(x)`` is not a ``torch.distributions.Distribution``, or its batch and event shapes together are
+        not ``[N, D]``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from nvil.models import VAE
+    >>> from nvil.models.protocol import ProposalBase, ProtocolModel
+    >>> f0 = ProposalBase(ProtocolModel(VAE(6, [2], [[4]])), torch.zeros(3, 6))
+    >>> f0.factorised
+    False
+    >>> z = f0.sample(5, torch.Generator().manual_seed(0))
+    >>> z.shape, f0.log_prob(z).shape
+    (torch.Size([5, 3, 2]), torch.Size([5, 3]))
+    """
 
     name = "proposal"
 
@@ -266,18 +744,72 @@ class ProposalBase(BaseDensity):
         self.factorised = len(self.q.event_shape) == 0
 
     def log_prob(self, z: torch.Tensor) -> torch.Tensor:
-        """log q(z | x) for z [..., N, D] -> [..., N]."""
+        """log q(z | x) for z [..., N, D] -> [..., N].
+
+        A factorised q (batch shape [N, D]) is summed over D.
+
+        Parameters
+        ----------
+        z : torch.Tensor
+            ``[..., N, D]`` latent values.
+
+        Returns
+        -------
+        torch.Tensor
+            ``[..., N]`` log q(z | x).
+        """
         lp = self.q.log_prob(z)
         return lp.sum(-1) if self.factorised else lp
 
     def sample(self, k: int, generator: torch.Generator) -> torch.Tensor:
+        """k draws z ~ q(z | x) for each of the N rows, from ``generator`` (``generator_sample``).
+
+        Parameters
+        ----------
+        k : int
+            Number of draws per row.
+        generator : torch.Generator
+            Source of randomness: a seed fixes the draws.
+
+        Returns
+        -------
+        torch.Tensor
+            ``[k, N, D]`` draws from the proposal.
+        """
         return generator_sample(self.q, k, generator)
 
 
 def generator_sample(q: torch.distributions.Distribution, k: int, generator: torch.Generator) -> torch.Tensor:
-    """k draws of ``q`` [k, *batch, *event] from ``generator``: a Bernoulli as u < p with one uniform per unit, a
-    Normal as loc + scale eps (the built-in samplers' draws, so the same generator gives the same z), either one
-    inside ``Independent``; any other Distribution from the global generator, forked and seeded from ours."""
+    """k draws of ``q`` [k, *batch, *event] from ``generator``, so that a seed fixes them.
+
+    A Bernoulli as u < p with one uniform per unit, a Normal as loc + scale eps (the built-in samplers' draws, so the
+    same generator gives the same z), either one inside ``Independent``; any other Distribution from the global
+    generator, forked and seeded from ours (``draw_seed``), which leaves the global generator's state as it was.
+
+    Parameters
+    ----------
+    q : torch.distributions.Distribution
+        The distribution to draw from.
+    k : int
+        Number of draws.
+    generator : torch.Generator
+        Source of randomness.
+
+    Returns
+    -------
+    torch.Tensor
+        ``[k, *batch_shape, *event_shape]`` draws (without a gradient for a Bernoulli; reparameterised for a
+        Normal).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from nvil.models.protocol import generator_sample
+    >>> q = torch.distributions.Bernoulli(probs=torch.full((3, 2), 0.5))
+    >>> z = generator_sample(q, 4, torch.Generator().manual_seed(1))
+    >>> z.shape, torch.equal(z, generator_sample(q, 4, torch.Generator().manual_seed(1)))
+    (torch.Size([4, 3, 2]), True)
+    """
     base = q.base_dist if isinstance(q, torch.distributions.Independent) else q
     shape = (k, *base.batch_shape)
     if type(base) is torch.distributions.Bernoulli:
@@ -292,5 +824,25 @@ def generator_sample(q: torch.distributions.Distribution, k: int, generator: tor
 
 
 def gaussian_log_prob(z: torch.Tensor) -> torch.Tensor:
-    """log N(z; 0, I) per row: a helper for user models with a standard normal prior."""
+    """log N(z; 0, I) per row: a helper for user models with a standard normal prior.
+
+    log N(z; 0, I) = -(|z|^2 + D log 2 pi) / 2, summed over the last dimension.
+
+    Parameters
+    ----------
+    z : torch.Tensor
+        ``[..., D]`` values.
+
+    Returns
+    -------
+    torch.Tensor
+        ``[...]`` log densities.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from nvil.models.protocol import gaussian_log_prob
+    >>> gaussian_log_prob(torch.zeros(2, 3))
+    tensor([-2.7568, -2.7568])
+    """
     return -0.5 * (z.square().sum(-1) + z.shape[-1] * math.log(2 * math.pi))

@@ -57,8 +57,43 @@ def standard_normal_log_prob(z: torch.Tensor) -> torch.Tensor:
 
 class VAE(nn.Module):
     """``VAE(n_visible, latent=[50], hidden=[[200, 200]])``: a Bernoulli VAE with ``len(latent)`` Gaussian layers.
+
     ``hidden[l]``: the tanh layers of the networks between stochastic layer l and the one below it (the data for
-    l = 0), in both directions."""
+    l = 0), in both directions. p(z_L) = N(0, I), p(z_l | z_{l+1}) and q(z_{l+1} | z_l) diagonal Gaussians,
+    p(x | z_1) = Bernoulli(f(z_1)) (the module's docstring). It follows the model protocol
+    (``nvil.models.protocol``) and declares no capabilities: z is the layers side by side, ``latent`` a
+    ``Latent.continuous(latent)``.
+
+    Parameters
+    ----------
+    n_visible : int
+        The number of pixels.
+    latent : list of int, default (50,)
+        The sizes of the one or two Gaussian stochastic layers, [|z_1|] or [|z_1|, |z_2|], from the data up.
+    hidden : list of list of int, default ((200, 200),)
+        One list per stochastic layer: ``hidden[l]`` the tanh layer sizes of the networks between z_l and the layer
+        below it (x for l = 0), the encoder's in this order, the decoder's reversed.
+
+    Raises
+    ------
+    ConfigError
+        (``nvil.core.errors``) If ``latent`` does not list one or two positive sizes, or ``hidden`` does not give
+        one non-empty list of positive sizes per stochastic layer.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from nvil.models import VAE
+    >>> vae = VAE(6, latent=[3, 2], hidden=[[5], [4]])
+    >>> vae.latent
+    Latent(kind='continuous', layers=(3, 2))
+    >>> x, z = vae.sample(4)
+    >>> x.shape, z.shape, vae.log_joint(x, z).shape
+    (torch.Size([4, 6]), torch.Size([4, 5]), torch.Size([4]))
+    >>> q = vae.proposal(x)
+    >>> q.batch_shape, q.event_shape, q.rsample((2,)).shape
+    (torch.Size([4]), torch.Size([5]), torch.Size([2, 4, 5]))
+    """
 
     capabilities = frozenset()  # it asks nothing of the estimators beyond the protocol
     data_support = "binary"
@@ -80,14 +115,33 @@ class VAE(nn.Module):
         self.decoder = mlp([latent[0], *hidden[0][::-1]], self.n_visible)
 
     def init_visible_bias(self, train_mean: torch.Tensor, eps: float = 1e-3) -> None:
-        """The decoder's output bias at the logits of the training pixels' means (Burda et al.'s initialisation)."""
+        """The decoder's output bias at the logits of the training pixels' means (Burda et al.'s initialisation).
+
+        Parameters
+        ----------
+        train_mean : torch.Tensor
+            ``[n_visible]`` the training pixels' means.
+        eps : float, default 1e-3
+            The means are clamped to [eps, 1 - eps] so that the logits stay finite.
+        """
         p = train_mean.clamp(eps, 1 - eps)
         self.decoder[-1].bias.data.copy_(torch.log(p) - torch.log1p(-p))
 
     # ---- the protocol ------------------------------------------------------------------------------------------
 
     def log_prior(self, z: torch.Tensor) -> torch.Tensor:
-        """log p(z) = log N(z_L; 0, I) + sum_l log p(z_l | z_{l+1})."""
+        """log p(z) = log N(z_L; 0, I) + sum_l log p(z_l | z_{l+1}).
+
+        Parameters
+        ----------
+        z : torch.Tensor
+            ``[..., D]`` the latent layers side by side (``latent.split``), D = ``sum(latent)``.
+
+        Returns
+        -------
+        torch.Tensor
+            ``[...]`` log p(z), normalised.
+        """
         zs = self.latent.split(z)
         out = standard_normal_log_prob(zs[-1])
         for l, prior in enumerate(self.priors):
@@ -95,20 +149,84 @@ class VAE(nn.Module):
         return out
 
     def logits(self, z: torch.Tensor) -> torch.Tensor:
+        """The decoder's logits of p(x | z_1), f(z_1) before the sigmoid.
+
+        Parameters
+        ----------
+        z : torch.Tensor
+            ``[..., D]`` latent values; only z_1 (the first layer) is read.
+
+        Returns
+        -------
+        torch.Tensor
+            ``[..., n_visible]`` logits.
+        """
         return self.decoder(self.latent.split(z)[0])
 
     def log_likelihood(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-        """log p(x | z_1) = sum_i x_i log f_i + (1 - x_i) log (1 - f_i)."""
+        """log p(x | z_1) = sum_i x_i log f_i + (1 - x_i) log (1 - f_i).
+
+        Parameters
+        ----------
+        x : torch.Tensor
+            ``[N, n_visible]`` binary pixels, or one row ``[1, n_visible]`` expanded against every row of z.
+        z : torch.Tensor
+            ``[N, D]`` latent values.
+
+        Returns
+        -------
+        torch.Tensor
+            ``[N]`` log p(x | z_1), normalised in x.
+        """
         return -F.binary_cross_entropy_with_logits(self.logits(z), x.expand(z.shape[0], -1), reduction="none").sum(-1)
 
     def log_joint(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """log p(x, z) = log p(z) + log p(x | z_1).
+
+        Parameters
+        ----------
+        x : torch.Tensor
+            ``[N, n_visible]`` binary pixels (or one row, expanded).
+        z : torch.Tensor
+            ``[N, D]`` latent values.
+
+        Returns
+        -------
+        torch.Tensor
+            ``[N]`` log p(x, z).
+        """
         return self.log_prior(z) + self.log_likelihood(x, z)
 
     def proposal(self, x: torch.Tensor) -> "LayeredGaussian":
-        """q(z | x) = q(z_1 | x) q(z_2 | z_1): a distribution with batch shape [N] and event shape [D]."""
+        """q(z | x) = q(z_1 | x) q(z_2 | z_1): a distribution with batch shape [N] and event shape [D].
+
+        Parameters
+        ----------
+        x : torch.Tensor
+            ``[N, n_visible]`` binary pixels.
+
+        Returns
+        -------
+        LayeredGaussian
+            q(z | x), a ``torch.distributions.Distribution`` drawing by reparameterisation (``rsample``).
+        """
         return LayeredGaussian(self, x)
 
     def sample_prior(self, n: int, generator: torch.Generator | None = None) -> torch.Tensor:
+        """n draws z ~ p(z), top layer first: z_L ~ N(0, I), then z_l ~ p(z_l | z_{l+1}).
+
+        Parameters
+        ----------
+        n : int
+            Number of draws.
+        generator : torch.Generator or None, default None
+            Source of randomness; None uses torch's global generator.
+
+        Returns
+        -------
+        torch.Tensor
+            ``[n, D]`` the layers side by side, z_1 first.
+        """
         w = self.decoder[-1].weight
         zs = [torch.randn(n, self.sizes[-1], generator=generator, device=w.device, dtype=w.dtype)]
         for l in range(len(self.priors) - 1, -1, -1):
@@ -118,16 +236,55 @@ class VAE(nn.Module):
         return torch.cat(zs, -1)
 
     def sample_likelihood(self, z: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        """x ~ p(x | z_1) = Bernoulli(f(z_1)), one per row of z.
+
+        Parameters
+        ----------
+        z : torch.Tensor
+            ``[N, D]`` latent values.
+        generator : torch.Generator or None, default None
+            Source of randomness; None uses torch's global generator.
+
+        Returns
+        -------
+        torch.Tensor
+            ``[N, n_visible]`` binary pixels.
+        """
         return torch.bernoulli(torch.sigmoid(self.logits(z)), generator=generator)
 
     @torch.no_grad()
     def sample(self, n: int, generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Ancestral samples (x [n, n_visible], z [n, D])."""
+        """Ancestral samples (x [n, n_visible], z [n, D]): z ~ p(z), then x ~ p(x | z_1); no gradient.
+
+        Parameters
+        ----------
+        n : int
+            Number of samples.
+        generator : torch.Generator or None, default None
+            Source of randomness; None uses torch's global generator.
+
+        Returns
+        -------
+        tuple of (torch.Tensor, torch.Tensor)
+            ``(x, z)``: ``[n, n_visible]`` binary pixels and ``[n, D]`` latent values.
+        """
         z = self.sample_prior(n, generator)
         return self.sample_likelihood(z, generator), z
 
     @torch.no_grad()
     def visible_probs(self, z: torch.Tensor) -> torch.Tensor:
+        """p(x_i = 1 | z_1) = f_i(z_1): what sample grids show, less noisy than samples.
+
+        Parameters
+        ----------
+        z : torch.Tensor
+            ``[..., D]`` latent values.
+
+        Returns
+        -------
+        torch.Tensor
+            ``[..., n_visible]`` pixel probabilities, without gradient.
+        """
         return torch.sigmoid(self.logits(z))
 
     def extra_repr(self) -> str:

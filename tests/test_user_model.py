@@ -270,6 +270,18 @@ def test_a_model_without_samplers_is_scored_and_says_what_was_not_checked(linear
         evaluate_model(plain, x, "bdmc")
 
 
+def test_a_model_with_a_prior_sampler_only_anneals_from_the_prior(linear):
+    """AIS from p(z) needs ``sample_prior`` alone; BDMC, which simulates data, needs both samplers."""
+    model, x = linear
+    plain = plain_functions(model)
+    del plain.sample_likelihood
+    result = evaluate_model(plain, x, "ais", start="prior", num_betas=50, num_chains=4, iwae_samples=100)
+    assert math.isfinite(result.mean_log_p)
+    del plain.sample_prior
+    with pytest.raises(ConfigError, match="sample_prior"):
+        evaluate_model(plain, x, "ais", start="prior", num_betas=50, num_chains=4, iwae_samples=100)
+
+
 def test_seeds_fix_the_estimate_and_the_users_module_mode_is_kept(binary):
     model, x = binary
     model.train()
