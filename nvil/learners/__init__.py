@@ -40,8 +40,38 @@ def parameters(cls) -> list[str]:
 
 
 def learner_settings(cfg) -> dict:
-    """The keywords ``build_learner`` passes: the config's keys but ``DRIVER_KEYS`` (with ``mode=name`` for SAP's
-    family); a key the class does not take is refused in one line naming its settings (``nvil.core.registry``)."""
+    """The keywords ``build_learner`` passes to the learner class that ``cfg.name`` names.
+
+    They are the config's keys but ``DRIVER_KEYS`` (``name``, ``defaults``), with ``mode=name`` added for SAP's family
+    (sap, trans_sap, pt_sap, cd, exact_ml); a key the class does not take is refused in one line naming its settings
+    (``nvil.core.registry``).
+
+    Parameters
+    ----------
+    cfg : Mapping
+        The ``learner.*`` block: a Hydra config or any mapping with ``name`` (a key of ``LEARNERS``) and the
+        learner's settings as further keys.
+
+    Returns
+    -------
+    dict
+        ``{setting: value}``, values as plain Python (mappings as dicts, sequences as lists), ready to pass as
+        keywords to ``LEARNERS[cfg.name]``.
+
+    Raises
+    ------
+    nvil.core.errors.ConfigError
+        If ``name`` is not a known learner, or a key is not a setting of that learner (the message suggests the
+        closest one).
+
+    Examples
+    --------
+    >>> from nvil.learners import learner_settings
+    >>> learner_settings({"name": "cd", "k": 5})
+    {'mode': 'cd', 'k': 5}
+    >>> learner_settings({"name": "nvil", "lr": 0.001, "defaults": ["_self_"]})
+    {'lr': 0.001}
+    """
     name = cfg.get("name")
     cls = lookup("learner", name, LEARNERS)
     mode = {"mode": name} if cls is SAP else {}
@@ -49,8 +79,48 @@ def learner_settings(cfg) -> dict:
 
 
 def build_learner(cfg, model, inference, device, seed: int):
-    """The learner ``cfg`` (``learner.*``: a Hydra config or any mapping with ``name``) describes, for ``model`` (and
-    its ``inference`` network), drawing from ``seed`` on ``device``."""
+    """Build the learner that the config ``cfg`` describes for ``model`` and its inference network.
+
+    ``cfg`` is ``learner.*``: a Hydra config or any mapping with ``name``. The learner is
+    ``LEARNERS[cfg.name](model, inference, device=device, seed=seed, **learner_settings(cfg))``, drawing from
+    ``seed`` on ``device``.
+
+    Parameters
+    ----------
+    cfg : Mapping
+        The ``learner.*`` block: ``name`` (a key of ``LEARNERS``) and the learner's settings (``learner_settings``).
+    model : torch.nn.Module
+        The model to train (an SBN / fDARN for the directed learners, an RBM for SAP's family, a DBN for greedy,
+        a DBM for dbm_sap, a Gaussian belief net for mcem_hmc / map_latents, a VAE for iwae).
+    inference : torch.nn.Module or None
+        The model's inference network q(h | x) (the directed learners need one); None for the learners that
+        have none.
+    device : torch.device or str
+        Where the learner's random generator (and any state it keeps) lives.
+    seed : int
+        Seed of the learner's generator.
+
+    Returns
+    -------
+    Learner
+        The learner, ready for ``step(x)``.
+
+    Raises
+    ------
+    nvil.core.errors.ConfigError
+        If ``name`` is a directed learner (``DIRECTED``: nvil, wake_sleep and the discrete estimators) and
+        ``inference`` is None (the message names the learners that train ``model``'s class), if ``name`` is not
+        a known learner or a key is not one of its settings, or if the learner refuses a setting's value or
+        the model.
+
+    Examples
+    --------
+    >>> from nvil.models import RBM
+    >>> from nvil.learners import build_learner
+    >>> learner = build_learner({"name": "cd", "k": 2}, RBM(6, 4), None, "cpu", 0)
+    >>> type(learner).__name__, learner.mode, learner.k
+    ('SAP', 'cd', 2)
+    """
     settings = learner_settings(cfg)
     name = cfg.get("name")
     if name in DIRECTED and inference is None:

@@ -14,8 +14,10 @@ from nvil.core.errors import ConfigError
 
 
 class Learner(nn.Module):
-    """A training algorithm. Each learner defines ``step`` and ``learner_state`` / ``load_learner_state``; the
-    other hooks have defaults that say "this learner needs nothing special":
+    """A training algorithm: one update, resumable state, and hooks with defaults for what the loop may ask.
+
+    Each learner defines ``step`` and ``learner_state`` / ``load_learner_state``; the other hooks have defaults that
+    say "this learner needs nothing special", so the training loop never probes a learner for what it has:
 
     - ``supports_data_parallel`` / ``distribute(d, device)``: run as one rank of several (``DataParallel``);
     - ``per_example_state`` / ``bind_data(train)``: state per training example (MCEM's chains), so ``step``
@@ -24,6 +26,30 @@ class Learner(nn.Module):
       validation score to keep the best of (greedy DBN training);
     - ``image_grids(seed, device)``: TensorBoard image grids (default: the model's ancestral samples);
     - ``accelerate(mode, device)``: apply ``trainer.accel`` (``nvil.backend.accel``) to the learner's hot loops.
+
+    Parameters
+    ----------
+    *args : Any
+        Passed on to ``torch.nn.Module.__init__`` (which takes none); each learner defines its own constructor,
+        ``Learner(model, inference, *, device=..., seed=..., **settings)``.
+    **kwargs : Any
+        Passed on to ``torch.nn.Module.__init__``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from nvil.models import RBM
+    >>> from nvil.learners import SAP
+    >>> from nvil.learners.base import Learner
+    >>> learner = SAP(RBM(6, 4), None, num_particles=10)
+    >>> isinstance(learner, Learner)
+    True
+    >>> learner.supports_data_parallel, learner.per_example_state, learner.has_own_validation
+    (True, False, False)
+    >>> learner.gradient_diagnostics(torch.zeros(2, 6), repeats=2, seed=0)
+    {}
+    >>> learner.accelerate("none") is learner
+    True
     """
 
     model: nn.Module
@@ -32,43 +58,179 @@ class Learner(nn.Module):
     has_own_validation: bool = False
 
     def step(self, x: torch.Tensor, diagnostics: bool = False, **kw) -> dict[str, torch.Tensor]:
-        """One update on the minibatch ``x``; metrics stay on the device. ``diagnostics``: a logging step."""
+        """One update on the minibatch ``x``; the metrics stay on the device.
+
+        Parameters
+        ----------
+        x : torch.Tensor
+            ``(batch, n_visible)`` training rows.
+        diagnostics : bool, default False
+            True on a logging step: the learner may then add the metrics only a log reads (gradient norms, ...).
+        **kw : Any
+            What a learner with per-example state takes besides (``indices=``, the minibatch's training-row
+            indices, where ``per_example_state`` is set).
+
+        Returns
+        -------
+        dict of str to torch.Tensor
+            ``{tag: scalar tensor}`` metrics of this update, on the device (no host sync).
+
+        Raises
+        ------
+        NotImplementedError
+            Always, here: each learner defines its own.
+        """
         raise NotImplementedError
 
     def learner_state(self) -> dict:
-        """Everything a resumed run needs beyond the model (optimiser, RNG, persistent chains, ...)."""
+        """Everything a resumed run needs beyond the model (optimiser, RNG, persistent chains, ...).
+
+        Returns
+        -------
+        dict
+            The state ``load_learner_state`` restores; it travels in the checkpoint.
+
+        Raises
+        ------
+        NotImplementedError
+            Always, here: each learner defines its own.
+        """
         raise NotImplementedError
 
     def load_learner_state(self, state: dict) -> None:
+        """Restore what ``learner_state`` returned, so the run resumes exactly.
+
+        Parameters
+        ----------
+        state : dict
+            A ``learner_state()`` dictionary (from a checkpoint, mapped to the learner's device).
+
+        Raises
+        ------
+        NotImplementedError
+            Always, here: each learner defines its own.
+        """
         raise NotImplementedError
 
     def distribute(self, d: distributed.Dist, device: torch.device) -> None:
+        """Make the learner one rank of a data-parallel run (learners with ``supports_data_parallel`` only).
+
+        Parameters
+        ----------
+        d : nvil.core.distributed.Dist
+            This process's rank and the world size.
+        device : torch.device
+            This rank's device.
+
+        Raises
+        ------
+        NotImplementedError
+            Always, here: a learner that does not derive from ``DataParallel`` does not run data-parallel.
+        """
         raise NotImplementedError(f"{type(self).__name__} does not run data-parallel")
 
     def bind_data(self, train: torch.Tensor) -> None:
-        """Size the per-example state to the training set (called before a resume restores it)."""
+        """Size the per-example state to the training set (called before a resume restores it).
+
+        Does nothing here: only learners with ``per_example_state`` keep state per training example.
+
+        Parameters
+        ----------
+        train : torch.Tensor
+            ``(num_train, n_visible)``: the whole training set, in the row order ``step``'s ``indices`` refer to.
+        """
 
     def validate(self, valid: torch.Tensor, train_subset: torch.Tensor) -> dict[str, float]:
+        """The learner's own validation scores (learners with ``has_own_validation`` only).
+
+        Parameters
+        ----------
+        valid : torch.Tensor
+            ``(n, n_visible)`` validation rows.
+        train_subset : torch.Tensor
+            ``(m, n_visible)`` training rows, for what a score needs from the training data (an AIS base rate).
+
+        Returns
+        -------
+        dict of str to float
+            ``{tag: value}`` scores (``val/...``).
+
+        Raises
+        ------
+        NotImplementedError
+            Always, here: the loop validates the other learners itself.
+        """
         raise NotImplementedError(f"{type(self).__name__} has no validation of its own")
 
     @torch.no_grad()
     def image_grids(self, seed: int, device) -> dict[str, torch.Tensor]:
-        """{tag: [n, pixels] in [0, 1]}: a grid of 64 ancestral samples of the (directed) model, drawn with
-        ``seed`` so every grid of a run shows the same draws."""
+        """A grid of 64 ancestral samples of the (directed) model, for TensorBoard.
+
+        The samples are drawn with ``seed`` so every grid of a run shows the same draws.
+
+        Parameters
+        ----------
+        seed : int
+            Seed of the generator the samples are drawn with.
+        device : torch.device or str
+            Device of that generator (the model's).
+
+        Returns
+        -------
+        dict of str to torch.Tensor
+            ``{tag: (n, pixels) in [0, 1]}``: here ``{"samples/model": p(x | h) of 64 ancestral samples}``.
+        """
         g = torch.Generator(device=device).manual_seed(seed)
         _, hs = self.model.sample(64, generator=g)
         return {"samples/model": self.model.visible_probs(hs)}
 
     def gradient_diagnostics(self, x: torch.Tensor, repeats: int, seed: int) -> dict[str, torch.Tensor]:
-        """The variance and SNR of the learner's gradient estimate on the fixed minibatch ``x``
-        (``nvil.learners.diagnostics``); nothing for learners that do not estimate a gradient by sampling q."""
+        """The variance and SNR of the learner's gradient estimate on the fixed minibatch ``x``.
+
+        See ``nvil.learners.diagnostics``; learners that do not estimate a gradient by sampling q report nothing.
+
+        Parameters
+        ----------
+        x : torch.Tensor
+            ``(batch, n_visible)``: the fixed minibatch the estimate is repeated on.
+        repeats : int
+            Independent gradient estimates the variance is taken over.
+        seed : int
+            Seed of the generator the repeated estimates draw with (the learner's own stream is left as it is).
+
+        Returns
+        -------
+        dict of str to torch.Tensor
+            ``{tag: scalar tensor}``; empty here.
+        """
         return {}
 
     def accelerate(self, mode: str, device=None, steps: int | None = None) -> "Learner":
-        """Apply ``trainer.accel`` in place (once, after building the learner; it keeps no state, so before or
-        after restoring a checkpoint). The random stream is the same in every mode; ``none`` changes nothing.
-        ``steps``: the run's length where known (``nvil.app.build``), which ``auto`` may weigh against a compilation's
-        cost (``FusedPath.auto_compiles``). Returns the learner."""
+        """Apply ``trainer.accel`` in place; the random stream is the same in every mode, and ``none`` changes nothing.
+
+        Call it once, after building the learner; it keeps no state, so before or after restoring a checkpoint.
+        Here it only checks ``mode``: the learner has no loop to accelerate.
+
+        Parameters
+        ----------
+        mode : str
+            ``trainer.accel``: none | compile | cudagraphs | native | auto (``nvil.backend.accel``).
+        device : torch.device or str or None, default None
+            The run's device, checked against ``mode`` (None: wherever CUDA is available).
+        steps : int or None, default None
+            The run's length where known (``nvil.app.build``), which ``auto`` may weigh against a compilation's
+            cost (``FusedPath.auto_compiles``).
+
+        Returns
+        -------
+        Learner
+            The learner itself.
+
+        Raises
+        ------
+        nvil.core.errors.ConfigError
+            If ``mode`` is unknown or impossible on ``device`` (``cudagraphs`` without CUDA, ``native`` off the CPU).
+        """
         check_mode(mode, device, "trainer.accel")
         return self
 

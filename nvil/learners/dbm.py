@@ -60,12 +60,97 @@ def mean_bound(dbm, x_pos: torch.Tensor, y_pos: torch.Tensor, data_term: torch.T
 
 
 class DBMSAP(Learner):
-    """Keywords (defaults: configs/learner/dbm_sap.yaml): ``pretrain_steps`` (one integer or one per RBM),
-    ``pretrain_lr``, ``pretrain_weight_decay``; ``lr``, ``lr_decay``, ``lr_min``, ``weight_decay``, ``momentum``,
+    """A deep Boltzmann machine trained as Salakhutdinov & Hinton 2009 do: greedy pretraining, then SAP on the whole.
+
+    The first ``sum(pretrain_steps)`` updates pretrain the stack with modified RBMs (``nvil.learners.dbm_pretrain``);
+    the later ones are joint updates dW_l = E_data,q[h_{l-1} h_l'] - E_model[h_{l-1} h_l'] with a mean-field data
+    term and a persistent-chain model term (the module's docstring). Keywords (defaults:
+    configs/learner/dbm_sap.yaml): ``pretrain_steps`` (one integer or one per RBM), ``pretrain_lr``,
+    ``pretrain_weight_decay``; ``lr``, ``lr_decay``, ``lr_min``, ``weight_decay``, ``momentum``,
     ``momentum_initial``, ``momentum_switch`` (counted per RBM in pretraining and from the start of the joint phase);
     ``num_particles``, ``k``; ``mean_field_iters``, ``mean_field_tol`` and ``mean_field_omega``
     (``DBM.mean_field``); ``tempered`` and its ``tt`` block;
-    ``validation_betas`` and ``validation_chains``: the forward AIS whose log Z puts the validation bound in nats."""
+    ``validation_betas`` and ``validation_chains``: the forward AIS whose log Z puts the validation bound in nats.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        The deep Boltzmann machine (a model with the ``variational_bound`` and ``top_machine`` capabilities:
+        model=dbm); trained in place.
+    inference : None, default None
+        Unused (mean field is the DBM's own inference); taken so every learner is called alike.
+    device : torch.device or str, default "cpu"
+        Device of the learner's generator (the model's).
+    seed : int, default 0
+        Seed of the learner's generator (pretraining's CD-1 draws, the particles and their sweeps).
+    pretrain_steps : int or sequence of int, default 60000
+        Pretraining updates of each RBM of the stack: one non-negative integer for all, or one per RBM
+        (``len(model.sizes)``); 0 skips pretraining.
+    pretrain_lr : float, default 0.05
+        The modified RBMs' CD-1 learning rate (``rbm.m``); positive.
+    pretrain_weight_decay : float, default 0.001
+        Pretraining's weight cost on W; in [0, 1).
+    lr : float, default 0.001
+        The joint phase's starting rate, lr in lr_t = max(lr / lr_decay^t, lr_min); positive.
+    lr_decay : float, default 1.000015
+        The factor the rate is divided by at every joint update (``dbm_mf.m``); >= 1.
+    lr_min : float, default 0.0001
+        The floor of the decaying rate; positive.
+    weight_decay : float, default 0.0002
+        The joint phase's weight cost, inc <- m inc + lr_t (grad - weight_decay W), on the weights only; in [0, 1).
+    momentum : float, default 0.9
+        m after the first ``momentum_switch`` updates of each RBM and of the joint phase; in [0, 1).
+    momentum_initial : float, default 0.5
+        m for the first ``momentum_switch`` updates of each RBM and of the joint phase; in [0, 1).
+    momentum_switch : int, default 3000
+        Updates that use ``momentum_initial`` (counted per RBM, and from the start of the joint phase);
+        non-negative.
+    num_particles : int, default 100
+        Persistent fantasy particles of the model term.
+    k : int, default 5
+        Block-Gibbs sweeps per joint update (odd layers given even, even given odd); positive.
+    mean_field_iters : int, default 50
+        Most mean-field sweeps of the data term (``DBM.mean_field``'s ``max_iter``); positive.
+    mean_field_tol : float, default 1e-3
+        Mean field stops once no mean moves by more than this; positive.
+    mean_field_omega : float or str, default "auto"
+        Over-relaxation of the mean-field updates, in (0, 2), or ``"auto"`` (Young's rule, ``DBM.mean_field``).
+    tempered : bool, default False
+        Give the particles a tempered-transitions run every ``tt.every`` joint updates (Trans-SAP).
+    tt : TTSettings or Mapping or None, default TTSettings()
+        The tempered transitions' settings (``TTSettings``), read only with ``tempered``.
+    validation_betas : int, default 1000
+        Inverse temperatures of the forward AIS run whose log Z puts the validation bound in nats; positive.
+    validation_chains : int, default 100
+        Chains of that AIS run; positive.
+
+    Raises
+    ------
+    nvil.core.errors.ConfigError
+        If ``model`` is not a DBM; if ``pretrain_steps`` is not one non-negative integer or one per RBM; if a
+        rate, ``lr_min``, ``mean_field_tol`` or a count (``k``, ``mean_field_iters``, ``validation_*``) is not
+        positive; if ``lr_decay`` < 1; if a momentum or weight cost is not in [0, 1); if ``momentum_switch`` is
+        not a non-negative integer; if ``mean_field_omega`` is neither in (0, 2) nor auto; or if ``tt`` is refused.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from nvil.models import DBM
+    >>> from nvil.learners import DBMSAP
+    >>> dbm = DBM(6, [4, 3])
+    >>> x = (torch.rand(8, 6) < 0.5).float()
+    >>> learner = DBMSAP(dbm, None, pretrain_steps=1, num_particles=5, k=1, validation_betas=10,
+    ...                  validation_chains=4)
+    >>> sorted(learner.step(x))                              # pretraining RBM 1 (of 2)
+    ['pretrain/layer', 'pretrain/reconstruction_error']
+    >>> _ = learner.step(x)                                  # RBM 2
+    >>> learner.joint_updates
+    0
+    >>> sorted(learner.step(x))                              # the first joint update
+    ['dbm/lr', 'dbm/mean_field_sweeps', 'dbm/variational_bound_unnormalised']
+    >>> sorted(learner.validate(x, x))                       # small enough to enumerate: exact scores too
+    ['val/log_p_exact', 'val/variational_bound', 'val/variational_bound_ais', 'val/variational_bound_unnormalised']
+    """
 
     has_own_validation = True  # a DBM's score needs log Z: training reports the bound without it
 
@@ -123,13 +208,39 @@ class DBMSAP(Learner):
 
     @property
     def joint_updates(self) -> int:
+        """Joint (whole-machine) updates so far: ``updates`` less the pretraining's; negative during pretraining."""
         return self.updates - self.pretraining.total
 
     def rate(self) -> float:
-        """lr_t = max(lr / decay^t, lr_min), t the joint updates so far (``dbm_mf.m``)."""
+        """The joint phase's rate lr_t = max(lr / decay^t, lr_min), t the joint updates so far (``dbm_mf.m``).
+
+        During pretraining t counts as 0.
+
+        Returns
+        -------
+        float
+            lr_t.
+        """
         return max(self.lr / self.lr_decay ** max(self.joint_updates, 0), self.lr_min)
 
     def step(self, x: torch.Tensor, diagnostics: bool = False) -> dict[str, torch.Tensor]:
+        """One update on the minibatch ``x``: a pretraining CD-1 step of the current RBM, or a joint step.
+
+        The first joint update first composes the DBM's biases from the pretrained RBMs (``Pretraining.compose``).
+
+        Parameters
+        ----------
+        x : torch.Tensor
+            ``(batch, n_visible)`` binary training rows.
+        diagnostics : bool, default False
+            A logging step; every step reports the same metrics here.
+
+        Returns
+        -------
+        dict of str to torch.Tensor
+            In pretraining ``pretrain/layer`` (1-based) and ``pretrain/reconstruction_error``; then those of
+            ``joint_step``.
+        """
         if self.updates < self.pretraining.total:
             metrics = self.pretraining.step(x, self.updates, self.generator)
         else:
@@ -141,6 +252,25 @@ class DBMSAP(Learner):
 
     @torch.no_grad()
     def joint_step(self, v: torch.Tensor) -> dict[str, torch.Tensor]:
+        """One joint update of the whole machine, as ``dbm_mf.m``: inc <- m inc + lr_t (grad - weightcost W).
+
+        The data term is the mean-field fixed point's <x y'> (x the even layers, y the odd), the model term that of
+        the persistent particles after ``k`` sweeps (the odd layers Rao-Blackwellised); the parameters of
+        ``model.top`` move by the momentum increment, then ``DBM.constrain_`` holds the blocks of W between layers
+        that are not neighbours at zero.
+
+        Parameters
+        ----------
+        v : torch.Tensor
+            ``(batch, n_visible)`` binary training rows.
+
+        Returns
+        -------
+        dict of str to torch.Tensor
+            ``dbm/variational_bound_unnormalised`` (the minibatch's mean bound without log Z, at the parameters
+            before the update), ``dbm/mean_field_sweeps``, ``dbm/lr`` (lr_t) and the phase's ``mcmc/...`` report
+            (tempered transitions' acceptance).
+        """
         dbm, top = self.model, self.model.top
         mus, sweeps = dbm.mean_field(v, self.mf_iters, self.mf_tol, omega=self.mf_omega, return_sweeps=True)
         x_pos, y_pos = dbm.join(v, torch.cat(mus[2::2], -1)), torch.cat(mus[1::2], -1)
@@ -161,10 +291,27 @@ class DBMSAP(Learner):
 
     @torch.no_grad()
     def validate(self, valid: torch.Tensor, train_subset: torch.Tensor) -> dict[str, float]:
-        """In pretraining, the current RBM's reconstruction error; then the mean-field bound on mean log p(v) in nats,
-        log Z from a forward AIS run (``validation_betas`` x ``validation_chains``, no certificate, base rate from
-        ``train_subset``, a fixed seed), beside the bound without log Z; and exact log p(v) and the bound with the exact
-        log Z where both can be enumerated."""
+        """In pretraining, the current RBM's reconstruction error; then the mean-field bound on mean log p(v) in nats.
+
+        The bound's log Z comes from a forward AIS run (``validation_betas`` x ``validation_chains``, no
+        certificate, base rate from ``train_subset``, a fixed seed), reported beside the bound without log Z; and
+        exact log p(v) and the bound with the exact log Z where both can be enumerated (at most 20 units in the
+        odd layers and 12 in the even hidden layers).
+
+        Parameters
+        ----------
+        valid : torch.Tensor
+            ``(n, n_visible)`` binary validation rows.
+        train_subset : torch.Tensor
+            ``(m, n_visible)`` training rows, the AIS base rate's data.
+
+        Returns
+        -------
+        dict of str to float
+            In pretraining ``val/pretrain_layer<l>/reconstruction_error``; then
+            ``val/variational_bound_unnormalised``, ``val/variational_bound_ais`` and, where enumerable,
+            ``val/log_p_exact`` and ``val/variational_bound``.
+        """
         dbm = self.model
         if self.updates < self.pretraining.total:
             layer = self.pretraining.layer_at(self.updates)
@@ -183,16 +330,46 @@ class DBMSAP(Learner):
         return out
 
     def image_grids(self, seed: int, device) -> dict[str, torch.Tensor]:
-        """The fantasy particles' pixels and the first layer's filters."""
+        """The fantasy particles' pixels and the first layer's filters, for TensorBoard.
+
+        Parameters
+        ----------
+        seed : int
+            Unused: the grids show the learner's states, not fresh draws.
+        device : torch.device or str
+            Unused.
+
+        Returns
+        -------
+        dict of str to torch.Tensor
+            ``{tag: (n, pixels) in [0, 1]}``: ``mcmc/particles`` (the first 64, once there are particles),
+            ``mcmc/tt_before`` / ``mcmc/tt_after`` (with ``tempered``, after a run) and ``model/filters``.
+        """
         out = self.phase.image_grids(self.model.n_visible)
         out["model/filters"] = filter_grid(self.model.filters())
         return out
 
     def learner_state(self) -> dict:
+        """Everything a resumed run needs beyond the model: updates, generator, increments, pretraining, particles.
+
+        Returns
+        -------
+        dict
+            ``updates``, ``generator``, ``inc`` (the joint phase's momentum increments of W, b, c),
+            ``pretraining`` (the trained RBMs' biases and the current RBM's state) and the negative phase's
+            (``gibbs_sweeps``, ``particles_x`` / ``particles_h``, ...).
+        """
         return {"updates": self.updates, "generator": self.generator.get_state(), "inc": dict(self.inc),
                 "pretraining": self.pretraining.state(), **self.phase.state_dict()}
 
     def load_learner_state(self, state: dict) -> None:
+        """Restore what ``learner_state`` returned, so the run resumes exactly (in pretraining or the joint phase).
+
+        Parameters
+        ----------
+        state : dict
+            A ``learner_state()`` dictionary, mapped to the learner's device.
+        """
         self.updates = int(state["updates"])
         self.generator.set_state(state["generator"].cpu())
         for name, t in state["inc"].items():

@@ -28,8 +28,39 @@ class Settings(_Settings):
 
 @dataclass(frozen=True)
 class ScheduleSettings(Settings):
-    """SAP's learning-rate schedule (Salakhutdinov 2009, Sec. 4): ``lr`` for ``t0`` updates, then a / (b + t - t0);
-    ``t0`` None keeps ``lr`` fixed."""
+    """SAP's learning-rate schedule (``learner.schedule``): ``lr`` for ``t0`` updates, then a / (b + t - t0).
+
+    The schedule is Salakhutdinov 2009's (Sec. 4): 0.01 for 10,000 updates, then 10 / (1000 + t), t counted from
+    the switch; the rate is a / b at the switch, so it is continuous there when a / b = lr. ``t0`` None keeps
+    ``lr`` fixed (and ``a``, ``b`` are then not read).
+
+    Parameters
+    ----------
+    t0 : int or None, default None
+        Updates at the fixed rate ``lr`` before the decay starts; a non-negative integer, or None for no schedule.
+    a : float or None, default None
+        Numerator of the decayed rate a / (b + t - t0); > 0 when ``t0`` is set.
+    b : float or None, default None
+        Offset of the decayed rate's denominator; > 0 when ``t0`` is set.
+
+    Raises
+    ------
+    nvil.core.errors.ConfigError
+        If ``t0`` is set and is not a non-negative integer, or if ``t0`` is set without ``a > 0`` and ``b > 0``.
+
+    Examples
+    --------
+    >>> from nvil.learners import ScheduleSettings
+    >>> s = ScheduleSettings(t0=10000, a=10.0, b=1000.0)
+    >>> s.a / s.b
+    0.01
+    >>> ScheduleSettings.of({"t0": 5, "a": 1.0, "b": 100.0})
+    ScheduleSettings(t0=5, a=1.0, b=100.0)
+    >>> ScheduleSettings(t0=5)
+    Traceback (most recent call last):
+    ...
+    nvil.core.errors.ConfigError: learner.schedule needs a > 0 and b > 0 when t0 is set (the rate is a / b at ...)
+    """
 
     PREFIX: ClassVar[str] = "learner.schedule."
     NULLABLE: ClassVar[tuple] = ("t0", "a", "b")
@@ -49,8 +80,42 @@ class ScheduleSettings(Settings):
 
 @dataclass(frozen=True)
 class TTSettings(Settings):
-    """Trans-SAP's tempered transitions (Salakhutdinov 2009, Algorithm 2): ``num_betas`` inverse temperatures spaced
-    uniformly from ``beta_min`` to 1; one run every ``every`` updates from update ``start_step`` on."""
+    """Trans-SAP's tempered transitions (``learner.tt``): the inverse temperatures of a run, and when runs happen.
+
+    Salakhutdinov 2009, Algorithm 2: ``num_betas`` inverse temperatures spaced uniformly from ``beta_min`` to 1; one
+    run every ``every`` updates from update ``start_step`` on. ``DBMSAP`` with ``tempered`` takes the same block.
+
+    Parameters
+    ----------
+    num_betas : int, default 50
+        S, the inverse temperatures beta_1 = ``beta_min`` < ... < beta_S = 1 of the run (the paper's 50); >= 2. A
+        run takes 2 (S - 1) block-Gibbs sweeps.
+    beta_min : float, default 0.9
+        The lowest inverse temperature (the paper's 0.9); in (0, 1].
+    every : int, default 200
+        Updates between runs; positive.
+    start_step : int, default 0
+        The first update that may take a run (runs fall on updates t >= start_step with t % every == 0);
+        non-negative.
+
+    Raises
+    ------
+    nvil.core.errors.ConfigError
+        If ``num_betas`` is not an integer >= 2, ``beta_min`` is not in (0, 1], ``every`` is not a positive
+        integer or ``start_step`` is not a non-negative integer.
+
+    Examples
+    --------
+    >>> from nvil.learners import TTSettings
+    >>> TTSettings()
+    TTSettings(num_betas=50, beta_min=0.9, every=200, start_step=0)
+    >>> TTSettings.of({"num_betas": 3, "every": None})      # null: the default
+    TTSettings(num_betas=3, beta_min=0.9, every=200, start_step=0)
+    >>> TTSettings(every=0)
+    Traceback (most recent call last):
+    ...
+    nvil.core.errors.ConfigError: learner.tt.every must be a positive integer, got 0
+    """
 
     PREFIX: ClassVar[str] = "learner.tt."
 
@@ -68,7 +133,32 @@ class TTSettings(Settings):
 
 @dataclass(frozen=True)
 class PTSettings(Settings):
-    """pt_sap's parallel tempering: ``num_temps`` replicas per chain, betas spaced uniformly from ``beta_min`` to 1."""
+    """pt_sap's parallel tempering: ``num_temps`` replicas per chain, betas spaced uniformly from ``beta_min`` to 1.
+
+    The block is ``learner.pt``; the learner's particles are the beta = 1 replicas.
+
+    Parameters
+    ----------
+    num_temps : int, default 10
+        Replicas per chain, one per inverse temperature; >= 2.
+    beta_min : float, default 0.9
+        The lowest inverse temperature; in (0, 1].
+
+    Raises
+    ------
+    nvil.core.errors.ConfigError
+        If ``num_temps`` is not an integer >= 2 or ``beta_min`` is not a number in (0, 1].
+
+    Examples
+    --------
+    >>> from nvil.learners import PTSettings
+    >>> PTSettings(num_temps=4).keywords()
+    {'num_temps': 4, 'beta_min': 0.9}
+    >>> PTSettings(num_temps=1)
+    Traceback (most recent call last):
+    ...
+    nvil.core.errors.ConfigError: learner.pt.num_temps must be an integer >= 2, got 1
+    """
 
     PREFIX: ClassVar[str] = "learner.pt."
 
