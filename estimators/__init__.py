@@ -56,9 +56,39 @@ def parameters(cls) -> list[str]:
 
 
 def estimator_settings(cfg) -> dict:
-    """The keywords ``build_estimator`` passes: the config's keys but ``DRIVER_KEYS``, the class's ``config_only``
-    and the ``SHARED_KEYS`` it does not take; any other key it does not take is refused in one line
-    (``nvil.core.registry``)."""
+    """The keywords ``build_estimator`` passes to the registry's class that ``cfg["name"]`` names.
+
+    They are the config's keys but ``DRIVER_KEYS``, the class's ``config_only`` and the ``SHARED_KEYS`` it does
+    not take; any other key it does not take is refused in one line (``nvil.core.registry``).
+
+    Parameters
+    ----------
+    cfg : Mapping
+        An estimator config (``estimator.*``: a Hydra / OmegaConf node or a plain dict) with ``name``, a key of
+        ``ESTIMATORS``.
+
+    Returns
+    -------
+    dict
+        Keyword settings for the class's constructor, values as plain Python (mappings as dicts, sequences as
+        lists).
+
+    Raises
+    ------
+    nvil.core.errors.ConfigError
+        If ``name`` is not a key of ``ESTIMATORS``, or a key is not a setting of that class (raised by
+        ``nvil.core.registry``, naming the closest setting).
+
+    Examples
+    --------
+    >>> from nvil.estimators import estimator_settings
+    >>> estimator_settings({"name": "ais", "num_chains": 50, "strict": True})
+    {'num_chains': 50}
+    >>> estimator_settings({"name": "ais", "num_chain": 50})
+    Traceback (most recent call last):
+    ...
+    nvil.core.errors.ConfigError: estimator.num_chain is not a setting of estimator=ais (did you mean ...num_chains?); ...
+    """
     name = cfg.get("name")
     cls = lookup("estimator", name, ESTIMATORS)
     known = parameters(cls)
@@ -136,20 +166,109 @@ def resolve(cfg, model=None, given=None, inference=None) -> tuple[type, dict]:
 
 
 def build_estimator(cfg, model=None, given=None, inference=None):
-    """The estimator ``cfg`` describes for ``model`` (``resolve``)."""
+    """The estimator ``cfg`` describes for ``model`` (``resolve``): ``ESTIMATORS[cfg.name](**settings)`` or its route.
+
+    Where the registry's class does not take ``model`` (a user's model, the VAE or a Gaussian net for ``ais``; an
+    SBN or a DBN for ``smc``), the route of ``ROUTES`` is built instead, from the settings the user set.
+
+    Parameters
+    ----------
+    cfg : Mapping
+        An estimator config (``estimator.*``: a Hydra / OmegaConf node or a plain dict) with ``name``, a key of
+        ``ESTIMATORS``, and its settings.
+    model : torch.nn.Module or None, default None
+        The model to be scored; None builds the registry's class.
+    given : iterable of str or None, default None
+        The keys named on the command line or as keywords: the user's settings whatever their value (the others
+        count only where they differ from the class's default).
+    inference : torch.nn.Module or None, default None
+        The model's inference network Q(h | v), where it has one (an SBN's, an fDARN's), for deciding the route.
+
+    Returns
+    -------
+    Estimator
+        An instance of the registry's class or of its route's class (for example ``ModelAIS``).
+
+    Raises
+    ------
+    nvil.core.errors.ConfigError
+        Raised by ``resolve``: an unknown ``name``, a key the class does not take, or a model that follows the
+        protocol alone given an estimator that needs more of it.
+
+    Examples
+    --------
+    >>> from nvil.estimators import build_estimator
+    >>> from nvil.models import VAE
+    >>> ais = build_estimator({"name": "ais", "num_chains": 50, "num_betas": 200})
+    >>> type(ais).__name__, ais.settings.num_chains, ais.settings.num_betas
+    ('AIS', 50, 200)
+    >>> routed = build_estimator({"name": "ais_hmc", "num_betas": 10, "num_runs": 3}, VAE(6, latent=[2], hidden=[[4]]))
+    >>> type(routed).__name__, routed.num_betas, routed.num_runs
+    ('ModelAIS', 10, 3)
+    """
     cls, settings = resolve(cfg, model, given, inference)
     return cls(**settings)
 
 
 def evaluate_model(model, x, estimator: str = "ais", *, seed: int = 0, progress=None,
                    budget: float | str | None = "auto", **settings) -> Result:
-    """log p(x) of each row of ``x`` under a model following ``nvil.models.protocol``, with ``estimator`` (ais | iwae |
-    bdmc | exact; binary z also chib | ais_posterior | harmonic; continuous z chib_mh) and its keyword ``settings``; a
-    ``Result`` with ``mean_log_p``, ``stderr``, ``certified``, ``warnings`` and the per-example ``log_p``. ``x`` is on
-    the device the model computes on; bdmc ignores it. ``budget``: seconds; the estimator starts small and doubles its
-    temperatures and chains until its certificate holds or the budget would be overrun (``nvil.estimators.budget``),
-    the rounds in ``extras["budget"]``; ``"auto"`` (the default): ``AUTO_SECONDS`` for an annealing estimator given
-    no schedule, else the schedule given; None: the schedule given or the defaults."""
+    """log p(x) of each row of ``x`` under a model following ``nvil.models.protocol``, with its certificate.
+
+    ``estimator`` is ais | iwae | bdmc | exact; binary z also chib | ais_posterior | harmonic; continuous z chib_mh,
+    with its keyword ``settings``. The estimator is checked against the model before any work starts. With a
+    ``budget`` the estimator starts small and doubles its temperatures and chains until its certificate holds or
+    the budget would be overrun (``nvil.estimators.budget``), the rounds in ``extras["budget"]``.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        A model following ``nvil.models.protocol`` (``latent``, ``log_prior``, ``log_likelihood``, optionally the
+        samplers and a proposal), or a built-in model the estimator takes.
+    x : torch.Tensor
+        ``[examples, ...]`` rows to score, on the device the model computes on; bdmc ignores it (it simulates its
+        own data).
+    estimator : str, default "ais"
+        The estimator's name (``ESTIMATORS``, routed by ``ROUTES`` where the registry's class does not take the
+        model: ``ais`` on such a model is per-example AIS, ``ModelAIS``).
+    seed : int, default 0
+        The seed of the estimate (of its first round under a budget).
+    progress : tqdm or None, default None
+        A progress bar counting examples; None draws none.
+    budget : float or str or None, default "auto"
+        Seconds the estimate may grow within. ``"auto"``: ``AUTO_SECONDS`` for an annealing estimator given no
+        schedule, else the schedule given; None: the schedule given or the defaults, run once.
+    **settings : Any
+        The estimator's keyword settings (``num_betas=``, ``num_chains=``, ...), those of its class or its route's.
+
+    Returns
+    -------
+    Result
+        ``mean_log_p``, ``stderr``, ``certified``, ``warnings`` and the per-example ``log_p``.
+
+    Raises
+    ------
+    nvil.core.errors.ConfigError
+        If a setting is not one the estimator takes, the estimator does not serve the model, or ``budget`` is not a
+        positive number of seconds (raised by ``resolve``, the estimator's ``check`` and ``nvil.estimators.budget``).
+    nvil.core.errors.DataError
+        If the rows of ``x`` do not suit the model (``nvil.estimators.door``).
+
+    Examples
+    --------
+    >>> import torch
+    >>> import nvil
+    >>> from nvil.models import VAE
+    >>> vae = VAE(6, latent=[2], hidden=[[4]])
+    >>> x = torch.bernoulli(torch.full((4, 6), 0.5))
+    >>> result = nvil.evaluate_model(vae, x, estimator="ais", num_betas=10, num_chains=4, num_leapfrog=2,
+    ...                              iwae_samples=10, num_simulated=4)
+    >>> result.estimator, result.log_p.shape
+    ('ais', torch.Size([4]))
+    >>> result.checks
+    ['nonzero_estimates', 'example_ess', 'run_spread', 'above_iwae', 'bdmc_gap', 'bdmc_order', 'likelihood_consistency']
+    >>> isinstance(result.mean_log_p, float)
+    True
+    """
     cls, kwargs = resolve({"name": estimator, **settings}, model, given=set(settings))
     est = cls(**kwargs)
     est.check(model)

@@ -39,14 +39,79 @@ from nvil.models.protocol import ProtocolModel
 
 
 class ModelAIS(PerExample):
-    """``estimator=ais`` on a user's model, with its certificate (the module docstring). ``num_chains`` AIS runs per
-    example on ``num_betas`` steps of the ladder ``schedule`` from ``start``; continuous z: HMC with
-    ``num_leapfrog`` steps and, per example and beta, a step size fixed in advance by a pilot run of
-    ``pilot_chains`` chains per example that adapt theirs from ``step_size`` towards ``target_accept``, at most
-    ``max_step_size`` (``adapt=False``: ``step_size`` throughout); binary z: ``moves`` gibbs (one scan per beta) or mh (``num_moves`` proposals of
-    ``num_flips`` units per beta). The checks: ``iwae_samples`` (0: none) for the comparison with IWAE from the same
-    start; ``num_simulated`` (0: none) examples for BDMC at these settings, certified when its mean gap is at most
-    ``max_gap``; ``min_example_ess`` as ``PerExample``."""
+    """``estimator=ais`` on a user's model, with its certificate (the module docstring).
+
+    ``num_chains`` AIS runs per example on ``num_betas`` steps of the ladder ``schedule`` from ``start``, their
+    weights averaged (log-mean-exp): exp(estimate) is unbiased for p(x) (Neal 2001, eq. 3). Continuous z moves by
+    HMC with, per example and beta, a step size fixed in advance by a pilot run; binary z by Gibbs or Metropolis
+    flips. The checks: each example's ESS over its chains, the comparison with IWAE from the same start
+    (``above_iwae``), and BDMC at these settings on data simulated from the model (``bdmc_gap``, ``bdmc_order``).
+    Each batch draws from a generator seeded by (seed, first row), so sharding does not change an estimate.
+
+    Parameters
+    ----------
+    num_betas : int, default 1000
+        Steps of the ladder (K).
+    schedule : str, default "sigmoid"
+        A fixed ladder: sigmoid | linear | paper (adaptive is refused for a user's model).
+    num_chains : int, default 16
+        AIS runs per example, their weights averaged.
+    start : str or None, default None
+        The base f_0: prior | proposal (None: the proposal where the model defines one, else the prior).
+    batch_size : int, default 50
+        Examples per batch (chains = batch_size x num_chains).
+    num_leapfrog : int, default 10
+        Continuous z: leapfrog steps per HMC move.
+    step_size : float, default 0.05
+        Continuous z: the pilot chains' initial step size (with ``adapt=False``, the step size throughout).
+    target_accept : float, default 0.65
+        Continuous z: the acceptance rate the pilot chains adapt their step sizes towards.
+    max_step_size : float or None, default 10.0
+        Continuous z: the largest step size the pilot may reach (None: no clamp).
+    adapt : bool, default True
+        Continuous z: fix the step sizes by a pilot run; False uses ``step_size`` throughout.
+    pilot_chains : int, default 2
+        Continuous z: pilot chains per example, whose per-example, per-beta geometric mean step size the main
+        chains use.
+    moves : str, default "gibbs"
+        Binary z: gibbs (one scan per beta) or mh (Metropolis flips).
+    num_moves : int or None, default None
+        Binary z with mh: proposals per beta (None: the number of latent units).
+    num_flips : int, default 1
+        Binary z with mh: units flipped per proposal.
+    iwae_samples : int, default 1000
+        Samples of the IWAE comparison from the same start (0: none).
+    num_simulated : int, default 50
+        Examples simulated for BDMC at these settings (0: none).
+    max_gap : float, default 1.0
+        Nats; BDMC is certified when its mean gap is at most this.
+    accel : str, default "none"
+        none | compile (the tempered log density compiled) | cudagraphs (CUDA only).
+    min_example_ess : float or None, default None
+        The per-example ESS below which the certificate fails, as ``PerExample`` (None: max(1.5, 0.2 num_chains)).
+
+    Raises
+    ------
+    nvil.core.errors.ConfigError
+        If ``schedule`` is adaptive or unknown, ``start`` is not prior, proposal or None, ``iwae_samples`` or
+        ``num_simulated`` is negative, or another setting is out of range.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from nvil.models import VAE
+    >>> from nvil.estimators import ModelAIS
+    >>> vae = VAE(6, latent=[2], hidden=[[4]])
+    >>> x = torch.bernoulli(torch.full((4, 6), 0.5))
+    >>> est = ModelAIS(num_betas=10, num_chains=3, num_leapfrog=2, iwae_samples=10, num_simulated=4)
+    >>> result = est.estimate(vae, x)
+    >>> result.log_p.shape, result.run_log_p.shape
+    (torch.Size([4]), torch.Size([3, 4]))
+    >>> result.checks
+    ['nonzero_estimates', 'example_ess', 'run_spread', 'above_iwae', 'bdmc_gap', 'bdmc_order', 'likelihood_consistency']
+    >>> result.extras["start"], result.extras["latent"]
+    ('proposal', 'continuous(2)')
+    """
 
     name = "ais"
     importance_runs = True
@@ -81,14 +146,66 @@ class ModelAIS(PerExample):
         self.final_steps: list[torch.Tensor] = []  # per batch: [chains], the step sizes of the last move
 
     def latent_model(self, model, inference=None) -> ProtocolModel:
+        """The model seen through the protocol, what ``run_batch`` works with.
+
+        Parameters
+        ----------
+        model : torch.nn.Module or ProtocolModel
+            A model following ``nvil.models.protocol`` (or one already wrapped).
+        inference : torch.nn.Module or None, default None
+            Not used (every estimator is handed it).
+
+        Returns
+        -------
+        ProtocolModel
+            ``model`` wrapped (checked once), or ``model`` itself when it is one.
+        """
         return protocol(model)
 
     def check(self, model, inference=None) -> None:
+        """Refuse, before any work starts, a model that does not follow the protocol or cannot give the base.
+
+        A prior start needs the model's ``sample_prior``.
+
+        Parameters
+        ----------
+        model : torch.nn.Module
+            The model to be scored.
+        inference : torch.nn.Module or None, default None
+            Not used (every estimator is handed it).
+
+        Raises
+        ------
+        nvil.core.errors.ConfigError
+            If ``model`` does not follow the protocol, or the base ``start`` (or the model's default) is the prior and
+            the model defines no ``sample_prior`` (raised by ``ProtocolModel``).
+        """
         pm = protocol(model)
         if (self.start or pm.default_base()) == "prior" and not callable(getattr(pm.obj, "sample_prior", None)):
             pm.base("prior", None)  # its one-line refusal
 
     def run_batch(self, pm: ProtocolModel, x, generator, progress: BatchProgress = NO_PROGRESS) -> torch.Tensor:
+        """One batch's AIS runs from the base to the posterior: a log-weight per chain, exp of each unbiased for p(x).
+
+        The acceptance rates and the last move's step sizes are kept for ``settings``. Progress: one unit per AIS
+        step (and per pilot step).
+
+        Parameters
+        ----------
+        pm : ProtocolModel
+            The model through the protocol.
+        x : torch.Tensor
+            ``[chains, ...]``: each example repeated ``num_chains`` times, example-major.
+        generator : torch.Generator
+            The batch's source of randomness (seeded by (seed, first row)).
+        progress : BatchProgress, default NO_PROGRESS
+            The batch's share of the evaluation bar.
+
+        Returns
+        -------
+        torch.Tensor
+            ``[chains]`` log w, each an estimate of log p(x).
+        """
         progress.plan(len(self.betas) - 1)
         path = fixed_kernel_path(pm, x, self.betas, start=self.start or pm.default_base(), chains=self.num_runs,
                                  generator=generator, on_step=lambda k, inc: progress.advance(), **self.path_settings)
@@ -100,6 +217,39 @@ class ModelAIS(PerExample):
 
     @torch.no_grad()
     def estimate(self, model, x, *, seed: int = 0, progress=None, row_offset: int = 0, **_) -> Result:
+        """log p(x) for each row of ``x``: ``num_chains`` AIS runs per example, then the certificate's checks.
+
+        The IWAE comparison runs where ``iwae_samples`` > 0, BDMC on simulated data where ``num_simulated`` > 0
+        (each with its own stream of ``seed``).
+
+        Parameters
+        ----------
+        model : torch.nn.Module
+            A model following ``nvil.models.protocol``.
+        x : torch.Tensor
+            ``[examples, ...]`` rows to score, on the device the model computes on.
+        seed : int, default 0
+            The result's seed; each batch draws from a generator seeded by (seed, first row + ``row_offset``).
+        progress : tqdm or None, default None
+            A bar counting examples.
+        row_offset : int, default 0
+            The index of ``x``'s first row in the whole split, so a shard draws what the whole split would.
+        **_ : Any
+            Other keywords the evaluation driver hands every estimator (``inference``, ``generator``, ...), ignored.
+
+        Returns
+        -------
+        Result
+            ``log_p`` [examples] (the log-mean-exp over each example's chains), ``run_log_p`` [chains, examples],
+            the settings and diagnostics in ``extras`` and the certificate.
+
+        Raises
+        ------
+        nvil.core.errors.ConfigError
+            If ``model`` does not follow the protocol, or ``x`` has no examples along its first dimension.
+        ValueError
+            If ``seed`` is not an integer.
+        """
         pm = self.latent_model(model)
         check_data(x)
         check_seed(seed)
@@ -125,8 +275,24 @@ class ModelAIS(PerExample):
         return result
 
     def compare_with_iwae(self, pm: ProtocolModel, x, result: Result, seed: int, row_offset: int) -> None:
-        """The estimate against IWAE(``iwae_samples``) from the same start: both are stochastic lower bounds, and
-        AIS below the cheaper one by more than 3 standard errors of their paired difference is flagged."""
+        """The estimate against IWAE(``iwae_samples``) from the same start, recorded as the ``above_iwae`` check.
+
+        Both are stochastic lower bounds, and AIS below the cheaper one by more than 3 standard errors of their
+        paired difference is flagged. ``iwae``, ``ais_minus_iwae`` and its standard error go into ``extras``.
+
+        Parameters
+        ----------
+        pm : ProtocolModel
+            The model through the protocol.
+        x : torch.Tensor
+            ``[examples, ...]`` the rows the estimate is of.
+        result : Result
+            The AIS result, whose ``extras`` and certificate are updated in place.
+        seed : int
+            The estimate's seed; IWAE draws from its ``iwae`` stream.
+        row_offset : int
+            The index of ``x``'s first row in the whole split.
+        """
         iwae = IWAE(num_samples=self.iwae_samples, start=self.start,
                     batch_size=self.batch_size).estimate(pm, x, seed=stream(seed, "iwae"), row_offset=row_offset)
         diff, se = mean_and_stderr(result.log_p - iwae.log_p)
@@ -138,8 +304,20 @@ class ModelAIS(PerExample):
                      "a cheaper lower bound; use more betas (estimator.num_betas) or check the HMC acceptance")
 
     def check_schedule(self, pm: ProtocolModel, result: Result, seed: int) -> None:
-        """BDMC at these settings on ``num_simulated`` examples from the model (its checks carried over); where the
-        model cannot simulate, the schedule stays uncertified and the line says so."""
+        """BDMC at these settings on ``num_simulated`` examples from the model, its checks carried over.
+
+        Where the model cannot simulate, the schedule stays uncertified and the line says so (``unchecked`` in
+        ``extras``). The gap's summaries and BDMC's lower and upper means go into ``extras``.
+
+        Parameters
+        ----------
+        pm : ProtocolModel
+            The model through the protocol.
+        result : Result
+            The AIS result, whose ``extras`` and certificate are updated in place.
+        seed : int
+            The estimate's seed; BDMC draws from its ``bdmc`` stream.
+        """
         if not pm.can_simulate:
             result.extras["unchecked"] = ("bdmc_gap: the model defines no sample_prior(n, generator) and "
                                           "sample_likelihood(z, generator), so the schedule was not checked on "
@@ -155,10 +333,34 @@ class ModelAIS(PerExample):
         result.extras["bdmc_mean_log_p_lower_upper"] = [round(bdmc.mean, 4), bdmc.extras.get("mean_log_p_upper")]
 
     def bdmc(self, **settings) -> BDMC:
-        """The BDMC run that checks the schedule."""
+        """The BDMC run that checks the schedule.
+
+        Parameters
+        ----------
+        **settings : Any
+            ``BDMC``'s keywords: this estimator's ladder, chains, start and path settings.
+
+        Returns
+        -------
+        BDMC
+            The estimator ``check_schedule`` runs (a subclass may return another).
+        """
         return BDMC(**settings)
 
     def settings(self, pm: ProtocolModel | None = None) -> dict:
+        """The estimator's settings for the result's ``extras``.
+
+        Parameters
+        ----------
+        pm : ProtocolModel or None, default None
+            The model through the protocol, for its default base, its latent kind and whether z is binary.
+
+        Returns
+        -------
+        dict
+            ``num_betas``, ``schedule``, ``num_chains``, ``start``, ``latent``, ``moves`` (binary z) or
+            ``num_leapfrog`` (continuous z), and ``accept_rate`` once batches have run.
+        """
         out = {"num_betas": self.num_betas, "schedule": self.schedule, "num_chains": self.num_runs,
                "start": self.start or (pm.default_base() if pm is not None else None),
                "latent": None if pm is None else f"{pm.latent.kind}({pm.n_latent})"}

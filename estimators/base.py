@@ -21,16 +21,55 @@ from nvil.estimators.door import admit, certify_finite
 
 
 class Certificate:
-    """The certificate protocol shared by ``Result`` and ``nvil.estimators.certify.CertifiedLogZ``: a dataclass with
-    ``checks`` (names of the checks that ran), ``failed`` (names of those that failed) and ``warnings`` (one
-    sentence per failure) lists."""
+    """The certificate protocol shared by ``Result`` and ``nvil.estimators.certify.CertifiedLogZ``.
+
+    A dataclass mixing it in carries three lists: ``checks`` (names of the checks that ran), ``failed`` (names of
+    those that failed) and ``warnings`` (one sentence per failure). ``certified`` is read from them: true when at
+    least one check ran and none failed, false when one failed, None when no check ran.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from nvil.estimators import Result
+    >>> r = Result("demo", torch.zeros(3), seconds=0.0, seed=0)
+    >>> r.certified is None
+    True
+    >>> r.check("ess", True, "ess: never shown")
+    True
+    >>> r.certified
+    True
+    >>> r.check("gap", False, "gap: the forward-reverse gap is too wide")
+    False
+    >>> r.certified, r.failed, r.warnings
+    (False, ['gap'], ['gap: the forward-reverse gap is too wide'])
+    """
 
     @property
     def certified(self) -> bool | None:
+        """Whether the certificate holds: True when checks ran and none failed, False when one failed, else None.
+
+        None (JSON null) means no check ran: the estimator has no check of its own."""
         return (not self.failed) if self.checks else None
 
     def check(self, name: str, passed: bool, warning: str) -> bool:
-        """Record that check ``name`` ran; where it failed, ``warning`` (one sentence naming the reason)."""
+        """Record that check ``name`` ran; where it failed, ``warning`` (one sentence naming the reason).
+
+        A name or a warning already recorded is not repeated.
+
+        Parameters
+        ----------
+        name : str
+            The check's name, appended to ``checks`` (and to ``failed`` when it did not pass).
+        passed : bool
+            Whether the check passed.
+        warning : str
+            One sentence naming the reason for a failure, appended to ``warnings`` only when ``passed`` is false.
+
+        Returns
+        -------
+        bool
+            ``passed``, so a caller can branch on the check's outcome.
+        """
         if name not in self.checks:
             self.checks.append(name)
         if not passed:
@@ -41,7 +80,15 @@ class Certificate:
         return passed
 
     def carry(self, other: "Certificate") -> None:
-        """Add ``other``'s checks, failures and warnings to this certificate (a DBN estimate carries its log Z's)."""
+        """Add ``other``'s checks, failures and warnings to this certificate (a DBN estimate carries its log Z's).
+
+        Entries this certificate already has are not repeated.
+
+        Parameters
+        ----------
+        other : Certificate
+            The certificate whose ``checks``, ``failed`` and ``warnings`` are appended (a log Z's, a BDMC run's).
+        """
         for mine, theirs in ((self.checks, other.checks), (self.failed, other.failed), (self.warnings, other.warnings)):
             mine += [x for x in theirs if x not in mine]
 
@@ -55,6 +102,58 @@ RUNS_COMBINED = ("the mean over runs of each run's own log p(v) estimate, kept f
 
 @dataclass
 class Result(Certificate):
+    """The estimate of one estimator run: per-example log p(v), its mean and standard error, and its certificate.
+
+    Every estimator's ``estimate`` returns one. ``mean_log_p`` is the mean of ``log_p`` over the examples;
+    ``stderr`` adds ``shared_stderr`` (the standard error of a term every example shares, such as an estimated
+    log Z) in quadrature to the standard error over examples. ``summary`` gives the JSON line's mapping and
+    ``to_json`` the line itself; numbers that are not finite are written as null with a ``<key>_null_reason``
+    beside them. The certificate (``Certificate``): the checks that ran, those that failed, one sentence per
+    failure.
+
+    Parameters
+    ----------
+    estimator : str
+        The estimator's name (``estimator=NAME``), the JSON line's ``estimator``.
+    log_p : torch.Tensor
+        ``[num_examples]``, one estimate of log p(v) per example (nats).
+    seconds : float
+        Wall-clock seconds the estimate took.
+    seed : int
+        The seed the estimate was drawn with.
+    extras : dict, default {}
+        Further keys of the JSON line (settings, diagnostics, bounds), added after the standard ones.
+    shared_stderr : float, default 0.0
+        Standard error of a term every example shares (an estimated log Z), added in quadrature to
+        ``stderr_examples`` to give ``stderr``.
+    run_log_p : torch.Tensor or None, default None
+        ``[runs, num_examples]``: each independent run's own estimate, for the per-run spread (``run_spread``,
+        ``mean_log_p_per_run`` in the summary); None where the estimator has no separate runs.
+    runs_name : str, default "num_runs"
+        What the estimator's settings call its runs (``num_chains`` for AIS on a user's model), the JSON line's key
+        for their number.
+    checks : list of str, default []
+        Names of the certificate's checks that ran.
+    failed : list of str, default []
+        Names of the checks that failed.
+    warnings : list of str, default []
+        One sentence per failed check, naming the reason.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from nvil.estimators import Result
+    >>> r = Result("demo", torch.tensor([-1.0, -3.0]), seconds=0.5, seed=0)
+    >>> r.mean_log_p, r.stderr
+    (-2.0, 1.0)
+    >>> r.check("finite", True, "finite: never shown")
+    True
+    >>> r.summary()["certified"], r.summary()["num_examples"]
+    (True, 2)
+    >>> r.to_json()
+    '{"estimator": "demo", "mean_log_p": -2.0, "stderr": 1.0, ... "certified": true, "checks": ["finite"], ...}'
+    """
+
     estimator: str
     log_p: torch.Tensor  # [num_examples], one estimate per example
     seconds: float
@@ -73,6 +172,7 @@ class Result(Certificate):
 
     @property
     def mean(self) -> float:
+        """The mean of ``log_p`` over the examples (nats), the same number as ``mean_log_p``."""
         return mean_and_stderr(self.log_p)[0]
 
     @property
@@ -87,9 +187,25 @@ class Result(Certificate):
 
     @property
     def stderr(self) -> float:
+        """The reported standard error: sqrt(``stderr_examples``^2 + ``shared_stderr``^2)."""
         return math.sqrt(self.stderr_examples**2 + self.shared_stderr**2)
 
     def summary(self) -> dict:
+        """The JSON line's mapping: the estimate, its error and size, the run keys, ``extras`` and the certificate.
+
+        The keys come in this order: estimator, mean_log_p, stderr, num_examples, seconds, seed. With a
+        ``shared_stderr`` it also gives ``stderr_examples``; with ``run_log_p``, the number of runs (under
+        ``runs_name``), ``run_spread`` (the standard deviation of the runs' means), ``mean_log_p_per_run`` and, for
+        several runs, ``mean_log_p_per_run_is`` saying why that mean is not the one to report. Means and errors are
+        rounded to 4 decimals, seconds to 3.
+
+        Returns
+        -------
+        dict
+            JSON-ready keys and values; a non-finite float is None with a ``<key>_null_reason`` beside it
+            (``finite_json``). The certificate is under ``certified``, ``checks``, ``failed_checks`` and
+            ``warnings``.
+        """
         out = {
             "estimator": self.estimator,
             "mean_log_p": round(self.mean, 4),
@@ -115,6 +231,13 @@ class Result(Certificate):
         return finite_json(out)
 
     def to_json(self) -> str:
+        """The result as one line of strict JSON (``summary``; never a NaN or Infinity token).
+
+        Returns
+        -------
+        str
+            ``json.dumps(self.summary(), allow_nan=False)``.
+        """
         return json.dumps(self.summary(), allow_nan=False)
 
 

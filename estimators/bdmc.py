@@ -56,9 +56,11 @@ class BDMCResult(Result):
 
 
 class BDMC(Estimator):
-    """``estimator=bdmc``: bidirectional Monte Carlo (Grosse, Ghahramani & Adams 2015, "Sandwiching the marginal
-    likelihood using bidirectional Monte Carlo"; Wu, Burda, Salakhutdinov & Grosse 2017, "On the quantitative
-    analysis of decoder-based generative models", who use it to validate AIS for decoder-based models).
+    """``estimator=bdmc``: bidirectional Monte Carlo, forward and reverse AIS that sandwich log p(v) on simulated data.
+
+    Grosse, Ghahramani & Adams 2015, "Sandwiching the marginal likelihood using bidirectional Monte Carlo"; Wu,
+    Burda, Salakhutdinov & Grosse 2017, "On the quantitative analysis of decoder-based generative models", who use
+    it to validate AIS for decoder-based models.
 
     For a directed model, one ancestral sample (h, v) ~ p(h) p(v | h) is a simulated data point v together with
     an exact sample h of its posterior p(h | v). Per simulated v, along one annealing path f_beta with Z_0 = 1:
@@ -94,6 +96,68 @@ class BDMC(Estimator):
     Chains are examples x chains, example-major, batched; each batch of ``batch_size`` simulated examples draws its
     random numbers from a generator seeded by (seed, first row). The data split passed in is not used (the
     estimator simulates its own data); ``log_p`` is the forward side, ``mean_log_p_upper`` the reverse one.
+    Defaults: configs/estimator/bdmc.yaml.
+
+    Parameters
+    ----------
+    num_simulated : int, default 100
+        (z, x) pairs drawn from the model.
+    num_betas : int, default 1000
+        Steps on the ladder ``schedule`` to certify (K).
+    schedule : str, default "linear"
+        linear | sigmoid | paper; adaptive for a built-in net's binary latents (one ladder per batch from a pilot
+        run, fixed before both directions run on it).
+    num_chains : int, default 4
+        Chains per simulated example in each direction.
+    start : str or None, default None
+        Through the protocol: the base, prior | proposal (None: the proposal where the model defines one).
+    batch_size : int, default 50
+        Simulated examples per batch.
+    max_gap : float, default 1.0
+        Nats; certified when the mean gap (upper - lower) is at most this.
+    num_leapfrog : int, default 10
+        Continuous z: leapfrog steps per HMC move.
+    step_size : float, default 0.05
+        Continuous z: the initial step size of a pilot run of ``pilot_chains`` chains per simulated example
+        adapting towards ``target_accept`` with ``adapt``, whose per-example geometric means both directions use;
+        ``step_size`` throughout without ``adapt``.
+    target_accept : float, default 0.65
+        Continuous z: the acceptance rate the pilot adapts towards.
+    max_step_size : float or None, default MAX_STEP_SIZE
+        Continuous z: the largest step size of the pilot (None: no clamp).
+    adapt : bool, default True
+        Continuous z: fix the step sizes by the pilot run; False uses ``step_size``.
+    pilot_chains : int, default 2
+        Continuous z: pilot chains per simulated example.
+    form : str, default "auxiliary"
+        A Gaussian net's sampler state: auxiliary | centred.
+    moves : str, default "gibbs"
+        Binary z through the protocol: gibbs | mh.
+    num_moves : int or None, default None
+        Binary z with mh: proposals per beta (None: the number of latent units).
+    num_flips : int, default 1
+        Binary z with mh: units flipped per proposal.
+    accel : str, default "none"
+        none | compile | cudagraphs.
+
+    Raises
+    ------
+    nvil.core.errors.ConfigError
+        If ``form`` is not auxiliary or centred, ``start`` is not prior, proposal or None, the schedule is unknown,
+        or a count, gap or step size is not positive, in one line naming the key.
+
+    Examples
+    --------
+    >>> from nvil.models import GaussianBeliefNet
+    >>> from nvil.estimators import BDMC
+    >>> net = GaussianBeliefNet(6, [2])
+    >>> result = BDMC(num_simulated=4, num_betas=20, num_chains=2, num_leapfrog=2).estimate(net)
+    >>> result.log_p.shape, result.log_p_upper.shape, result.simulated.shape
+    (torch.Size([4]), torch.Size([4]), torch.Size([4, 6]))
+    >>> result.checks
+    ['bdmc_gap', 'bdmc_order', 'likelihood_consistency']
+    >>> result.extras["certifies"]
+    'estimator=ais_hmc estimator.num_betas=20 estimator.schedule=linear'
     """
 
     runs_name = "num_chains"  # what the settings call the chains per simulated example (errors, the JSON line)
@@ -109,16 +173,6 @@ class BDMC(Estimator):
                  max_step_size: float | None = MAX_STEP_SIZE, adapt: bool = True, pilot_chains: int = 2,
                  form: str = "auxiliary", moves: str = "gibbs", num_moves: int | None = None, num_flips: int = 1,
                  accel: str = "none") -> None:
-        """Defaults: configs/estimator/bdmc.yaml. ``num_simulated``: (z, x) pairs drawn from the model;
-        ``num_betas`` steps on the ladder ``schedule`` to certify (linear | sigmoid | paper; adaptive for a
-        built-in net's binary latents); ``num_chains``: chains per simulated example in each direction;
-        ``batch_size``: simulated examples per batch; ``max_gap``: nats, certified when the mean gap is at most
-        this. Through the protocol: ``start`` (prior | proposal; None: the proposal where the model defines one);
-        continuous z: ``num_leapfrog``, ``step_size`` (the initial step size of a pilot run of ``pilot_chains``
-        chains per simulated example adapting towards ``target_accept`` with ``adapt``, at most ``max_step_size``,
-        whose per-example geometric means both directions use; ``step_size`` throughout without ``adapt``),
-        ``form`` (a Gaussian net's sampler state: auxiliary | centred); binary z: ``moves`` (gibbs | mh),
-        ``num_moves``, ``num_flips``; ``accel`` (none | compile | cudagraphs)."""
         self.num_simulated = positive_int(num_simulated, "estimator.num_simulated")
         self.num_runs = positive_int(num_chains, f"estimator.{self.runs_name}")
         self.batch_size = positive_int(batch_size, "estimator.batch_size")
@@ -139,8 +193,29 @@ class BDMC(Estimator):
         self.form = form
 
     def latent_model(self, model, inference=None):
-        """``LatentModel`` (a built-in net's binary latents with its inference network), else the model through the
-        protocol (``ProtocolModel``; a Gaussian net in the sampler's ``form``, ``ContinuousLatent``)."""
+        """What the paths run on: a built-in net's ``LatentModel``, else the model through the protocol.
+
+        ``LatentModel`` for a built-in net's binary latents with its inference network; else ``ProtocolModel`` (a
+        user's model, the VAE; a Gaussian net in the sampler's ``form``, ``ContinuousLatent``).
+
+        Parameters
+        ----------
+        model : torch.nn.Module
+            The model to simulate from and score.
+        inference : torch.nn.Module or None, default None
+            The inference network Q(h | v) of an SBN or fDARN.
+
+        Returns
+        -------
+        LatentModel or ProtocolModel
+            The latent view both directions of AIS run on.
+
+        Raises
+        ------
+        nvil.core.errors.ConfigError
+            If the model cannot simulate exact (h, v) pairs by ancestral sampling (a Boltzmann machine), or a model
+            seen through the protocol alone lacks ``sample_prior`` or ``sample_likelihood``.
+        """
         if protocol_only(model):
             pm = protocol(model)
             pm.require_simulation("estimator=bdmc")
@@ -154,23 +229,76 @@ class BDMC(Estimator):
         return LatentModel(model, inference, self.name)
 
     def check(self, model, inference=None) -> None:
+        """Refuse, before any work starts, a model BDMC cannot simulate from (``latent_model``).
+
+        Parameters
+        ----------
+        model : torch.nn.Module
+            The model to be scored.
+        inference : torch.nn.Module or None, default None
+            The inference network of an SBN or fDARN.
+
+        Raises
+        ------
+        nvil.core.errors.ConfigError
+            If the model cannot simulate exact (h, v) pairs.
+        """
         self.latent_model(model, inference)
 
     @staticmethod
     def continuous(lm) -> bool:
+        """Whether ``lm``'s latents are continuous (a protocol model with continuous z: HMC moves).
+
+        Parameters
+        ----------
+        lm : LatentModel or ProtocolModel
+            The latent view of ``latent_model``.
+
+        Returns
+        -------
+        bool
+            True for a ``ProtocolModel`` whose latents are not binary.
+        """
         return isinstance(lm, ProtocolModel) and not lm.binary
 
     def target(self, lm) -> str:
-        """The forward estimator whose schedule this run certifies."""
+        """The forward estimator whose schedule this run certifies.
+
+        Parameters
+        ----------
+        lm : LatentModel or ProtocolModel
+            The latent view of ``latent_model``.
+
+        Returns
+        -------
+        str
+            ``ais_posterior`` (a built-in net's binary latents), ``ais_hmc`` (a Gaussian net) or ``ais``.
+        """
         if isinstance(lm, LatentModel):
             return "ais_posterior"
         return "ais_hmc" if isinstance(lm.obj, ContinuousLatent) else "ais"
 
     @torch.no_grad()
     def simulate(self, lm, n: int, generator) -> tuple[torch.Tensor, torch.Tensor]:
-        """n exact draws (x [n, ...], z [n, n_latent]) from the model: a built-in net's ancestral sample (its
-        binary layers [h_1, ..., h_L] side by side), else the protocol's ``sample_prior`` then
-        ``sample_likelihood`` (a Gaussian net's state in ``estimator.form``)."""
+        """``n`` exact draws (x [n, ...], z [n, n_latent]) from the model, each z an exact posterior sample of its x.
+
+        A built-in net's ancestral sample (its binary layers [h_1, ..., h_L] side by side), else the protocol's
+        ``sample_prior`` then ``sample_likelihood`` (a Gaussian net's state in ``estimator.form``).
+
+        Parameters
+        ----------
+        lm : LatentModel or ProtocolModel
+            The latent view of ``latent_model``.
+        n : int
+            Number of pairs.
+        generator : torch.Generator
+            Source of randomness.
+
+        Returns
+        -------
+        tuple of (torch.Tensor, torch.Tensor)
+            The simulated rows x ``[n, ...]`` and their latents z ``[n, n_latent]``.
+        """
         if isinstance(lm, LatentModel):
             v, h = lm.model.sample(n, generator=generator)
             return v, torch.cat(h, -1)
@@ -178,9 +306,35 @@ class BDMC(Estimator):
         return lm.sample_likelihood(z, generator), z
 
     def run_batch(self, lm, v: torch.Tensor, h: torch.Tensor, generator) -> tuple[torch.Tensor, torch.Tensor, dict]:
-        """Forward and reverse AIS for chains (v, h) (v repeated per chain, h the exact posterior sample of its v):
-        (log w forward [chains], log w reverse [chains], diagnostics). exp of the first is unbiased for p(v), of
-        the second for 1 / p(v)."""
+        """Forward and reverse AIS for chains (v, h), v repeated per chain and h the exact posterior sample of its v.
+
+        exp of the forward log-weight is unbiased for p(v), of the reverse one for 1 / p(v). Both directions run on
+        the same ladder (reversed, ``betas.flip(0)``) and the same fixed kernels. Progress goes to
+        ``batch_progress``.
+
+        Parameters
+        ----------
+        lm : LatentModel or ProtocolModel
+            The latent view of ``latent_model``.
+        v : torch.Tensor
+            ``[chains, ...]``: each simulated row repeated ``num_chains`` times, example-major.
+        h : torch.Tensor
+            ``[chains, n_latent]``: each row's exact posterior sample, repeated alike.
+        generator : torch.Generator
+            The batch's source of randomness (seeded by (seed, first row)).
+
+        Returns
+        -------
+        tuple of (torch.Tensor, torch.Tensor, dict)
+            (log w forward [chains], log w reverse [chains], diagnostics): the diagnostics hold
+            ``accept_forward`` and ``accept_reverse`` (per chain) for a protocol model, nothing for a built-in
+            net's binary latents.
+
+        Raises
+        ------
+        nvil.core.errors.ConfigError
+            If the schedule is adaptive and the model is not a built-in net with binary latents.
+        """
         progress = self.batch_progress
         step = lambda k, increment: progress.advance()  # noqa: E731
         s = self.path_settings
@@ -213,9 +367,43 @@ class BDMC(Estimator):
     @torch.no_grad()
     def estimate(self, model, data=None, *, inference=None, seed: int = 0, generator=None, progress=None,
                  **inputs) -> BDMCResult:
-        """Simulate ``num_simulated`` examples and sandwich each one's log p(v). ``data`` is not used (its width
-        is checked when given); ``generator`` draws the simulated pairs (default: seeded by ``seed``), each batch
-        of chains its own generator seeded by (``seed``, first row)."""
+        """Simulate ``num_simulated`` examples and sandwich each one's log p(v) between forward and reverse AIS.
+
+        ``generator`` draws the simulated pairs (default: seeded by ``seed``), each batch of chains its own generator
+        seeded by (``seed``, first row). Through the protocol, the model's ``log_likelihood`` and
+        ``sample_likelihood`` are also checked for agreeing on whether x depends on z (``likelihood_consistency``).
+
+        Parameters
+        ----------
+        model : torch.nn.Module
+            A model that can simulate exact (z, x) pairs (built-in or a user's).
+        data : torch.Tensor or None, default None
+            Not used (its width is checked when given).
+        inference : torch.nn.Module or None, default None
+            The inference network Q(h | v) of an SBN or fDARN.
+        seed : int, default 0
+            The result's seed and the seed of the batches' generators.
+        generator : torch.Generator or None, default None
+            Draws the simulated pairs; None: one seeded by ``seed``.
+        progress : tqdm or None, default None
+            A bar, reset to count the simulated examples.
+        **inputs : Any
+            Other keywords the evaluation driver hands every estimator, ignored.
+
+        Returns
+        -------
+        BDMCResult
+            ``log_p`` the forward (lower) side [num_simulated], ``log_p_upper`` the reverse (upper) side, the
+            ``simulated`` rows, the gap's summaries in ``extras`` and the checks ``bdmc_gap`` and ``bdmc_order``
+            (and ``likelihood_consistency``).
+
+        Raises
+        ------
+        nvil.core.errors.ConfigError
+            If ``data``'s width differs from the model's ``n_visible``, or the model cannot simulate.
+        ValueError
+            If ``seed`` is not an integer.
+        """
         lm = self.latent_model(model, inference)
         generator = default_generator(generator, seed, model, data)
         t0 = time.perf_counter()
@@ -231,7 +419,24 @@ class BDMC(Estimator):
         return result
 
     def sandwich(self, lm, seed: int, generator, progress) -> BDMCResult:
-        """Forward and reverse AIS on ``num_simulated`` simulated examples, batched; the result with its checks."""
+        """Forward and reverse AIS on ``num_simulated`` simulated examples, batched; the result with its checks.
+
+        Parameters
+        ----------
+        lm : LatentModel or ProtocolModel
+            The latent view of ``latent_model``.
+        seed : int
+            Seeds each batch's generator (with the batch's first row).
+        generator : torch.Generator
+            Draws the simulated pairs.
+        progress : tqdm or None
+            A bar, reset to count the simulated examples.
+
+        Returns
+        -------
+        BDMCResult
+            Both sides per simulated example, each run's estimates and the ``report`` extras and checks.
+        """
         n, runs = self.num_simulated, self.num_runs
         v_all, h_all = self.simulate(lm, n, generator)
         device = v_all.device
@@ -261,7 +466,26 @@ class BDMC(Estimator):
         return result
 
     def report(self, lm, result: BDMCResult, accept: dict) -> dict:
-        """The JSON extras and the two checks of the certificate (recorded on ``result``)."""
+        """The JSON extras and the two checks of the certificate (recorded on ``result``).
+
+        ``bdmc_gap`` fails when the mean gap exceeds ``max_gap``; ``bdmc_order`` when the upper side lies below the
+        lower by more than 3 standard errors of the per-example gap (an inverted sandwich).
+
+        Parameters
+        ----------
+        lm : LatentModel or ProtocolModel
+            The latent view of ``latent_model``.
+        result : BDMCResult
+            The result with both sides, whose certificate is updated in place.
+        accept : dict
+            Lists of per-batch acceptance rates (``accept_forward``, ``accept_reverse``); empty lists for none.
+
+        Returns
+        -------
+        dict
+            ``mean_log_p_upper``, ``stderr_upper``, ``bdmc_gap`` and its standard error and quantiles, ``max_gap``,
+            ``certifies`` (the estimator and settings certified), the settings and the acceptance rates.
+        """
         gap = result.log_p_upper - result.log_p
         mean_gap, se_gap = mean_and_stderr(gap)
         mean_upper, se_upper = mean_and_stderr(result.log_p_upper)

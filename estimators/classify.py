@@ -164,9 +164,48 @@ def fit_logistic_regression(features: torch.Tensor, labels: torch.Tensor, num_cl
 class Classify(Estimator):
     """``estimator=classify``: test error from the label units, or from a logistic regression on p(h | v).
 
-    ``batch_size``: examples per batch for the free energies and p(h | v); ``l2``: regression only, the penalty
-    1/2 l2 |W|^2 added to the mean cross-entropy (biases unpenalised); ``max_iter``: regression only, L-BFGS
-    iterations at most (full batch, from zero weights). Defaults: configs/estimator/classify.yaml."""
+    With label units the prediction is argmax_y p(y | v), p(y | v) proportional to exp(-F([v, onehot(y)])); without
+    them, a multinomial logistic regression fitted to the training split's p(h | v) (the module docstring).
+    Defaults: configs/estimator/classify.yaml. Nothing is random.
+
+    Parameters
+    ----------
+    batch_size : int, default 1000
+        Examples per batch for the free energies and p(h | v).
+    l2 : float, default 1.0e-4
+        Regression only: the penalty 1/2 l2 |W|^2 added to the mean cross-entropy (biases unpenalised);
+        non-negative.
+    max_iter : int, default 500
+        Regression only: L-BFGS iterations at most (full batch, from zero weights).
+
+    Raises
+    ------
+    nvil.core.errors.ConfigError
+        If ``l2`` is not a finite non-negative number, or ``batch_size`` or ``max_iter`` is not a positive integer.
+
+    Examples
+    --------
+    With label units the rows carry their labels, one-hot after the pixels:
+
+    >>> import torch
+    >>> from nvil.models import RBM
+    >>> from nvil.estimators import Classify
+    >>> model = RBM(4, 3, n_labels=3)
+    >>> y = torch.tensor([0, 1, 2, 0, 1])
+    >>> x = torch.cat([torch.bernoulli(torch.full((5, 4), 0.5)), torch.nn.functional.one_hot(y, 3).float()], 1)
+    >>> result = Classify().estimate(model, x)
+    >>> result.errors.shape, result.extras["method"]
+    (torch.Size([5]), 'label units')
+
+    Without them, a logistic regression on p(h | v) of labelled training rows:
+
+    >>> rbm = RBM(6, 4)
+    >>> x_train, y_train = torch.bernoulli(torch.full((20, 6), 0.5)), torch.randint(0, 2, (20,))
+    >>> x_test, y_test = torch.bernoulli(torch.full((5, 6), 0.5)), torch.randint(0, 2, (5,))
+    >>> result = Classify(max_iter=50).estimate(rbm, x_test, labels=y_test, train=(x_train, y_train))
+    >>> result.extras["method"], result.extras["num_train"], 0.0 <= result.error_rate <= 1.0
+    ('logistic regression on p(h|v)', 20, True)
+    """
 
     name = "classify"
 
@@ -178,13 +217,53 @@ class Classify(Estimator):
         self.l2 = float(l2)
 
     def check(self, model, inference=None) -> None:
+        """Refuse, before any work starts, a model that is not a Boltzmann machine.
+
+        Parameters
+        ----------
+        model : torch.nn.Module
+            The model to be scored: it needs ``n_labels``, ``free_energy`` and ``h_given_x``.
+        inference : torch.nn.Module or None, default None
+            Not used (every estimator is handed it).
+
+        Raises
+        ------
+        nvil.core.errors.ConfigError
+            If ``model`` is not a Boltzmann machine (model=rbm or model=srbm).
+        """
         if not all(hasattr(model, a) for a in ("n_labels", "free_energy", "h_given_x")):
             raise ConfigError("estimator=classify needs a Boltzmann machine (model=rbm or model=srbm), "
                               f"not {type(model).__name__}")
 
     def dataset_inputs(self, model, dataset, split: str, rows: tuple[int, int], **_) -> dict:
-        """The keywords ``estimate`` needs beyond the rows: none with label units (the rows carry the
-        labels); otherwise the rows' labels and the labelled training split, for the regression."""
+        """The keywords ``estimate`` needs beyond the rows: the labels and the labelled training split, or none.
+
+        None with label units (the rows carry the labels); otherwise the rows' labels and the labelled training
+        split, for the regression.
+
+        Parameters
+        ----------
+        model : torch.nn.Module
+            The Boltzmann machine being evaluated.
+        dataset : nvil.data.Dataset
+            The dataset, with its ``labels`` per split.
+        split : str
+            The split being evaluated (train | valid | test).
+        rows : tuple of int
+            ``(start, stop)``: the evaluated rows of ``split``.
+        **_ : Any
+            Other keywords of the hook (``checkpoint``, ``payload``), ignored.
+
+        Returns
+        -------
+        dict
+            Empty with label units; else ``labels`` (int64 [stop - start]) and ``train`` = (x_train, y_train).
+
+        Raises
+        ------
+        nvil.core.errors.DataError
+            If the dataset has no labels for the training split or for ``split``.
+        """
         if model.n_labels:
             return {}
         missing = [s for s in dict.fromkeys(("train", split)) if dataset.labels.get(s) is None]
@@ -196,9 +275,47 @@ class Classify(Estimator):
 
     def estimate(self, model, data, *, labels: torch.Tensor | None = None, train: tuple | None = None,
                  inference=None, seed: int = 0, generator=None, progress=None) -> ClassificationResult:
-        """0/1 errors for each row of ``data`` [examples, model.n_visible]. With label units the rows carry the
-        truth; otherwise ``labels`` (int64 [examples]) and ``train`` = (x_train, y_train) are needed for the
-        regression. Nothing is random (``seed`` is recorded, ``generator`` not used)."""
+        """0/1 errors for each row of ``data`` [examples, model.n_visible]: 1.0 where the prediction is wrong.
+
+        With label units the rows carry the truth; otherwise ``labels`` and ``train`` are needed for the regression.
+        Nothing is random (``seed`` is recorded, ``generator`` not used).
+
+        Parameters
+        ----------
+        model : torch.nn.Module
+            A Boltzmann machine (model=rbm or srbm), with or without label units.
+        data : torch.Tensor
+            ``[examples, model.n_visible]`` rows to classify (with label units: [v, onehot(y)], the one-hot never
+            read when predicting).
+        labels : torch.Tensor or None, default None
+            Regression only: int64 ``[examples]``, the true classes of ``data``'s rows.
+        train : tuple or None, default None
+            Regression only: (x_train, y_train), the labelled training rows the regression is fitted to.
+        inference : torch.nn.Module or None, default None
+            Not used (every estimator is handed it).
+        seed : int, default 0
+            Recorded in the result; nothing is drawn.
+        generator : torch.Generator or None, default None
+            Not used.
+        progress : tqdm or None, default None
+            A bar counting the evaluated examples.
+
+        Returns
+        -------
+        ClassificationResult
+            ``errors`` (the ``log_p`` field) [examples], ``predictions``, ``error_rate`` and its binomial ``stderr``;
+            ``extras`` say the method (and, for the regression, its fit).
+
+        Raises
+        ------
+        nvil.core.errors.ConfigError
+            If the model is not a Boltzmann machine (``check``).
+        nvil.core.errors.DataError
+            If the regression lacks ``labels`` or ``train``, the training labels and rows differ in number, or the
+            labels and the predictions differ in number.
+        ValueError
+            If ``data`` is not 2-D with ``model.n_visible`` columns, or ``seed`` is not an integer.
+        """
         self.check(model, inference)
         check_rows(model, data)
         check_seed(seed)

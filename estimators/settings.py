@@ -49,9 +49,42 @@ def _validate_certify(s, prefix: str) -> None:
 
 @dataclass(frozen=True)
 class AISSettings(Settings):
-    """Forward AIS for log Z from the base-rate model: ``num_chains`` chains on a ladder of ``num_betas`` steps
-    (``schedule``: adaptive | paper | linear | sigmoid, ``nvil.estimators.annealing``); the base rate's marginals
-    are p = (mean + s) / (1 + 2 s) with s = ``base_smoothing``."""
+    """Forward AIS for log Z from the base-rate model: chains, ladder and base-rate smoothing.
+
+    ``num_chains`` chains on a ladder of ``num_betas`` steps (``schedule``: adaptive | paper | linear | sigmoid,
+    ``nvil.estimators.annealing``); the base rate's marginals are p = (mean + s) / (1 + 2 s) with s =
+    ``base_smoothing`` (Salakhutdinov & Murray 2008, Sec. 4.2). The values are validated and normalised on
+    construction; ``AISSettings.of(mapping)`` builds one from a config block.
+
+    Parameters
+    ----------
+    num_chains : int, default 100
+        AIS chains (M).
+    schedule : str, default "adaptive"
+        The ladder of betas: adaptive | paper | linear | sigmoid.
+    num_betas : int, default 14500
+        The ladder's steps (K); paper needs at least 3.
+    base_smoothing : float, default 0.05
+        s in the base-rate marginals p = (mean + s) / (1 + 2 s); positive.
+
+    Raises
+    ------
+    nvil.core.errors.ConfigError
+        If a count or ``base_smoothing`` is not positive or the schedule is unknown, in one line naming the key
+        (``estimator.KEY``).
+
+    Examples
+    --------
+    >>> from nvil.estimators import AISSettings
+    >>> AISSettings(num_chains=50)
+    AISSettings(num_chains=50, schedule='adaptive', num_betas=14500, base_smoothing=0.05)
+    >>> AISSettings.of({"num_betas": 100, "schedule": "linear"}).num_betas
+    100
+    >>> AISSettings(num_chains=0)
+    Traceback (most recent call last):
+    ...
+    nvil.core.errors.ConfigError: estimator.num_chains must be a positive integer, got 0
+    """
 
     num_chains: int = 100
     schedule: str = "adaptive"
@@ -64,13 +97,49 @@ class AISSettings(Settings):
 
 @dataclass(frozen=True)
 class CertifySettings(Settings):
-    """The certificate of an AIS log Z (``nvil.estimators.certify``). ``certify``: false runs the forward estimate
-    alone. ``pilot_fraction``: the adaptive ladder's pilot steps as a share of num_betas (at most 0.1).
-    ``reverse_fraction``: reverse AIS runs on this share of the betas. ``reverse_burn_in``: block-Gibbs sweeps at
-    beta = 1 before the reverse run (None: num_betas / 4 from data rows, none from stored particles).
-    ``max_gap``: nats; a larger forward-reverse gap fails. ``min_ess_fraction``: a forward ESS below this share
-    of the chains fails. ``num_climb``: random starts of the hill-climbed probes. ``num_data_probes``: data rows
-    used as probes (and as reverse-chain starts without particles)."""
+    """The certificate of an AIS log Z (``nvil.estimators.certify``): pilot, reverse run, probes and thresholds.
+
+    The values are validated and normalised on construction; ``CertifySettings.of(mapping)`` builds one from a
+    config block (a null ``reverse_burn_in`` stays null).
+
+    Parameters
+    ----------
+    certify : bool, default True
+        False runs the forward estimate alone.
+    pilot_fraction : float, default 0.05
+        The adaptive ladder's pilot steps as a share of num_betas (at most 0.1).
+    reverse_fraction : float, default 0.5
+        Reverse AIS runs on this share of the betas, in (0, 1].
+    reverse_burn_in : int or None, default None
+        Block-Gibbs sweeps at beta = 1 before the reverse run (None: num_betas / 100 from resampled forward end
+        states, num_betas / 4 from data rows, none from stored particles).
+    max_gap : float, default 1.0
+        Nats; a larger forward-reverse gap fails.
+    min_ess_fraction : float, default 0.1
+        A forward ESS below this share of the chains fails; in [0, 1].
+    num_climb : int, default 256
+        Random starts of the hill-climbed probes.
+    num_data_probes : int, default 1000
+        Data rows used as probes (and as reverse-chain starts without particles).
+
+    Raises
+    ------
+    nvil.core.errors.ConfigError
+        If a value is out of range (``pilot_fraction`` above 0.1, ``reverse_fraction`` above 1,
+        ``min_ess_fraction`` outside [0, 1], a count or gap not positive), in one line naming the key.
+
+    Examples
+    --------
+    >>> from nvil.estimators import CertifySettings
+    >>> CertifySettings(max_gap=0.5).max_gap
+    0.5
+    >>> CertifySettings.of({"reverse_burn_in": None, "num_climb": 16}).num_climb
+    16
+    >>> CertifySettings(pilot_fraction=0.2)
+    Traceback (most recent call last):
+    ...
+    nvil.core.errors.ConfigError: estimator.pilot_fraction must be at most 0.1 (the pilot costs ...), got 0.2
+    """
 
     NULLABLE: ClassVar[tuple] = ("reverse_burn_in",)
 
@@ -89,12 +158,73 @@ class CertifySettings(Settings):
 
 @dataclass(frozen=True)
 class LogZSettings(Settings):
-    """The top RBM's log Z for the DBN estimators (configs/log_z/ais.yaml): the fields of ``AISSettings`` and
-    ``CertifySettings`` (there the base rate comes from the training data passed up to the top RBM), with
-    ``seed`` (the AIS runs' generator), ``cache`` (keep the certified value in ``<checkpoint>.log_z.json``),
-    ``accel`` (none | compile | cudagraphs: the fused AIS step) and ``sampler``: ais, or smc (adaptive tempered SMC,
-    ``nvil.estimators.smc``, with ``num_particles`` x ``num_runs`` at the conditional ESS share ``cess``, in place
-    of the forward AIS run; the certificate is the same)."""
+    """The top RBM's log Z for the DBN estimators (configs/log_z/ais.yaml), the ``estimator.log_z`` block.
+
+    The fields of ``AISSettings`` and ``CertifySettings`` (there the base rate comes from the training data passed
+    up to the top RBM), with ``seed``, ``cache``, ``accel`` and ``sampler``; an error names the key as
+    ``estimator.log_z.KEY``. ``ais`` and ``cert`` give the two shared groups.
+
+    Parameters
+    ----------
+    num_chains : int, default 100
+        AIS chains (M).
+    schedule : str, default "adaptive"
+        The ladder of betas: adaptive | paper | linear | sigmoid.
+    num_betas : int, default 14500
+        The ladder's steps (K).
+    pilot_fraction : float, default 0.05
+        The adaptive ladder's pilot steps as a share of num_betas (at most 0.1).
+    base_smoothing : float, default 0.05
+        s in the base-rate marginals p = (mean + s) / (1 + 2 s).
+    certify : bool, default True
+        False runs the forward estimate alone.
+    reverse_fraction : float, default 0.5
+        Reverse AIS runs on this share of the betas, in (0, 1].
+    reverse_burn_in : int or None, default None
+        Block-Gibbs sweeps at beta = 1 before the reverse run (None: by source, as in ``CertifySettings``).
+    max_gap : float, default 1.0
+        Nats; a larger forward-reverse gap fails.
+    min_ess_fraction : float, default 0.1
+        A forward ESS below this share of the chains fails; in [0, 1].
+    num_climb : int, default 256
+        Random starts of the hill-climbed probes.
+    num_data_probes : int, default 1000
+        Data rows used as probes (and as reverse-chain starts without particles).
+    seed : int, default 0
+        Seed of the AIS runs' generator.
+    cache : bool, default True
+        Keep the certified value in ``<checkpoint>.log_z.json``.
+    accel : str, default "none"
+        none | compile | cudagraphs: the fused AIS step.
+    sampler : str, default "ais"
+        ais, or smc (adaptive tempered SMC, ``nvil.estimators.smc``, in place of the forward AIS run; the
+        certificate is the same).
+    num_particles : int, default 100
+        SMC only: particles per run.
+    num_runs : int, default 10
+        SMC only: independent runs (``num_particles`` x ``num_runs`` in all).
+    cess : float, default 0.9
+        SMC only: the conditional ESS share each new temperature is chosen to keep.
+
+    Raises
+    ------
+    nvil.core.errors.ConfigError
+        If ``sampler`` is not ais or smc, ``seed`` is not an integer, ``accel`` is not a known mode, or a field
+        of ``AISSettings`` or ``CertifySettings`` is out of range.
+
+    Examples
+    --------
+    >>> from nvil.estimators import AISSettings, LogZSettings
+    >>> s = LogZSettings.of({"num_chains": 10, "sampler": "smc"})
+    >>> s.sampler, s.ais == AISSettings(num_chains=10)
+    ('smc', True)
+    >>> s.cert.max_gap
+    1.0
+    >>> LogZSettings(sampler="mcmc")
+    Traceback (most recent call last):
+    ...
+    nvil.core.errors.ConfigError: estimator.log_z.sampler must be ais or smc, got 'mcmc'
+    """
 
     PREFIX: ClassVar[str] = "estimator.log_z."
     NULLABLE: ClassVar[tuple] = ("reverse_burn_in",)
@@ -131,10 +261,12 @@ class LogZSettings(Settings):
 
     @property
     def ais(self) -> AISSettings:
+        """The forward AIS run's settings: ``num_chains``, ``schedule``, ``num_betas`` and ``base_smoothing``."""
         return AISSettings(self.num_chains, self.schedule, self.num_betas, self.base_smoothing)
 
     @property
     def cert(self) -> CertifySettings:
+        """The certificate's settings: the fields of ``CertifySettings``, read from this block."""
         return CertifySettings(**{f.name: getattr(self, f.name) for f in fields(CertifySettings)})
 
 
