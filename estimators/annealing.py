@@ -39,12 +39,14 @@ FIXED_SCHEDULES = ("paper", "linear", "sigmoid")
 PAPER_SEGMENTS = ((0.0, 0.5, 500), (0.5, 0.9, 4000), (0.9, 1.0, 10000))  # 14,500 steps in all
 
 
-def check_schedule(kind: str, num_betas: int) -> None:
-    positive_int(num_betas, "estimator.num_betas")
+def check_schedule(kind: str, num_betas: int, prefix: str = "estimator.") -> None:
+    """Refuse a ladder ``kind`` or a ``num_betas`` the fixed ladders cannot make, naming the keys under ``prefix``
+    (``estimator.``, or ``estimator.log_z.`` for a DBN's or a DBM's top-machine log Z)."""
+    positive_int(num_betas, f"{prefix}num_betas")
     if kind not in SCHEDULES:
-        raise ConfigError(f"estimator.schedule must be one of {list(SCHEDULES)}, got {kind!r}")
+        raise ConfigError(f"{prefix}schedule must be one of {list(SCHEDULES)}, got {kind!r}")
     if kind == "paper" and num_betas < 3:
-        raise ConfigError(f"estimator.schedule=paper needs num_betas >= 3, got {num_betas}")
+        raise ConfigError(f"{prefix}schedule=paper needs num_betas >= 3, got {num_betas}")
 
 
 def schedule(kind: str, num_betas: int) -> torch.Tensor:

@@ -21,7 +21,7 @@ from nvil.estimators.annealing import check_schedule
 def _validate_ais(s, prefix: str) -> None:
     s._set("num_chains", positive_int(s.num_chains, f"{prefix}num_chains"))
     s._set("num_betas", positive_int(s.num_betas, f"{prefix}num_betas"))
-    check_schedule(s.schedule, s.num_betas)
+    check_schedule(s.schedule, s.num_betas, prefix)
     s._set("base_smoothing", positive_float(s.base_smoothing, f"{prefix}base_smoothing"))
 
 

@@ -80,6 +80,7 @@ def test_typed_constructors():
     (lambda: AIS(schedule="cubic"), "estimator.schedule must be one of"),
     (lambda: IWAE(num_samples=0), "estimator.num_samples must be a positive integer, got 0"),
     (lambda: IWAE(log_z={"num_chains": 0}), "estimator.log_z.num_chains must be a positive integer"),
+    (lambda: IWAE(log_z={"schedule": "cubic"}), "estimator.log_z.schedule must be one of"),
     (lambda: Exact(max_latent=-3), "estimator.max_latent must be a positive integer"),
     (lambda: build_estimator(OmegaConf.create({"name": "exact", "num_chains": 5})),
      "estimator.num_chains is not a setting of estimator=exact"),

@@ -559,10 +559,11 @@ def test_parallel_tempering_check_has_power(name):
 @pytest.mark.parametrize("args, fragment", [
     ((1, 0.9), r"learner\.tt\.num_betas must be an integer >= 2, got 1"),
     ((2.5, 0.9), r"num_betas must be an integer >= 2"),
-    ((50, 0), r"learner\.tt\.beta_min must be in \(0, 1\], got 0"),
-    ((50, 1.5), r"beta_min must be in \(0, 1\], got 1\.5"),
-    ((50, -0.1), r"beta_min must be in \(0, 1\]"),
-    ((50, float("nan")), r"beta_min must be in \(0, 1\]"),
+    ((50, 0), r"learner\.tt\.beta_min must be a number in \(0, 1\], got 0"),
+    ((50, 1.5), r"beta_min must be a number in \(0, 1\], got 1\.5"),
+    ((50, -0.1), r"beta_min must be a number in \(0, 1\]"),
+    ((50, float("nan")), r"beta_min must be a number in \(0, 1\]"),
+    ((50, "0.9"), r"beta_min must be a number in \(0, 1\], got '0\.9'"),
 ])
 def test_uniform_betas_refuses_bad_schedules(args, fragment):
     with pytest.raises(ConfigError, match=fragment) as e:

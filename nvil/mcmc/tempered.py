@@ -27,8 +27,8 @@ def uniform_betas(num_betas: int, beta_min: float) -> torch.Tensor:
     """num_betas inverse temperatures spaced uniformly from beta_min to 1 (the paper: 50 from 0.9 to 1)."""
     if not isinstance(num_betas, int) or num_betas < 2:
         raise ConfigError(f"learner.tt.num_betas must be an integer >= 2, got {num_betas!r}")
-    if not 0 < beta_min <= 1:
-        raise ConfigError(f"learner.tt.beta_min must be in (0, 1], got {beta_min!r}")
+    if isinstance(beta_min, bool) or not isinstance(beta_min, (int, float)) or not 0 < beta_min <= 1:
+        raise ConfigError(f"learner.tt.beta_min must be a number in (0, 1], got {beta_min!r}")
     return torch.linspace(float(beta_min), 1.0, num_betas, dtype=torch.float64)
 
 
