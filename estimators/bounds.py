@@ -123,22 +123,66 @@ def elbo(model, inference, data, num_samples, *, generator, batch_size=100, max_
 
 
 class SampledBound(Estimator):
-    """``estimator=iwae`` (K = num_samples, Burda et al. 2016's L_K) or ``estimator=elbo`` (the mean of log w over
-    num_samples, Mnih & Gregor 2014's Eq. 1) from q; ``IWAE`` and ``ELBO`` are the two with their configs' defaults.
-    One estimator for every model: q is the built-in inference network where there is one (SBN, fDARN; a DBN's
-    greedy up-pass), else the model's base density through the protocol (a user's model, the VAE, the Gaussian
-    nets: its ``proposal(x)`` or its prior).
+    """``estimator=iwae`` or ``estimator=elbo``: a stochastic lower bound on log p(v) per example from samples of q.
 
-    - ``bound``: iwae | elbo;
-    - ``num_samples``: samples from q per example;
-    - ``start``: for a model seen through the protocol, prior | proposal (None: the proposal where the model
-      defines one, else the prior); a built-in inference network is its own q;
-    - ``batch_size``: examples per batch;
-    - ``max_elements``: samples are chunked so that a chunk holds about this many floats (2^22: its logits stay in
-      the CPU's caches and in malloc's heap);
-    - ``accel``: auto | native (an autoregressive q draws its layers with the C kernel, ``nvil.backend.native``;
-      the evaluation driver applies it) | none;
-    - ``log_z``: a DBN's top-RBM log Z (``LogZSettings`` or a mapping of its fields; configs/log_z/ais.yaml)."""
+    ``iwae``: K = ``num_samples``, Burda et al. 2016's L_K = log (1/K) sum_k w_k; ``elbo``: the mean of log w over
+    ``num_samples`` (Mnih & Gregor 2014, Eq. 1), log w = log p(v, h) - log q(h | v). ``IWAE`` and ``ELBO`` are the
+    two with their configs' defaults. One estimator for every model: q is the built-in inference network where
+    there is one (SBN, fDARN; a DBN's greedy up-pass), else the model's base density through the protocol (a
+    user's model, the VAE, the Gaussian nets: its ``proposal(x)`` or its prior). The result's ``bound`` says what
+    the number is (``WORDING``): only L_K tightens with more samples (Burda et al. 2016, Theorem 1); the ELBO's
+    samples only average, so its gap, KL(q(h | v) || p(h | v)), stays whatever their number. ``certified`` is None
+    (no check of its own) but for a DBN, which carries its log Z's certificate.
+
+    Parameters
+    ----------
+    bound : str, default "iwae"
+        ``iwae`` | ``elbo``: which bound (and the estimator's ``name``).
+    num_samples : int, default 1000
+        Samples from q per example: K for ``iwae``, the ELBO's average for ``elbo``.
+    start : str or None, default None
+        For a model seen through the protocol: ``prior`` | ``proposal`` (None: the proposal where the model
+        defines one, else the prior). A built-in inference network is its own q.
+    batch_size : int, default 100
+        Examples per batch.
+    max_elements : int, default MAX_ELEMENTS (2^22)
+        Samples are chunked so that a chunk holds about this many floats (2^22: its logits stay in the CPU's
+        caches and in malloc's heap).
+    accel : str, default "auto"
+        auto | native (an autoregressive q draws its layers with the C kernel, ``nvil.backend.native``; the
+        evaluation driver applies it) | none.
+    log_z : LogZSettings or Mapping, default LOG_Z
+        A DBN's top-RBM log Z (``nvil.estimators.settings.LogZSettings`` or a mapping of its fields;
+        configs/log_z/ais.yaml); not used for other models.
+
+    Raises
+    ------
+    ConfigError
+        (``nvil.core.errors``) If ``bound`` is not a known bound, or a setting is out of range (one line naming
+        ``estimator.KEY``).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from nvil.models import SBN, LayeredInference, VAE
+    >>> from nvil.estimators import SampledBound
+    >>> sbn, q = SBN(6, [3]), LayeredInference(6, [3])
+    >>> x = (torch.rand(5, 6) < 0.5).float()
+    >>> result = SampledBound("iwae", num_samples=64).estimate(sbn, x, inference=q)
+    >>> result.estimator, result.log_p.shape, result.extras["proposal"], result.certified
+    ('iwae', torch.Size([5]), 'inference network', None)
+
+    A model without an inference network (here a VAE) is sampled through the protocol, from its prior or its
+    proposal:
+
+    >>> vae = VAE(6, [2], [[4]])
+    >>> SampledBound("elbo", num_samples=16, start="prior").estimate(vae, x).extras["proposal"]
+    'prior'
+    >>> SampledBound("kl")
+    Traceback (most recent call last):
+        ...
+    nvil.core.errors.ConfigError: unknown bound 'kl'; known bounds: iwae, elbo
+    """
 
     ACCUMULATORS = {"iwae": StreamingLogMeanExp, "elbo": StreamingMean}
     # The JSON line's ``bound``: what the number is. Only L_K tightens with more samples (Burda et al. 2016,
@@ -164,6 +208,22 @@ class SampledBound(Estimator):
         self.log_z_settings = LogZSettings.of(log_z)
 
     def check(self, model, inference=None) -> None:
+        """Refuse, in one line and before any work, a model this bound cannot draw latents for.
+
+        Parameters
+        ----------
+        model : nn.Module or object
+            The model to be scored.
+        inference : nn.Module or None, default None
+            q(h | v) of an SBN or fDARN; None for a DBN (its greedy up-pass) or a model seen through the protocol.
+
+        Raises
+        ------
+        ConfigError
+            (``nvil.core.errors``) If ``model`` is a Boltzmann machine (no q: its hidden units are summed exactly),
+            or has neither an inference network, a top machine nor the protocol; a user's model that lacks part of
+            the protocol is refused naming what it lacks.
+        """
         if capable(model, FREE_ENERGY):
             raise ConfigError(f"estimator={self.name} draws h from an inference network q(h | v), which a Boltzmann "
                               "machine does not have (its hidden units are summed exactly in its free energy); for "
@@ -176,9 +236,26 @@ class SampledBound(Estimator):
                               "proposal q(z | x), or the prior where it has none)")
 
     def weights(self, model, inference):
-        """What the samples come from: the built-in inference network (``InferenceWeights``; a DBN's up-pass), or
-        for a model without one, its base density through the protocol (``BaseWeights``). (weights, the JSON
-        line's ``proposal``)."""
+        """What the samples come from: the built-in inference network, or the model's base density through the protocol.
+
+        The built-in inference network is ``InferenceWeights`` (a DBN's up-pass where ``inference`` is None); a
+        model without one is seen through the protocol (``BaseWeights``), from ``start`` or, when that is None,
+        its default base (its proposal where it defines one, else its prior).
+
+        Parameters
+        ----------
+        model : nn.Module or object
+            The model to be scored.
+        inference : nn.Module or None
+            q(h | v) of an SBN or fDARN, or None.
+
+        Returns
+        -------
+        tuple
+            ``(weights, proposal)``: an ``InferenceWeights`` or ``BaseWeights`` whose ``for_rows(x)`` gives
+            ``(k, generator) -> (k, rows)`` log-weights, and the JSON line's ``proposal``
+            (``"up-pass"``, ``"inference network"``, ``"prior"`` or ``"proposal"``).
+        """
         if inference is None and has_top_log_z(model):
             return InferenceWeights(model, model.recognition()), "up-pass"
         if inference is not None:
@@ -188,6 +265,31 @@ class SampledBound(Estimator):
         return BaseWeights(pm, start), start
 
     def dataset_inputs(self, model, data, split, rows, checkpoint=None, payload=None, **_) -> dict:
+        """The keywords ``estimate`` needs beyond the rows: for a model with a top machine (a DBN), its log Z's.
+
+        Parameters
+        ----------
+        model : nn.Module or object
+            The model to be scored.
+        data : Dataset
+            (``nvil.data.dataset``) the dataset the rows come from.
+        split : str
+            The split being scored (not used).
+        rows : torch.Tensor or None
+            The rows being scored (not used).
+        checkpoint : str or Path or None, default None
+            The checkpoint the model came from; its log Z is cached beside it.
+        payload : dict or None, default None
+            The checkpoint's contents, whose learner may hold persistent particles.
+        **_ : object
+            Other keywords of the evaluation driver, ignored.
+
+        Returns
+        -------
+        dict
+            ``{}``, or for a DBN ``train`` (the training split), ``checkpoint`` and ``log_z_particles`` (the stored
+            particles that fit its top RBM, or None).
+        """
         if not has_top_log_z(model):
             return {}
         return {"train": data.split("train"), "checkpoint": checkpoint,
@@ -195,12 +297,52 @@ class SampledBound(Estimator):
 
     def estimate(self, model, data, *, inference=None, seed: int = 0, generator=None, progress=None, train=None,
                  checkpoint=None, row_offset: int = 0, log_z_particles=None) -> Result:
-        """The bound for each row of ``data`` [examples, ...]. ``inference``: q (an SBN's or fDARN's inference
-        network; a DBN uses its greedy up-pass; a model that follows the protocol without one, its proposal or
-        prior). Each batch draws from a generator seeded by (``seed``, first row + ``row_offset``), so
-        ``generator`` is optional. For a DBN log P = log P* - log Z with the shared top-RBM log Z, whose base-rate
-        model needs ``train`` (the training rows), cached beside ``checkpoint`` and started from
-        ``log_z_particles``."""
+        """The bound for each row of ``data``: L_K (``iwae``) or the averaged ELBO (``elbo``).
+
+        For a DBN log P = log P* - log Z with the shared top-RBM log Z (``nvil.estimators.log_z``), its certificate
+        carried into the result.
+
+        Parameters
+        ----------
+        model : nn.Module or object
+            The model to be scored (SBN, fDARN, DBN, DBM, or a model that follows the protocol).
+        data : torch.Tensor
+            ``(examples, ...)`` rows; ``(examples, model.n_visible)`` for a built-in model.
+        inference : nn.Module or None, default None
+            q: an SBN's or fDARN's inference network; None for a DBN (its greedy up-pass) or for a model that
+            follows the protocol without one (its proposal or prior, ``start``).
+        seed : int, default 0
+            Each batch draws from a generator seeded by (``seed``, first row + ``row_offset``), so an example's
+            estimate does not depend on how the split is sharded.
+        generator : torch.Generator or None, default None
+            Optional: the draws come from each batch's generator (``seed``), so this one is not used.
+        progress : tqdm or None, default None
+            A bar counting examples, advanced by the batch's share after each chunk of samples; a DBN's log Z
+            phase names itself on it.
+        train : torch.Tensor or None, default None
+            The training rows, whose base rates (passed up the net) start a DBN's log Z; required for a DBN.
+        checkpoint : str or Path or None, default None
+            The file the model came from; a DBN's log Z is cached beside it.
+        row_offset : int, default 0
+            The index of ``data``'s first row in the whole split.
+        log_z_particles : torch.Tensor or None, default None
+            Persistent particles the DBN's reverse log Z run starts from.
+
+        Returns
+        -------
+        Result
+            (``nvil.estimators.base``) ``log_p`` ``(examples,)``; ``extras`` with ``num_samples``, ``proposal`` (what
+            q was) and ``bound`` (what the number is, ``WORDING``), and a DBN's log Z keys; ``shared_stderr`` the
+            log Z's standard error.
+
+        Raises
+        ------
+        ConfigError
+            (``nvil.core.errors``) As ``check``, or for a DBN without ``train``.
+        ValueError
+            If ``data`` is not a 2-D tensor with ``model.n_visible`` columns (a built-in model), or ``seed`` is not
+            an integer.
+        """
         self.check(model, inference)
         if inference is not None or has_top_log_z(model):
             check_rows(model, data)
@@ -231,8 +373,53 @@ class SampledBound(Estimator):
 
 
 class IWAE(SampledBound):
-    """``estimator=iwae``: the importance-sampled bound L_K, K = ``num_samples`` (configs/estimator/iwae.yaml);
-    the keywords are ``SampledBound``'s."""
+    """``estimator=iwae``: the importance-sampled bound L_K = log (1/K) sum_k w_k, K = ``num_samples``.
+
+    ``SampledBound("iwae", ...)`` with the defaults of configs/estimator/iwae.yaml (Burda et al. 2016); the
+    keywords are ``SampledBound``'s. Its expectation does not decrease with K and tends to log p(v).
+
+    Parameters
+    ----------
+    num_samples : int, default 1000
+        K, the samples from q per example.
+    start : str or None, default None
+        For a model seen through the protocol: ``prior`` | ``proposal`` (None: the proposal where the model
+        defines one, else the prior). A built-in inference network is its own q.
+    batch_size : int, default 100
+        Examples per batch.
+    max_elements : int, default MAX_ELEMENTS (2^22)
+        Samples are chunked so that a chunk holds about this many floats (2^22: its logits stay in the CPU's
+        caches and in malloc's heap).
+    accel : str, default "auto"
+        auto | native (an autoregressive q draws its layers with the C kernel, ``nvil.backend.native``; the
+        evaluation driver applies it) | none.
+    log_z : LogZSettings or Mapping, default LOG_Z
+        A DBN's top-RBM log Z (``nvil.estimators.settings.LogZSettings`` or a mapping of its fields;
+        configs/log_z/ais.yaml); not used for other models.
+
+    Raises
+    ------
+    ConfigError
+        (``nvil.core.errors``) If a setting is out of range, in one line naming ``estimator.KEY``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from nvil.models import SBN, LayeredInference
+    >>> from nvil.estimators import IWAE
+    >>> sbn, q = SBN(6, [3]), LayeredInference(6, [3])
+    >>> x = (torch.rand(5, 6) < 0.5).float()
+    >>> result = IWAE(num_samples=64).estimate(sbn, x, inference=q)
+    >>> result.log_p.shape, result.extras["num_samples"], result.extras["proposal"]
+    (torch.Size([5]), 64, 'inference network')
+    >>> result.extras["bound"]
+    'stochastic lower bound: E[estimate] <= log p(v), tight as num_samples grows'
+
+    The same seed gives the same estimate:
+
+    >>> torch.equal(IWAE(num_samples=64).estimate(sbn, x, inference=q, seed=0).log_p, result.log_p)
+    True
+    """
 
     name = "iwae"
 
@@ -243,8 +430,49 @@ class IWAE(SampledBound):
 
 
 class ELBO(SampledBound):
-    """``estimator=elbo``: the ELBO averaged over ``num_samples`` samples from q (10: the NVIL paper's Table 1
-    measure; configs/estimator/elbo.yaml); the keywords are ``SampledBound``'s."""
+    """``estimator=elbo``: the ELBO, the mean of log w = log p(v, h) - log q(h | v) over ``num_samples`` samples of q.
+
+    ``SampledBound("elbo", ...)`` with the defaults of configs/estimator/elbo.yaml (Mnih & Gregor 2014, Eq. 1;
+    10 samples: the NVIL paper's Table 1 measure); the keywords are ``SampledBound``'s. More samples lower its
+    variance, not its gap KL(q(h | v) || p(h | v)).
+
+    Parameters
+    ----------
+    num_samples : int, default 10
+        Samples from q per example, averaged.
+    start : str or None, default None
+        For a model seen through the protocol: ``prior`` | ``proposal`` (None: the proposal where the model
+        defines one, else the prior). A built-in inference network is its own q.
+    batch_size : int, default 100
+        Examples per batch.
+    max_elements : int, default MAX_ELEMENTS (2^22)
+        Samples are chunked so that a chunk holds about this many floats (2^22: its logits stay in the CPU's
+        caches and in malloc's heap).
+    accel : str, default "auto"
+        auto | native (an autoregressive q draws its layers with the C kernel, ``nvil.backend.native``; the
+        evaluation driver applies it) | none.
+    log_z : LogZSettings or Mapping, default LOG_Z
+        A DBN's top-RBM log Z (``nvil.estimators.settings.LogZSettings`` or a mapping of its fields;
+        configs/log_z/ais.yaml); not used for other models.
+
+    Raises
+    ------
+    ConfigError
+        (``nvil.core.errors``) If a setting is out of range, in one line naming ``estimator.KEY``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from nvil.models import SBN, LayeredInference
+    >>> from nvil.estimators import ELBO
+    >>> sbn, q = SBN(6, [3]), LayeredInference(6, [3])
+    >>> x = (torch.rand(5, 6) < 0.5).float()
+    >>> result = ELBO().estimate(sbn, x, inference=q)
+    >>> result.estimator, result.log_p.shape, result.extras["num_samples"]
+    ('elbo', torch.Size([5]), 10)
+    >>> result.extras["bound"].startswith("stochastic lower bound: E[estimate] = ELBO")
+    True
+    """
 
     name = "elbo"
 

@@ -70,8 +70,52 @@ def chib_log_p(op: ChibKernel, h_star: torch.Tensor, num_steps: int, generator=N
 
 
 class Chib(PerExample):
-    """``estimator=chib``: ``num_steps`` = S, ``num_runs`` independent runs per test case (their P(v) estimates
-    averaged), ``hill_climb`` for h*."""
+    """``estimator=chib``: the Chib-style estimate of log P(v) per test case (Murray & Salakhutdinov 2009, Fig. 1).
+
+    ``num_steps`` = S sequential-Gibbs steps around h*, ``num_runs`` independent runs per test case (their P(v)
+    estimates averaged), ``hill_climb`` for h* (the module docstring). exp(estimate) is unbiased for P(v) at any S
+    (their Eq. 15), so log P(v) is under-estimated in expectation. It serves SBNs, fDARNs, DBNs, DBMs and a user's
+    binary-latent model (``LatentModel``); a DBN's or DBM's estimate subtracts the shared log Z of its top machine.
+    ``estimate`` is ``PerExample``'s (``nvil.estimators.per_example``); the defaults are
+    configs/estimator/chib.yaml's.
+
+    Parameters
+    ----------
+    num_steps : int, default 40
+        S, the sequential-Gibbs steps around h*.
+    num_runs : int, default 10
+        Independent runs per test case, each with its own s ~ Uniform{1..S}.
+    hill_climb : bool, default True
+        h* is a Q sample hill-climbed (deterministic argmax sweeps in log P(v, h)) to a local mode; False: the Q
+        sample itself.
+    max_hill_climb_sweeps : int, default 100
+        The most hill-climbing sweeps.
+    batch_size : int, default 50
+        Test cases per batch (chains = batch_size x num_runs).
+    accel : str, default "auto"
+        The sweep: auto (in C on a CPU, one Triton kernel on CUDA) | none | native | compile.
+    log_z : LogZSettings or Mapping, default LOG_Z
+        A DBN's top-RBM (or a DBM's top machine's) log Z (``nvil.estimators.settings.LogZSettings`` or a
+        mapping of its fields).
+
+    Raises
+    ------
+    ConfigError
+        (``nvil.core.errors``) If a setting is out of range, in one line naming ``estimator.KEY``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from nvil.models import SBN, LayeredInference
+    >>> from nvil.estimators import Chib, Exact
+    >>> sbn, q = SBN(6, [3]), LayeredInference(6, [3])
+    >>> x = (torch.rand(5, 6) < 0.5).float()
+    >>> result = Chib(num_steps=5, num_runs=3).estimate(sbn, x, inference=q)
+    >>> result.log_p.shape, result.run_log_p.shape, result.extras
+    (torch.Size([5]), torch.Size([3, 5]), {'num_steps': 5, 'hill_climb': True})
+    >>> bool((result.log_p - Exact().estimate(sbn, x).log_p).abs().max() < 0.1)
+    True
+    """
 
     name = "chib"
     serves_protocol = True  # a user's binary-latent model too (``LatentModel``)
@@ -79,11 +123,6 @@ class Chib(PerExample):
     def __init__(self, *, num_steps: int = 40, num_runs: int = 10, hill_climb: bool = True,
                  max_hill_climb_sweeps: int = 100, batch_size: int = 50, accel: str = "auto",
                  log_z: LogZSettings | Mapping = LOG_Z) -> None:
-        """Defaults: configs/estimator/chib.yaml. ``num_steps``: S, the sequential-Gibbs steps around h*;
-        ``num_runs``: independent runs per test case; ``hill_climb``: h* is a Q sample hill-climbed to a local
-        mode (at most ``max_hill_climb_sweeps`` sweeps), else the Q sample itself; ``batch_size``: test cases per
-        batch (chains = batch_size x num_runs); ``accel``: auto (the sweep in C on a CPU, one Triton kernel on
-        CUDA) | none | native | compile; ``log_z``: a DBN's top-RBM log Z (``LogZSettings`` or a mapping)."""
         super().__init__(num_runs=num_runs, batch_size=batch_size, accel=accel, log_z=log_z)
         self.num_steps = positive_int(num_steps, "estimator.num_steps")
         self.max_climb = positive_int(max_hill_climb_sweeps, "estimator.max_hill_climb_sweeps")
@@ -91,13 +130,40 @@ class Chib(PerExample):
         self.climb_sweeps = 10  # the last batch's hill-climb sweeps (progress only); about 6 on an MNIST SBN-200
 
     def settings(self) -> dict:
+        """The settings the result's JSON line records.
+
+        Returns
+        -------
+        dict
+            ``{"num_steps": ..., "hill_climb": ...}``.
+        """
         return {"num_steps": self.num_steps, "hill_climb": self.hill_climb}
 
     def run_batch(self, lm: LatentModel, x: torch.Tensor, generator,
                   progress: BatchProgress = NO_PROGRESS) -> torch.Tensor:
-        """Progress in sweeps: each of the S steps is two (the move and the forced sweep of T(h* <- h)). The
+        """The Fig. 1 estimate of log P*(v) for each chain: h* from Q (hill-climbed), then S steps of sequential Gibbs.
+
+        Progress in sweeps: each of the S steps is two (the move and the forced sweep of T(h* <- h)). The
         hill-climb's length is known only when it stops: it is planned at the previous batch's (``climb_sweeps``),
-        and a longer one moves the bar on by less with each sweep rather than stalling it."""
+        and a longer one moves the bar on by less with each sweep rather than stalling it.
+
+        Parameters
+        ----------
+        lm : LatentModel
+            (``nvil.estimators.latent_model``) the model's latent units, log P*(v, h) and Q(h | v).
+        x : torch.Tensor
+            ``(chains, n_visible)`` rows, each test case repeated once per run (example-major).
+        generator : torch.Generator
+            The batch's generator, seeded by (seed, first row): the draw of Q, each chain's s and the sweeps.
+        progress : BatchProgress, default NO_PROGRESS
+            (``nvil.estimators.base``) the batch's share of the progress bar, in sweeps.
+
+        Returns
+        -------
+        torch.Tensor
+            ``(chains,)`` float64 estimates log P*(v, h*) - log p_hat, p_hat = (1/S) sum_s T(h* <- h^(s)); a DBN's
+            log Z is subtracted afterwards (``PerExample``).
+        """
         gibbs = site_gibbs([(1.0, lm.joint(x))], self.accel)
         h_star = lm.sample_q(x, generator)
         later = 2 * self.num_steps
@@ -144,10 +210,14 @@ CHIB_TARGET_ACCEPT = {"langevin": 0.8, "random_walk": 0.5}
 
 
 class ChibMH(PerExample):
-    """``estimator=chib_mh``: the Fig. 1 construction for continuous latents (Murray & Salakhutdinov 2009,
-    appendix) with Metropolis-Hastings transitions: ``proposal=langevin`` (HMC with one leapfrog step) or
+    """``estimator=chib_mh``: the Fig. 1 construction for continuous latents, with Metropolis-Hastings transitions.
+
+    Murray & Salakhutdinov 2009, appendix: ``proposal=langevin`` (HMC with one leapfrog step) or
     ``random_walk``. h* is a prior sample hill-climbed to a local mode of log p(x, s) (``hill_climb_steps`` Adam
-    steps at ``hill_climb_lr``).
+    steps at ``hill_climb_lr``, ``climb_to_mode``). It serves the Gaussian nets (in the sampler's ``form``,
+    ``nvil.estimators.model_paths.ContinuousLatent``) and a user's continuous-latent model with ``sample_prior``.
+    ``estimate`` is ``PerExample``'s (``nvil.estimators.per_example``); the defaults are
+    configs/estimator/chib_mh.yaml's.
 
     Step size. With ``adapt=true`` (default) each chain (example x run) first runs ``adapt_steps`` MH
     transitions of its own from h*, a warm-up whose states are discarded, in which dual averaging (Hoffman &
@@ -164,7 +234,60 @@ class ChibMH(PerExample):
 
     A run whose reverse step from h* is rejected (h^(s) = h*) meets T's point mass and estimates p(x) = 0
     (unbiased, the appendix's caveat). ``zero_runs`` counts such runs, ``zero_run_examples`` the examples all
-    of whose runs are 0 (their log p(x) is -inf); ``zero_example_mask`` keeps, per batch, which examples."""
+    of whose runs are 0 (their log p(x) is -inf); ``zero_example_mask`` keeps, per batch, which examples.
+    ``step_sizes``, ``accept`` and ``adapt_accept`` keep, per batch, each chain's fixed step size and mean
+    acceptance probabilities in Fig. 1 and in the warm-up (summarised in ``settings``).
+
+    Parameters
+    ----------
+    num_steps : int, default 40
+        S, the MH transitions of Fig. 1 around h*.
+    num_runs : int, default 10
+        Independent runs per example.
+    proposal : str, default "langevin"
+        ``langevin`` (HMC with one leapfrog step) | ``random_walk``.
+    step_size : float, default 0.1
+        The warm-up's initial per-chain step size (``adapt``), or the step size itself.
+    adapt : bool, default True
+        Tune each chain's step size in a warm-up run from h*, then fix it for the S transitions.
+    adapt_steps : int, default 100
+        MH transitions of the warm-up.
+    target_accept : float or None, default None
+        The warm-up's target acceptance rate, in (0, 1); None gives 0.8 for langevin, 0.5 for random_walk
+        (``CHIB_TARGET_ACCEPT``).
+    hill_climb_steps : int, default 200
+        Adam steps that take a prior sample to h*.
+    hill_climb_lr : float, default 0.05
+        Their learning rate.
+    form : str, default "auxiliary"
+        The Gaussian nets' parameterisation the chains move in: ``auxiliary`` (eps) | ``centred`` (z).
+    batch_size : int, default 100
+        Examples per batch (chains = batch_size x num_runs).
+
+    Raises
+    ------
+    ConfigError
+        (``nvil.core.errors``) If ``proposal`` is not one of ``PROPOSALS`` (``nvil.mcmc.mh``), ``target_accept``
+        is not in (0, 1), or another setting is out of range, in one line naming ``estimator.KEY``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from nvil.models import GaussianBeliefNet
+    >>> from nvil.estimators import ChibMH
+    >>> gbn = GaussianBeliefNet(6, [2])
+    >>> x = (torch.rand(4, 6) < 0.5).float()
+    >>> chib = ChibMH(num_steps=5, num_runs=2, adapt_steps=10, hill_climb_steps=10)
+    >>> result = chib.estimate(gbn, x)
+    >>> result.log_p.shape, result.extras["proposal"], result.extras["target_accept"]
+    (torch.Size([4]), 'langevin', 0.8)
+    >>> chib.zero_run_examples == result.extras["zero_run_examples"]
+    True
+    >>> ChibMH(proposal="nuts")
+    Traceback (most recent call last):
+        ...
+    nvil.core.errors.ConfigError: estimator.proposal must be one of ['langevin', 'random_walk'], got 'nuts'
+    """
 
     name = "chib_mh"
 
@@ -172,12 +295,6 @@ class ChibMH(PerExample):
                  adapt: bool = True, adapt_steps: int = 100, target_accept: float | None = None,
                  hill_climb_steps: int = 200, hill_climb_lr: float = 0.05, form: str = "auxiliary",
                  batch_size: int = 100) -> None:
-        """Defaults: configs/estimator/chib_mh.yaml. ``num_steps``: S; ``num_runs``: runs per example;
-        ``proposal``: langevin (HMC with one leapfrog step) | random_walk; ``step_size``: the warm-up's initial
-        per-chain step size (``adapt``), or the step size; ``adapt_steps``: MH transitions of the warm-up;
-        ``target_accept``: None gives 0.8 for langevin, 0.5 for random_walk; ``hill_climb_steps`` Adam steps at
-        ``hill_climb_lr`` take a prior sample to h*; ``form``: auxiliary (eps) | centred (z); ``batch_size``:
-        examples per batch."""
         super().__init__(num_runs=num_runs, batch_size=batch_size)
         self.num_steps = positive_int(num_steps, "estimator.num_steps")
         self.step_size = positive_float(step_size, "estimator.step_size")
@@ -202,6 +319,28 @@ class ChibMH(PerExample):
     serves_protocol = True  # a user's continuous-latent model too: its own log p(x, z) and sample_prior
 
     def latent_model(self, model, inference):
+        """What ``run_batch`` works with: a user's model through the protocol, or a Gaussian net in ``form``.
+
+        Parameters
+        ----------
+        model : nn.Module or object
+            A Gaussian net (``model=gbn`` or ``dbn_dynamic``) or a user's model that follows the protocol with
+            continuous latents and ``sample_prior(n, generator)``.
+        inference : nn.Module or None
+            Not used.
+
+        Returns
+        -------
+        ProtocolModel or ContinuousLatent
+            (``nvil.models.protocol``, ``nvil.estimators.model_paths``) with ``log_joint(x, s)`` and
+            ``sample_prior(n, generator)``.
+
+        Raises
+        ------
+        ConfigError
+            (``nvil.core.errors``) If a user's model has binary latents or no ``sample_prior``, or a built-in model
+            has no continuous latents, or ``form`` is unknown.
+        """
         if protocol_only(model) and follows_protocol(model):
             pm = ProtocolModel(model)
             if pm.binary:
@@ -215,9 +354,20 @@ class ChibMH(PerExample):
 
     @property
     def zero_run_examples(self) -> int:
+        """The examples, over all batches so far, every one of whose runs estimated p(x) = 0 (log p(x) = -inf)."""
         return int(sum(int(m.sum()) for m in self.zero_example_mask))
 
     def settings(self) -> dict:
+        """The settings and the run's diagnostics that the result's JSON line records.
+
+        Returns
+        -------
+        dict
+            ``num_steps``, ``proposal``, ``step_size``, ``form``, ``adapt``, ``zero_runs``, ``zero_run_examples``;
+            with ``adapt``, ``adapt_steps`` and ``target_accept``; after a batch, ``accept_rate`` (mean acceptance
+            probability in Fig. 1), ``step_size_q10_q50_q90`` (quantiles of the chains' fixed step sizes) and,
+            with ``adapt``, ``adapt_accept_rate`` (the warm-up's).
+        """
         out = {"num_steps": self.num_steps, "proposal": self.proposal, "step_size": self.step_size, "form": self.form,
                "adapt": self.adapt, "zero_runs": self.zero_runs, "zero_run_examples": self.zero_run_examples}
         if self.adapt:
@@ -232,8 +382,29 @@ class ChibMH(PerExample):
         return out
 
     def run_batch(self, lm, x: torch.Tensor, generator, progress: BatchProgress = NO_PROGRESS) -> torch.Tensor:
-        """Progress: one unit per gradient evaluation, about what each climb step, warm-up transition and Fig. 1
-        step costs (a Fig. 1 step is a transition and its T(h* <- h), counted as two)."""
+        """The Fig. 1 estimate of log p(x) per chain: climb to h*, adapt the step size, then S fixed MH transitions.
+
+        Records the batch's zero runs, step sizes and acceptance rates on the estimator (the class docstring).
+        Progress: one unit per gradient evaluation, about what each climb step, warm-up transition and Fig. 1
+        step costs (a Fig. 1 step is a transition and its T(h* <- h), counted as two).
+
+        Parameters
+        ----------
+        lm : ProtocolModel or ContinuousLatent
+            What ``latent_model`` returned: ``log_joint(x, s)`` and ``sample_prior(n, generator)``.
+        x : torch.Tensor
+            ``(chains, ...)`` rows, each example repeated once per run (example-major).
+        generator : torch.Generator
+            The batch's generator, seeded by (seed, first row): the prior draw, the warm-up, each chain's s and the
+            transitions.
+        progress : BatchProgress, default NO_PROGRESS
+            (``nvil.estimators.base``) the batch's share of the progress bar.
+
+        Returns
+        -------
+        torch.Tensor
+            ``(chains,)`` float64 estimates log p(x, h*) - log p_hat; -inf for a run that estimated p(x) = 0.
+        """
         progress.plan(self.climb_steps + (self.adapt_steps if self.adapt else 0) + 2 * self.num_steps)
         log_f = lambda s: lm.log_joint(x, s)  # noqa: E731
         h_star = climb_to_mode(log_f, lm.sample_prior(x.shape[0], generator), self.climb_steps, self.climb_lr,

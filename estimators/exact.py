@@ -112,20 +112,74 @@ def top_log_z_exact(top, max_units: int = MAX_LATENT, chunk_elements: int = 2**2
 
 
 class Exact(Estimator):
-    """``estimator=exact``: enumeration, for models with at most ``max_latent`` binary latent units: a Boltzmann
-    machine's log Z, a directed net's hidden states, a DBN's (minus its top RBM's exact log Z, reported as
-    ``log_z``), or the binary latent of a model that follows the protocol."""
+    """``estimator=exact``: exact log p(v) by enumeration, for models with at most ``max_latent`` binary latent units.
+
+    What is enumerated: a Boltzmann machine's log Z (reported as ``log_z``; log p(v) = -F(v) - log Z), a directed
+    net's hidden states, a DBN's (minus its top RBM's exact log Z, reported as ``log_z``), or the binary latent of
+    a model that follows the protocol (``nvil.models.protocol``: a user's model, the VAE). Models with continuous
+    latents are refused. The defaults are configs/estimator/exact.yaml's.
+
+    Parameters
+    ----------
+    batch_size : int, default 1000
+        Examples per batch.
+    max_latent : int, default 20
+        The most latent units (2^L states) enumerated, a DBN's top RBM included.
+
+    Raises
+    ------
+    ConfigError
+        (``nvil.core.errors``) If a setting is not a positive integer, in one line naming ``estimator.KEY``.
+
+    Examples
+    --------
+    >>> import itertools
+    >>> import torch
+    >>> from nvil.models import RBM, SBN
+    >>> from nvil.estimators import Exact
+    >>> rbm = RBM(6, 4)
+    >>> x = (torch.rand(3, 6) < 0.5).float()
+    >>> result = Exact().estimate(rbm, x)
+    >>> result.log_p.shape, sorted(result.extras), result.certified
+    (torch.Size([3]), ['log_z', 'num_latent'], True)
+
+    Over all 2^6 visible vectors the probabilities sum to one:
+
+    >>> every_v = torch.tensor(list(itertools.product([0., 1.], repeat=6)))
+    >>> bool(abs(torch.logsumexp(Exact().estimate(rbm, every_v).log_p, 0)) < 1e-4)
+    True
+    >>> Exact(max_latent=2).estimate(SBN(6, [3]), x)
+    Traceback (most recent call last):
+        ...
+    nvil.core.errors.ConfigError: estimator=exact enumerates 2^D latent states and is limited to D <= 2; ...
+    """
 
     name = "exact"
     serves_protocol = True  # a protocol-only model (a user's, the VAE) is enumerated here too
 
     def __init__(self, *, batch_size: int = 1000, max_latent: int = MAX_LATENT) -> None:
-        """``batch_size``: examples per batch; ``max_latent``: the most latent units (2^L states) enumerated, a
-        DBN's top RBM included (configs/estimator/exact.yaml)."""
         self.batch_size = positive_int(batch_size, "estimator.batch_size")
         self.max_latent = positive_int(max_latent, "estimator.max_latent")
 
     def check(self, model, inference=None) -> None:
+        """Refuse, in one line and before any work, a model whose states are too many (or not binary) to enumerate.
+
+        A model seen through the protocol needs binary latents (at most ``max_latent``); a Boltzmann machine, at
+        most ``max_latent`` hidden units (pixels, for a semi-RBM; ``check_exact``); a directed net, at most
+        ``max_latent`` latent units, and a DBN or DBM also a top machine with a side that small.
+
+        Parameters
+        ----------
+        model : nn.Module or object
+            The model to be scored.
+        inference : nn.Module or None, default None
+            Not used (nothing is sampled).
+
+        Raises
+        ------
+        ConfigError
+            (``nvil.core.errors``) If the latents are continuous, or too many units would be enumerated.
+        """
         if protocol_only(model) or isinstance(model, ProtocolModel):
             check_enumerable(model if isinstance(model, ProtocolModel) else ProtocolModel(model), self.max_latent)
         elif capable(model, FREE_ENERGY):  # Boltzmann machines: log Z by enumeration
@@ -136,8 +190,40 @@ class Exact(Estimator):
                 check_top_enumerable(model.top, self.max_latent)
 
     def estimate(self, model, data, *, inference=None, seed: int = 0, generator=None, progress=None, **_) -> Result:
-        """Exact log p(v) for each row of ``data`` [examples, model.n_visible]; nothing is random (``seed`` is
-        recorded, ``generator`` not used)."""
+        """Exact log p(v) for each row of ``data``; nothing is random.
+
+        Parameters
+        ----------
+        model : nn.Module or object
+            The model: a Boltzmann machine, an SBN or fDARN, a DBN, a DBM, or a model that follows the protocol
+            with binary latents.
+        data : torch.Tensor
+            ``(examples, model.n_visible)`` rows (a protocol model's rows: whatever its ``log_likelihood`` takes).
+        inference : nn.Module or None, default None
+            Not used (every estimator is handed it).
+        seed : int, default 0
+            Recorded in the result; nothing is drawn.
+        generator : torch.Generator or None, default None
+            Not used.
+        progress : tqdm or None, default None
+            A bar counting examples, advanced after each batch.
+        **_ : object
+            Other keywords the evaluation driver passes to every estimator (``train=``, ``checkpoint=``, ...),
+            ignored.
+
+        Returns
+        -------
+        Result
+            (``nvil.estimators.base``) ``log_p`` ``(examples,)``; ``extras`` with ``num_latent`` and, for a Boltzmann
+            machine or a DBN, the exact ``log_z``; the ``enumeration`` check (every log p finite).
+
+        Raises
+        ------
+        ConfigError
+            (``nvil.core.errors``) As ``check``.
+        ValueError
+            If ``data`` is not a 2-D tensor with ``model.n_visible`` columns, or ``seed`` is not an integer.
+        """
         self.check(model, inference)
         check_seed(seed)
         t0 = time.perf_counter()

@@ -61,17 +61,95 @@ class ModelState(NamedTuple):
 
 
 class ModelPath:
-    """f_beta for the chains of one batch: ``model`` a ``ProtocolModel``, ``x`` one row per chain, ``base`` its
-    ``BaseDensity`` over those rows."""
+    """The AIS path log f_beta(z) = (1 - beta) log f_0(z) + beta log p(x, z) for the chains of one batch.
+
+    One chain per row of ``x``, from the normalised base f_0 (the prior or the proposal) at beta = 0 to the
+    unnormalised posterior p(x, z) at beta = 1 (the module docstring). ``transition`` leaves f_beta invariant: one
+    HMC transition for continuous z (``hmc``), a Gibbs scan (``gibbs``) or ``num_moves`` Metropolis flips (``mh``)
+    for binary z. The path is what ``nvil.estimators.annealing.ais`` walks, in either direction: it has
+    ``log_f``, ``log_ratio`` and ``transition``, and ``start`` draws the chains from f_0.
+
+    HMC's target: with the prior as base, f_beta(z) = p(z) p(x | z)^beta, and a model that declares
+    ``closed_form_gradient`` gives it with its gradient (``model.posterior(x).tempered(beta)``); otherwise
+    log f_beta by autograd, compiled once per path where ``accel`` (``nvil.backend.accel``) says, beta a tensor
+    argument so that a new beta is not a new graph.
+
+    Parameters
+    ----------
+    model : ProtocolModel
+        (``nvil.models.protocol``) the checked model whose ``log_joint(x, z)`` is log p(x, z).
+    x : torch.Tensor
+        ``(chains, ...)`` rows of data, one per chain.
+    base : BaseDensity
+        (``nvil.models.protocol``) f_0 over those rows: ``model.base("prior" | "proposal", x)``.
+    num_leapfrog : int, default 10
+        Leapfrog steps per HMC transition (continuous z).
+    target_accept : float, default 0.65
+        The acceptance rate the adapted HMC step sizes aim for (Wu et al. 2017, Sec. 5).
+    adapt : bool, default True
+        Without ``steps``: multiply each chain's own step size by 1.02 or 0.98 after each move towards
+        ``target_accept`` (the pilot run itself; ``pilot_steps``).
+    max_step_size : float or None, default 10.0
+        Upper clamp of the adapted step size; None: no clamp.
+    moves : str, default "gibbs"
+        Binary z: ``gibbs`` (a systematic scan of heat-bath flips) | ``mh`` (Metropolis proposals).
+    num_moves : int or None, default None
+        Metropolis proposals per beta for ``moves="mh"``; None: the number of latent units D.
+    num_flips : int, default 1
+        Units flipped by each Metropolis proposal, chosen at random per chain.
+    steps : dict or None, default None
+        beta -> ``(chains,)`` HMC step sizes fixed in advance (``pilot_steps``); None: each chain's own, adapted
+        after each move where ``adapt``.
+    accel : str, default "none"
+        How log f_beta is evaluated for autograd HMC (``nvil.backend.accel``: none | compile | ...); a compiled
+        path does not use a closed-form gradient.
+
+    Raises
+    ------
+    ConfigError
+        (``nvil.core.errors``) If ``moves`` is not ``gibbs`` or ``mh``, or ``accel`` is not a mode.
+
+    Examples
+    --------
+    A user's model with three binary latent units, uniform prior, annealed by AIS from the prior:
+
+    >>> import math
+    >>> import types
+    >>> import torch
+    >>> import torch.nn.functional as F
+    >>> import nvil
+    >>> from nvil.estimators.annealing import ais
+    >>> from nvil.estimators.model_paths import ModelPath
+    >>> from nvil.models.protocol import ProtocolModel
+    >>> W = torch.randn(6, 3)
+    >>> user = types.SimpleNamespace(
+    ...     latent=nvil.Latent.binary(3),
+    ...     log_prior=lambda z: torch.full(z.shape[:1], -3 * math.log(2)),
+    ...     sample_prior=lambda n, g: torch.randint(0, 2, (n, 3), generator=g).float(),
+    ...     log_likelihood=lambda x, z: -F.binary_cross_entropy_with_logits(z @ W.T, x, reduction="none").sum(-1))
+    >>> pm = ProtocolModel(user)
+    >>> x = (torch.rand(4, 6) < 0.5).float()
+    >>> g = torch.Generator().manual_seed(0)
+    >>> path = ModelPath(pm, x, pm.base("prior", x))
+    >>> state = path.start(g, 0.1)
+    >>> state.z.shape, path.transition(state, 0.5, g).z.shape
+    (torch.Size([4, 3]), torch.Size([4, 3]))
+    >>> log_w, end = ais(path, state, torch.linspace(0, 1, 11, dtype=torch.float64), g)
+    >>> log_w.shape, log_w.dtype
+    (torch.Size([4]), torch.float64)
+
+    A continuous latent (a VAE) moves by HMC:
+
+    >>> from nvil.models import VAE
+    >>> vae = ProtocolModel(VAE(6, [2], [[4]]))
+    >>> hmc_path = ModelPath(vae, x, vae.base("prior", x), num_leapfrog=3)
+    >>> hmc_path.transition(hmc_path.start(g, 0.1), 0.5, g).step_size.shape
+    torch.Size([4])
+    """
 
     def __init__(self, model, x, base, *, num_leapfrog: int = 10, target_accept: float = 0.65, adapt: bool = True,
                  max_step_size: float | None = 10.0, moves: str = "gibbs", num_moves: int | None = None,
                  num_flips: int = 1, steps: dict | None = None, accel: str = "none") -> None:
-        """``steps``: beta -> [chains] step sizes fixed in advance (``pilot_steps``); None: each chain's own, adapted
-        after each move where ``adapt`` (the pilot run itself). HMC's target: with the prior as base, f_beta(z) =
-        p(z) p(x | z)^beta, and a model that declares ``closed_form_gradient`` gives it with its gradient
-        (``model.posterior(x).tempered(beta)``); otherwise log f_beta by autograd, compiled once per path where
-        ``accel`` (nvil.backend.accel) says, beta a tensor argument so that a new beta is not a new graph."""
         if moves not in BINARY_MOVES:
             raise ConfigError(f"moves must be one of {list(BINARY_MOVES)}, got {moves!r}")
         self.model, self.x, self.base = model, x, base
@@ -90,25 +168,102 @@ class ModelPath:
         return (1 - beta) * self.base.log_prob(z) + beta * self.model.log_joint(self.x, z)
 
     def start(self, generator, step_size: float) -> ModelState:
-        """An exact draw of f_0 per chain, each with ``step_size``."""
+        """An exact draw of f_0 per chain, each with ``step_size``.
+
+        Parameters
+        ----------
+        generator : torch.Generator or None
+            Source of randomness for the draw.
+        step_size : float
+            Every chain's initial HMC step size (unused for binary z).
+
+        Returns
+        -------
+        ModelState
+            The chains at beta = 0, with their log f_0 and log p(x, z) and no acceptances yet.
+        """
         z = self.base.sample(1, generator)[0]
         return self.state(z, torch.full((z.shape[0],), float(step_size), device=z.device))
 
     def state(self, z: torch.Tensor, step_size: torch.Tensor | None = None,
               accept_sum: torch.Tensor | None = None) -> ModelState:
+        """The state of chains at ``z``, with log f_0(z) and log p(x, z) evaluated once.
+
+        Parameters
+        ----------
+        z : torch.Tensor
+            ``(chains, D)`` latent values, one row per row of ``x``.
+        step_size : torch.Tensor or None, default None
+            ``(chains,)`` HMC step sizes; None: zeros.
+        accept_sum : torch.Tensor or None, default None
+            ``(chains,)`` acceptance probabilities summed over the moves so far; None: zeros.
+
+        Returns
+        -------
+        ModelState
+            ``(z, log_base, log_joint, step_size, accept_sum)``.
+        """
         n = z.shape[0]
         zeros = torch.zeros(n, device=z.device)
         return ModelState(z, self.base.log_prob(z), self.model.log_joint(self.x, z),
                           zeros if step_size is None else step_size, zeros if accept_sum is None else accept_sum)
 
     def log_f(self, state: ModelState, beta: float) -> torch.Tensor:
+        """log f_beta(z) = (1 - beta) log f_0(z) + beta log p(x, z) of each chain, from the state's stored terms.
+
+        Parameters
+        ----------
+        state : ModelState
+            The chains' state: ``z`` ``(chains, D)``, ``log_base`` = log f_0(z), ``log_joint`` = log p(x, z),
+            ``step_size`` and ``accept_sum`` ``(chains,)``.
+        beta : float
+            The inverse temperature, in [0, 1].
+
+        Returns
+        -------
+        torch.Tensor
+            ``(chains,)`` log f_beta(z), in the state's dtype.
+        """
         return (1 - beta) * state.log_base + beta * state.log_joint
 
     def log_ratio(self, state: ModelState, beta_prev: float, beta: float) -> torch.Tensor:
-        """log f_beta - log f_beta_prev = (beta - beta_prev) (log p(x, z) - log f_0(z)), in float64."""
+        """The AIS weight increment log f_beta - log f_beta_prev = (beta - beta_prev) (log p(x, z) - log f_0(z)).
+
+        Parameters
+        ----------
+        state : ModelState
+            The chains' state: ``z`` ``(chains, D)``, ``log_base`` = log f_0(z), ``log_joint`` = log p(x, z),
+            ``step_size`` and ``accept_sum`` ``(chains,)``.
+        beta_prev : float
+            The previous inverse temperature.
+        beta : float
+            The next one.
+
+        Returns
+        -------
+        torch.Tensor
+            ``(chains,)`` float64 increments.
+        """
         return (beta - beta_prev) * (state.log_joint.double() - state.log_base.double())
 
     def transition(self, state: ModelState, beta: float, generator=None) -> ModelState:
+        """One move of every chain that leaves f_beta invariant: ``gibbs`` or ``mh`` for binary z, ``hmc`` otherwise.
+
+        Parameters
+        ----------
+        state : ModelState
+            The chains' state: ``z`` ``(chains, D)``, ``log_base`` = log f_0(z), ``log_joint`` = log p(x, z),
+            ``step_size`` and ``accept_sum`` ``(chains,)``.
+        beta : float
+            The inverse temperature of the target f_beta.
+        generator : torch.Generator or None, default None
+            Source of randomness for the move.
+
+        Returns
+        -------
+        ModelState
+            The chains after the move.
+        """
         if self.model.binary:
             return self.gibbs(state, beta, generator) if self.moves == "gibbs" else self.mh(state, beta, generator)
         return self.hmc(state, beta, generator)
@@ -116,6 +271,27 @@ class ModelPath:
     # ---- continuous z ------------------------------------------------------------------------------------------
 
     def hmc(self, state: ModelState, beta: float, generator) -> ModelState:
+        """One HMC transition (Neal 2011, Sec. 5.3.2) of ``num_leapfrog`` leapfrog steps at each chain's step size.
+
+        The step size is ``steps[beta]`` where the path has fixed ones, else the state's own, adapted after the move
+        (1.02 or 0.98 towards ``target_accept``, at most ``max_step_size``) where ``adapt``.
+
+        Parameters
+        ----------
+        state : ModelState
+            The chains' state: ``z`` ``(chains, D)``, ``log_base`` = log f_0(z), ``log_joint`` = log p(x, z),
+            ``step_size`` and ``accept_sum`` ``(chains,)``.
+        beta : float
+            The inverse temperature of the target f_beta; with ``steps``, one of its keys.
+        generator : torch.Generator or None
+            Source of randomness for the momenta and the accept step.
+
+        Returns
+        -------
+        ModelState
+            The chains after the transition, with the step sizes used (or adapted) and this move's acceptance
+            probabilities added to ``accept_sum``.
+        """
         beta_t = torch.tensor(beta, dtype=state.z.dtype, device=state.z.device)
         if self._closed is not None:
             target = self._closed.tempered(beta_t)
@@ -142,7 +318,26 @@ class ModelPath:
                           state.accept_sum + p.to(state.accept_sum.dtype))
 
     def gibbs(self, state: ModelState, beta: float, generator) -> ModelState:
-        """One systematic scan: unit i set to its other value with the heat-bath probability sigmoid(delta)."""
+        """One systematic scan: unit i set to its other value with the heat-bath probability sigmoid(delta).
+
+        delta = log f_beta(z') - log f_beta(z), z' the state with unit i flipped; the user's model needs no
+        conditional of its own.
+
+        Parameters
+        ----------
+        state : ModelState
+            The chains' state: ``z`` ``(chains, D)``, ``log_base`` = log f_0(z), ``log_joint`` = log p(x, z),
+            ``step_size`` and ``accept_sum`` ``(chains,)``.
+        beta : float
+            The inverse temperature of the target f_beta.
+        generator : torch.Generator or None
+            Source of the uniforms of each flip.
+
+        Returns
+        -------
+        ModelState
+            The chains after the scan; ``accept_sum`` grows by the scan's mean flip probability.
+        """
         d = state.z.shape[1]
         accept = state.accept_sum
         for i in range(d):
@@ -152,7 +347,25 @@ class ModelPath:
         return state._replace(accept_sum=accept + (state.accept_sum - accept) / d)
 
     def mh(self, state: ModelState, beta: float, generator) -> ModelState:
-        """``num_moves`` Metropolis proposals, each flipping ``num_flips`` distinct units chosen per chain."""
+        """``num_moves`` Metropolis proposals, each flipping ``num_flips`` distinct units chosen per chain.
+
+        Each is accepted with min(1, f_beta(z') / f_beta(z)).
+
+        Parameters
+        ----------
+        state : ModelState
+            The chains' state: ``z`` ``(chains, D)``, ``log_base`` = log f_0(z), ``log_joint`` = log p(x, z),
+            ``step_size`` and ``accept_sum`` ``(chains,)``.
+        beta : float
+            The inverse temperature of the target f_beta.
+        generator : torch.Generator or None
+            Source of the units chosen and of the accept steps.
+
+        Returns
+        -------
+        ModelState
+            The chains after the proposals; ``accept_sum`` grows by their mean acceptance probability.
+        """
         n, d = state.z.shape
         accept = state.accept_sum
         metropolis = lambda delta: delta.clamp(max=0.0).exp()  # noqa: E731
