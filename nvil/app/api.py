@@ -47,25 +47,78 @@ RUN_DIR_KEY = "hydra.run.dir="
 
 @dataclass
 class Run:
-    """A finished training run: its directory, the summary ``train.py`` prints, and the checkpoint scored."""
+    """A finished training run: its directory, the summary ``train.py`` prints, and the checkpoint scored.
+
+    ``nvil.train`` returns one; ``checkpoint`` and ``last_checkpoint`` are the paths to hand ``nvil.evaluate`` or
+    ``nvil.load``.
+
+    Parameters
+    ----------
+    run_dir : Path
+        The run directory (``config.yaml``, ``metrics.jsonl``, ``train.log``, ``checkpoints/``).
+    metrics : dict
+        The run's summary, the ``{"train": ...}`` line ``train.py`` prints (``step``, ``checkpoint``, ``val/*``,
+        ``final_eval``, ...).
+
+    Examples
+    --------
+    >>> from pathlib import Path
+    >>> from nvil.app.api import Run
+    >>> run = Run(Path("outputs/run"), {"step": 100, "checkpoint": "outputs/run/checkpoints/best.pt"})
+    >>> run.checkpoint.name, run.last_checkpoint.as_posix()
+    ('best.pt', 'outputs/run/checkpoints/last.pt')
+    """
 
     run_dir: Path
     metrics: dict = field(repr=False)
 
     @property
     def checkpoint(self) -> Path:
-        """The checkpoint the final evaluation scores: ``best.pt`` (``last.pt`` with ``final_eval.checkpoint=last``
-        or where no validation ran)."""
+        """The checkpoint the final evaluation scores: ``best.pt``.
+
+        ``last.pt`` with ``final_eval.checkpoint=last`` or where no validation ran.
+        """
         return Path(self.metrics["checkpoint"])
 
     @property
     def last_checkpoint(self) -> Path:
+        """The run's last checkpoint, ``checkpoints/last.pt`` (the one ``trainer.resume=true`` continues from)."""
         return self.run_dir / "checkpoints" / "last.pt"
 
 
 def compose_config(config_name: str, overrides: list[str]) -> DictConfig:
-    """The config ``train.py`` / ``evaluate.py`` would run with these overrides; Hydra's errors as one line. A
-    Hydra context the caller holds is set aside and restored."""
+    """The config ``train.py`` / ``evaluate.py`` would run with these overrides; Hydra's errors as one line.
+
+    A Hydra context the caller holds is set aside and restored.
+
+    Parameters
+    ----------
+    config_name : str
+        ``train`` or ``evaluate`` (configs/train.yaml, configs/evaluate.yaml).
+    overrides : list of str
+        Hydra overrides, as on the command line (``model=rbm``, ``trainer.max_steps=1000``).
+
+    Returns
+    -------
+    DictConfig
+        The composed config.
+
+    Raises
+    ------
+    ConfigError
+        If Hydra or OmegaConf refuses an override (an unknown key or group, a bad value), in one line.
+
+    Examples
+    --------
+    >>> from nvil.app.api import compose_config
+    >>> cfg = compose_config("train", ["model=rbm", "trainer.max_steps=10"])
+    >>> cfg.model.name, cfg.trainer.max_steps
+    ('rbm', 10)
+    >>> compose_config("train", ["trainer.max_step=5"])
+    Traceback (most recent call last):
+    ...
+    nvil.core.errors.ConfigError: unknown config key trainer.max_step (did you mean trainer.max_steps?); ...
+    """
     backup = get_gh_backup()
     GlobalHydra.instance().clear()
     try:
@@ -119,12 +172,47 @@ def as_overrides(args, keywords: dict, bare_prefix: str = "") -> list[str]:
 
 
 def train(*overrides, run_dir: str | Path | None = None, **settings) -> Run:
-    """Train (and run the family's final evaluation, unless ``final_eval.enabled=false``) as
-    ``python train.py *overrides`` would, in this process. ``overrides``: strings (or one list of strings);
-    ``settings``: config groups and dotted keys as keywords (``model="rbm"``, ``**{"trainer.max_steps": 1000}``).
-    ``run_dir`` (or the override ``hydra.run.dir=DIR``) defaults to ``outputs/DATE/TIME`` under the working
-    directory, as Hydra's; ``trainer.resume=true`` continues the run there. The run's log goes to ``train.log``
-    in it. Returns the ``Run``; raises ``ConfigError`` (one line) for a bad setting."""
+    """Train as ``python train.py *overrides`` would, in this process (and run the family's final evaluation).
+
+    The final evaluation runs unless ``final_eval.enabled=false``. ``overrides``: strings (or one list of strings);
+    ``settings``: config groups and dotted keys as keywords (``model="rbm"``, ``**{"trainer.max_steps": 1000}``),
+    each written as the override the command line would take. The run's log goes to ``train.log`` in the run
+    directory.
+
+    Parameters
+    ----------
+    *overrides : str or list of str
+        Hydra overrides (``"model=rbm"``, ``"trainer.max_steps=1000"``), or one list of them.
+    run_dir : str or Path or None, default None
+        The run directory; None: the override ``hydra.run.dir=DIR`` if given, else ``outputs/DATE/TIME`` under the
+        working directory, as Hydra's. ``trainer.resume=true`` continues the run there.
+    **settings : object
+        Config groups and dotted keys with their values (numbers, strings, booleans, None, lists, dicts).
+
+    Returns
+    -------
+    Run
+        The finished run: its directory, its summary ``metrics`` and its ``checkpoint``.
+
+    Raises
+    ------
+    ConfigError
+        One line, for a bad setting or override (``UserError`` subclasses for other refusals: a held run directory,
+        a bad checkpoint on resume, bad data).
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> import nvil
+    >>> with tempfile.TemporaryDirectory() as run_dir:
+    ...     run = nvil.train(data="synthetic", run_dir=run_dir,
+    ...                      **{"model.layers": [4, 3], "trainer.max_steps": 20, "trainer.device": "cpu",
+    ...                         "trainer.progress": False, "trainer.tensorboard": False, "final_eval.enabled": False})
+    ...     files = sorted(p.name for p in run.run_dir.iterdir())
+    {"train": {"step": 20, ...}}
+    >>> run.metrics["step"], run.checkpoint.name, files
+    (20, 'best.pt', ['.hydra', 'checkpoints', 'config.yaml', 'metrics.jsonl', 'train.log'])
+    """
     overrides = as_overrides(overrides, settings)
     rest = [o for o in overrides if not o.startswith(RUN_DIR_KEY)]
     given = [o[len(RUN_DIR_KEY):] for o in overrides if o.startswith(RUN_DIR_KEY)]
@@ -150,7 +238,45 @@ def evaluate(source, x=None, *overrides, estimator=None, **settings) -> Result:
       model or a user's protocol model; ``seed=``, ``train=``, ``inference=`` and ``budget=`` (seconds: an annealing
       estimator grows from small until its certificate holds, ``nvil.estimators.budget``) as ``objects.estimate``.
 
-    Raises ``ConfigError``, ``CheckpointError`` or ``DataError`` with one line naming the problem."""
+    Parameters
+    ----------
+    source : str or Path or nn.Module
+        A checkpoint's path, or a model (loaded, built-in or a user's protocol model).
+    x : torch.Tensor or numpy.ndarray or str or None, default None
+        The rows ``[N, ...]`` to score; None: the checkpoint's own split. A string here is taken as the first
+        override (``evaluate(checkpoint, "estimator=exact")``).
+    *overrides : str
+        Overrides of evaluate.py (``"estimator=ais"``, ``"eval.num_examples=100"``); only for a checkpoint scored on
+        its own split.
+    estimator : str or Estimator or None, default None
+        The estimator's registry name (``"ais"``, ``"iwae"``, ``"exact"``, ...) or, with rows ``x``, an estimator
+        object; None with a checkpoint: evaluate.yaml's default (iwae); with rows it must be given.
+    **settings : object
+        The estimator's keyword settings (``num_chains=1000``), dotted keys, and ``seed=`` (and, with rows,
+        ``train=``, ``inference=``, ``budget=``).
+
+    Returns
+    -------
+    Result
+        The estimate: per-example ``log_p``, ``mean_log_p``, ``stderr``, ``certified`` and ``warnings``.
+
+    Raises
+    ------
+    ConfigError
+        If an estimator object is given with a checkpoint but no rows, override strings are given with rows, a model
+        is given without rows, or a setting is refused (``CheckpointError`` or ``DataError`` for a bad checkpoint or
+        bad rows), each in one line naming the problem.
+
+    Examples
+    --------
+    >>> import nvil
+    >>> from nvil.models import SBN
+    >>> model = SBN(6, [3])
+    >>> x, _ = model.sample(10)
+    >>> result = nvil.evaluate(model, x, estimator="exact")
+    >>> result.estimator, result.log_p.shape, result.certified
+    ('exact', torch.Size([10]), True)
+    """
     if isinstance(x, str):  # evaluate(checkpoint, "estimator=exact", ...): overrides, no rows
         overrides, x = (x, *overrides), None
     if x is None and isinstance(source, (str, Path)):
@@ -173,10 +299,50 @@ def evaluate(source, x=None, *overrides, estimator=None, **settings) -> Result:
 
 
 def compare(a, b, x=None, *overrides, estimator="iwae", seed: int = 0, **settings) -> objects.Comparison:
-    """The paired difference log p_a(v) - log p_b(v) of two checkpoints (or models, with rows ``x``): both
-    estimated with the same estimator, settings and seed, on the same examples, so each example's random draws
-    are the same for both and the noise they share cancels. Returns a ``Comparison`` (``mean_difference``,
-    ``stderr``, ``unpaired_stderr``, both ``Result`` objects)."""
+    """The paired difference log p_a(v) - log p_b(v) of two checkpoints (or models, with rows ``x``).
+
+    Both are estimated with the same estimator, settings and seed, on the same examples, so each example's random
+    draws are the same for both and the noise they share cancels.
+
+    Parameters
+    ----------
+    a : str or Path or nn.Module
+        The first checkpoint's path, or a model (with ``x``).
+    b : str or Path or nn.Module
+        The second, as ``a``.
+    x : torch.Tensor or numpy.ndarray or str or None, default None
+        The rows to score; None: each checkpoint's own split (as ``evaluate``).
+    *overrides : str
+        Overrides of evaluate.py, for checkpoints scored on their own split.
+    estimator : str or Estimator, default "iwae"
+        The estimator both are scored with.
+    seed : int, default 0
+        The seed both estimates draw from.
+    **settings : object
+        The estimator's keyword settings and dotted keys, as ``evaluate`` takes them.
+
+    Returns
+    -------
+    Comparison
+        ``mean_difference``, ``stderr``, ``unpaired_stderr`` and both ``Result`` objects.
+
+    Raises
+    ------
+    ConfigError
+        If the two estimates cover different examples, or as ``evaluate`` raises.
+
+    Examples
+    --------
+    >>> import nvil
+    >>> from nvil.models import SBN
+    >>> a, b = SBN(6, [3]), SBN(6, [3])
+    >>> x, _ = a.sample(10)
+    >>> d = nvil.compare(a, b, x, estimator="exact")
+    >>> d.log_p_difference.shape, d.a.estimator
+    (torch.Size([10]), 'exact')
+    >>> print(d)
+    exact: log p_a - log p_b = ... ± ... nats over 10 paired examples (unpaired ± ...)
+    """
     results = [evaluate(m, x, *overrides, estimator=estimator, seed=seed, **settings) for m in (a, b)]
     return objects.paired(*results)
 

@@ -33,7 +33,22 @@ def _choose(key: str) -> None:
 
 
 def train() -> None:
-    """``nvil-train``: the same arguments as ``python train.py``."""
+    """``nvil-train``: the same arguments as ``python train.py``, read from ``sys.argv``.
+
+    ``--version`` alone prints the package's version and returns, before torch or Hydra is imported; otherwise
+    torch's CPU kernel set is chosen from ``trainer.cpu_kernels=`` (``nvil.backend.cpu_kernels``), then the training
+    job runs (``nvil.app.main.train_main``). An unknown kernel set is one line on stderr and exit status 2. From
+    Python, ``nvil.train(*overrides, **settings)`` runs the same job in-process.
+
+    Examples
+    --------
+    >>> import sys
+    >>> from unittest import mock
+    >>> from nvil.app.entry import train
+    >>> with mock.patch.object(sys, "argv", ["nvil-train", "--version"]):
+    ...     train()
+    nvil ...
+    """
     if _version():
         return
     _choose("trainer.cpu_kernels")
@@ -41,7 +56,22 @@ def train() -> None:
 
 
 def evaluate() -> None:
-    """``nvil-evaluate``: the same arguments as ``python evaluate.py``."""
+    """``nvil-evaluate``: the same arguments as ``python evaluate.py``, read from ``sys.argv``.
+
+    ``--version`` alone prints the package's version and returns, before torch or Hydra is imported; otherwise
+    torch's CPU kernel set is chosen from ``eval.cpu_kernels=`` (``nvil.backend.cpu_kernels``), then the evaluation
+    job runs (``nvil.app.main.evaluate_main``). An unknown kernel set is one line on stderr and exit status 2. From
+    Python, ``nvil.evaluate(checkpoint, estimator=NAME, **settings)`` runs the same job in-process.
+
+    Examples
+    --------
+    >>> import sys
+    >>> from unittest import mock
+    >>> from nvil.app.entry import evaluate
+    >>> with mock.patch.object(sys, "argv", ["nvil-evaluate", "--version"]):
+    ...     evaluate()
+    nvil ...
+    """
     if _version():
         return
     _choose("eval.cpu_kernels")

@@ -40,8 +40,36 @@ log = logging.getLogger("nvil")
 
 
 def final_plan(cfg: DictConfig) -> list[tuple[DictConfig, int | None]]:
-    """(estimator config, number of examples) for each estimator of ``final_eval``: the model family's plan
-    (configs/final_eval/, chosen by configs/model/*.yaml) or the user's ``final_eval=...`` / ``final_eval.*``."""
+    """The final evaluation plan: (estimator config, number of examples) for each estimator of ``final_eval``.
+
+    The model family's plan (configs/final_eval/, chosen by configs/model/*.yaml) or the user's ``final_eval=...`` /
+    ``final_eval.*``: ``final_eval.estimator`` and, where the plan has one, ``final_eval.then``.
+
+    Parameters
+    ----------
+    cfg : DictConfig
+        The training config (``train.yaml`` composed with the run's overrides).
+
+    Returns
+    -------
+    list of tuple of (DictConfig, int or None)
+        The estimator's config and ``final_eval.num_examples`` (``then_num_examples`` for the second; None: the whole
+        split); empty when ``final_eval.enabled=false``.
+
+    Raises
+    ------
+    ConfigError
+        If ``final_eval.checkpoint`` is neither ``best`` nor ``last``.
+
+    Examples
+    --------
+    >>> from nvil.app.api import compose_config
+    >>> from nvil.app.main import final_plan
+    >>> [(est.name, n) for est, n in final_plan(compose_config("train", ["model=dbn"]))]
+    [('dbn_bound', None), ('chib', 50)]
+    >>> final_plan(compose_config("train", ["final_eval.enabled=false"]))
+    []
+    """
     fe = cfg.final_eval
     if not fe.enabled:
         return []
@@ -54,10 +82,48 @@ def final_plan(cfg: DictConfig) -> list[tuple[DictConfig, int | None]]:
 
 
 def train(cfg: DictConfig, run_dir: str | Path, accepted=None) -> dict:
-    """Train, then (if ``final_eval.enabled``) evaluate the best checkpoint (``final_eval.checkpoint=last``: the
-    last) with each estimator of the final evaluation plan. Returns the metrics, with ``final_eval`` (and
-    ``final_eval_then``) holding their lines. ``accepted()`` runs once every check has passed, before the run
-    writes anything (``nvil.app.loop.fit``)."""
+    """Train, then (if ``final_eval.enabled``) evaluate the scored checkpoint with each estimator of the final plan.
+
+    The best checkpoint is scored (``final_eval.checkpoint=last``: the last) with each estimator of the final
+    evaluation plan (``final_plan``); every estimator's settings, and its fit to the model and the split's size, are
+    checked before the first step. The ``{"train": ...}`` summary is printed on stdout as one strict JSON line (a
+    non-finite score as null), the job's duration on stderr.
+
+    Parameters
+    ----------
+    cfg : DictConfig
+        The run's training config (``train.yaml`` composed with its overrides).
+    run_dir : str or Path
+        The run directory: checkpoints, ``metrics.jsonl`` and the TensorBoard logs go there.
+    accepted : callable or None, default None
+        ``accepted()`` runs once every check has passed, before the run writes anything (``nvil.app.loop.fit``).
+
+    Returns
+    -------
+    dict
+        The run's metrics (``step``, ``checkpoint``, ``train/*``, ``val/*``, ...), with ``final_eval`` (and
+        ``final_eval_then``) holding the estimators' summary lines.
+
+    Raises
+    ------
+    ConfigError
+        If a final estimator's setting is refused, it cannot score the model, or ``final_eval.num_examples`` (or
+        ``then_num_examples``) exceeds the split's examples.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> from nvil.app.api import compose_config
+    >>> from nvil.app.main import train
+    >>> cfg = compose_config("train", ["data=synthetic", "model.layers=[4,3]", "trainer.max_steps=20",
+    ...                                "trainer.device=cpu", "trainer.progress=false", "trainer.tensorboard=false",
+    ...                                "final_eval.enabled=false"])
+    >>> with tempfile.TemporaryDirectory() as run_dir:
+    ...     metrics = train(cfg, run_dir)
+    {"train": {"step": 20, ...}}
+    >>> metrics["step"], "final_eval" in metrics
+    (20, False)
+    """
     started = time.perf_counter()
     plan = final_plan(cfg)
     for est, _ in plan:
@@ -117,9 +183,51 @@ def report_duration(total: float, metrics: dict) -> None:
 
 
 def train_job(cfg: DictConfig, run_dir: str | Path, overrides: list[str], hydra_record: dict | None = None) -> dict:
-    """One training job, the only writer in ``run_dir`` while it lasts (``nvil.core.runlock``): settle the run's
-    config (a resume restores the checkpoint's), record it in ``.hydra/`` only once every check has passed, then
-    train. A command refused before that leaves the directory as it was."""
+    """One training job, the only writer in ``run_dir`` while it lasts (``nvil.core.runlock``).
+
+    Settle the run's config (a resume restores the checkpoint's), record it in ``.hydra/`` only once every check has
+    passed, then train (``train``). A command refused before that leaves the directory as it was. Under torchrun
+    every rank stops on rank 0's refusal.
+
+    Parameters
+    ----------
+    cfg : DictConfig
+        The training config composed from ``overrides``.
+    run_dir : str or Path
+        The run directory (Hydra's ``hydra.run.dir``).
+    overrides : list of str
+        The command line's overrides, recorded in ``.hydra/overrides.yaml`` (a resume applies only the safe ones
+        to the checkpoint's config and appends them to ``.hydra/resumes.yaml``).
+    hydra_record : dict or None, default None
+        Hydra's own config, recorded as ``.hydra/hydra.yaml`` (None: an empty record, as from ``nvil.train``).
+
+    Returns
+    -------
+    dict
+        The run's metrics, as ``train`` returns them.
+
+    Raises
+    ------
+    UserError
+        If another job holds ``run_dir`` (its lock), or any refusal of the run's config, data, model or learner
+        (``ConfigError``, ``CheckpointError``, ``DataError``).
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> from pathlib import Path
+    >>> from nvil.app.api import compose_config
+    >>> from nvil.app.main import train_job
+    >>> overrides = ["data=synthetic", "model.layers=[4,3]", "trainer.max_steps=20", "trainer.device=cpu",
+    ...              "trainer.progress=false", "trainer.tensorboard=false", "print_config=false",
+    ...              "final_eval.enabled=false"]
+    >>> with tempfile.TemporaryDirectory() as run_dir:
+    ...     metrics = train_job(compose_config("train", overrides), run_dir, overrides)
+    ...     recorded = sorted(p.name for p in (Path(run_dir) / ".hydra").iterdir())
+    {"train": {"step": 20, ...}}
+    >>> recorded
+    ['config.yaml', 'hydra.yaml', 'overrides.yaml']
+    """
     run_dir = Path(run_dir)
     d = distributed.current()
     lock = RunLock(run_dir)
@@ -149,9 +257,48 @@ def train_job(cfg: DictConfig, run_dir: str | Path, overrides: list[str], hydra_
 
 
 def evaluate(cfg: DictConfig, overrides: list[str] | tuple[str, ...] = ()) -> Result:
-    """One ``evaluate.py`` job: the checkpoint's model, the split, the estimator; one JSON line. With
+    """One ``evaluate.py`` job: the checkpoint's model, the split, the estimator; one JSON line.
+
+    The JSON line is printed on stdout and appended to ``eval.output`` (default ``<checkpoint>.eval.jsonl``). With
     ``model_module=``, a model of the user's own (``nvil.app.user_model``), whose estimator settings are the
-    ``estimator.KEY=`` entries of ``overrides``."""
+    ``estimator.KEY=`` entries of ``overrides``.
+
+    Parameters
+    ----------
+    cfg : DictConfig
+        The evaluation config (``evaluate.yaml`` composed with ``overrides``).
+    overrides : list of str or tuple of str, default ()
+        The command line's overrides: their ``estimator.KEY=`` entries name the settings the user set, the ones a
+        routed estimator (``nvil.estimators.resolve``) or a user's model takes.
+
+    Returns
+    -------
+    Result
+        The estimator's ``Result`` (``nvil.estimators.base.Result``): per-example log p(v), its mean, standard error
+        and certificate.
+
+    Raises
+    ------
+    ConfigError
+        If neither ``checkpoint=`` nor ``model_module=`` is given.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> import nvil
+    >>> from nvil.app.api import compose_config
+    >>> from nvil.app.main import evaluate
+    >>> with tempfile.TemporaryDirectory() as run_dir:
+    ...     run = nvil.train("data=synthetic", "model.layers=[4,3]", "trainer.max_steps=20", "trainer.device=cpu",
+    ...                      "trainer.progress=false", "trainer.tensorboard=false", "final_eval.enabled=false",
+    ...                      run_dir=run_dir)
+    ...     overrides = [f"checkpoint={run.checkpoint}", "estimator=exact", "eval.progress=false"]
+    ...     result = evaluate(compose_config("evaluate", overrides), overrides)
+    {"train": {"step": 20, ...}}
+    {"estimator": "exact", "mean_log_p": ..., "certified": true, ...}
+    >>> result.estimator, result.log_p.shape, result.certified
+    ('exact', torch.Size([500]), True)
+    """
     if cfg.get("model_module"):  # the user's module is imported only now, because it is named
         return evaluate_user_model(cfg, list(overrides))
     if not cfg.get("checkpoint"):

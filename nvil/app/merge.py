@@ -26,6 +26,46 @@ SAME = ("estimator", "checkpoint", "split", "seed", "num_shards", "step")
 
 
 def merge(lines: list[dict]) -> dict:
+    """The shards' JSON lines merged into the one line an unsharded evaluation would print.
+
+    Each shard's line carries its sums (``sum_log_p``, ``sum_sq_log_p``, per-run ``run_sums``); the mean, the
+    standard error over examples (with the estimate's shared term, such as log Z's, added in quadrature) and the
+    per-run spread are recomputed from them. A shard evaluated twice counts with its latest line. The certificate is
+    the whole's: every shard's checks and warnings, a failed check on any shard failing the merge.
+
+    Parameters
+    ----------
+    lines : list of dict
+        The JSON objects of the shards' lines (lines without ``shard`` are ignored).
+
+    Returns
+    -------
+    dict
+        The merged line: ``estimator``, ``mean_log_p``, ``stderr``, ``num_examples``, ``seconds`` (summed), ``seed``,
+        the shards' other keys, ``checks``, ``warnings``, ``failed_checks``, ``certified`` (None without checks) and
+        ``merged_shards``; with per-run sums also ``num_runs``, ``run_spread`` and ``mean_log_p_per_run``.
+
+    Raises
+    ------
+    ConfigError
+        If no line is a shard's, the lines come from more than one evaluation (estimator, checkpoint, split, seed,
+        num_shards, step), or a shard is missing.
+
+    Examples
+    --------
+    >>> from nvil.app.merge import merge
+    >>> common = {"estimator": "ais", "checkpoint": "c.pt", "split": "test", "seed": 0, "num_shards": 2, "step": 100,
+    ...           "seconds": 1.0, "num_examples": 2}
+    >>> lines = [{**common, "shard": 0, "sum_log_p": -10.0, "sum_sq_log_p": 52.0},    # log p = -4, -6
+    ...          {**common, "shard": 1, "sum_log_p": -14.0, "sum_sq_log_p": 100.0}]   # log p = -6, -8
+    >>> out = merge(lines)
+    >>> out["mean_log_p"], out["stderr"], out["num_examples"], out["merged_shards"]
+    (-6.0, 0.8165, 4, 2)
+    >>> merge(lines[:1])
+    Traceback (most recent call last):
+    ...
+    nvil.core.errors.ConfigError: shards [1] of 2 are missing
+    """
     shards = [d for d in lines if "shard" in d]
     if not shards:
         raise ConfigError("no sharded evaluation lines (with eval.num_shards) to merge")
@@ -74,8 +114,38 @@ def merge(lines: list[dict]) -> dict:
 
 
 def load(path: str) -> tuple[list[dict], list[int]]:
-    """(the JSON objects of the file's lines, the numbers of its torn lines); ``ConfigError`` for a file that
-    cannot be read or holds no JSON line at all."""
+    r"""The JSON objects of a file's lines and the numbers of its torn lines.
+
+    A line that is not a JSON object (torn by a writer killed mid-line) is left out and its number returned.
+
+    Parameters
+    ----------
+    path : str
+        A JSON-lines file of shards' results (``eval.output``).
+
+    Returns
+    -------
+    records : list of dict
+        The JSON objects, in the file's order.
+    torn : list of int
+        The (1-based) numbers of the lines that are not JSON objects.
+
+    Raises
+    ------
+    ConfigError
+        If the file cannot be read (missing, a directory) or holds no JSON line at all (not UTF-8, not JSON lines).
+
+    Examples
+    --------
+    >>> import os, tempfile
+    >>> from nvil.app.merge import load
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     path = os.path.join(d, "shards.jsonl")
+    ...     with open(path, "w") as f:
+    ...         _ = f.write('{"shard": 0}\n{"shard": 1}\n{"sha')
+    ...     load(path)
+    ([{'shard': 0}, {'shard': 1}], [3])
+    """
     try:
         records, torn = read_json_lines(path)
     except OSError as e:
@@ -92,6 +162,36 @@ def load(path: str) -> tuple[list[dict], list[int]]:
 
 
 def main(argv: list[str]) -> None:
+    r"""``python -m nvil.app.merge SHARDS.jsonl [MORE.jsonl ...]``: print the merged result as one JSON line.
+
+    The lines of every file are merged (``merge``); the merged line goes to stdout, as an unsharded run would print
+    it, and its human line (``nvil.app.report``) to stderr. Torn lines are skipped, all of them named in one warning
+    on stderr.
+
+    Parameters
+    ----------
+    argv : list of str
+        The paths of the JSON-lines files (the command line's arguments).
+
+    Raises
+    ------
+    ConfigError
+        If no path is given, a file cannot be read, or the lines do not merge (``merge``).
+
+    Examples
+    --------
+    >>> import json, os, tempfile
+    >>> from nvil.app.merge import main
+    >>> common = {"estimator": "ais", "checkpoint": "c.pt", "split": "test", "seed": 0, "num_shards": 2, "step": 100,
+    ...           "seconds": 1.0, "num_examples": 2}
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     path = os.path.join(d, "shards.jsonl")
+    ...     with open(path, "w") as f:
+    ...         for i, s in enumerate([(-10.0, 52.0), (-14.0, 100.0)]):
+    ...             _ = f.write(json.dumps({**common, "shard": i, "sum_log_p": s[0], "sum_sq_log_p": s[1]}) + "\n")
+    ...     main([path])
+    {"estimator": "ais", "mean_log_p": -6.0, "stderr": 0.8165, "num_examples": 4, ..., "merged_shards": 2}
+    """
     if not argv:
         raise ConfigError("usage: python -m nvil.app.merge SHARDS.jsonl [MORE.jsonl ...]")
     lines, skipped = [], []
@@ -100,7 +200,8 @@ def main(argv: list[str]) -> None:
         lines += records
         skipped += [f"{path}:{n}" for n in torn]
     if skipped:
-        print(f"warning: skipped {len(skipped)} torn line{'s' if len(skipped) > 1 else ''} that are not JSON objects "
+        what = "torn lines that are not JSON objects" if len(skipped) > 1 else "torn line that is not a JSON object"
+        print(f"warning: skipped {len(skipped)} {what} "
               f"({', '.join(skipped[:5])}{', ...' if len(skipped) > 5 else ''})", file=sys.stderr, flush=True)
     merged = merge(lines)
     print(json.dumps(merged), flush=True)

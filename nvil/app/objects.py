@@ -30,13 +30,44 @@ from nvil.models.protocol import protocol_only
 
 
 def load(path: str | Path, device: str | torch.device = "cpu") -> torch.nn.Module:
-    """The model a checkpoint holds, rebuilt from the model registry (``torch.load(weights_only=True)``), in eval
-    mode on ``device`` (``auto``: CUDA where there is one).
+    """The model a checkpoint holds, rebuilt from the model registry, in eval mode on ``device``.
 
-    Two plain attributes (not submodules, so ``state_dict`` is the checkpoint's) travel with it: ``inference_network``
-    (q(h | v), or None for families that need none) and ``checkpoint`` (the path it came from).
+    The checkpoint is read with ``torch.load(weights_only=True)``. Two plain attributes (not submodules, so
+    ``state_dict`` is the checkpoint's) travel with it: ``inference_network`` (q(h | v), or None for families that
+    need none) and ``checkpoint`` (the path it came from).
 
-    Raises ``CheckpointError`` (one line) for a missing, corrupt or foreign file."""
+    Parameters
+    ----------
+    path : str or Path
+        The checkpoint (``best.pt``, ``last.pt``, ...).
+    device : str or torch.device, default "cpu"
+        Where the model goes; ``auto``: CUDA where there is one.
+
+    Returns
+    -------
+    torch.nn.Module
+        The model, with ``inference_network`` and ``checkpoint`` set.
+
+    Raises
+    ------
+    CheckpointError
+        One line, for a missing, corrupt or foreign file.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> import nvil
+    >>> with tempfile.TemporaryDirectory() as run_dir:
+    ...     run = nvil.train("data=synthetic", "model.layers=[4,3]", "trainer.max_steps=20", "trainer.device=cpu",
+    ...                      "trainer.progress=false", "trainer.tensorboard=false", "final_eval.enabled=false",
+    ...                      run_dir=run_dir)
+    ...     model = nvil.load(run.checkpoint)
+    {"train": {"step": 20, ...}}
+    >>> type(model).__name__, type(model.inference_network).__name__, model.training, model.checkpoint.name
+    ('SBN', 'LayeredInference', False, 'best.pt')
+    >>> model.sample(3)[0].shape
+    torch.Size([3, 12])
+    """
     path = Path(path)
     model, inference, _ = load_model(path, resolve_device(str(device)))
     object.__setattr__(model, "inference_network", inference)
@@ -105,7 +136,30 @@ class Comparison:
 
     ``mean_difference`` and ``stderr``: the mean of the per-example differences and its standard error (the
     estimates' shared terms, such as each model's log Z, added in quadrature); ``unpaired_stderr``: the standard
-    error the two means would have as independent estimates, for comparison; ``a`` and ``b``: both ``Result`` objects."""
+    error the two means would have as independent estimates, for comparison; ``a`` and ``b``: both ``Result``
+    objects. ``nvil.compare`` returns one; ``str`` gives it in one line.
+
+    Parameters
+    ----------
+    a : Result
+        The first model's estimate.
+    b : Result
+        The second model's, on the same examples with the same estimator, settings and seed.
+    log_p_difference : torch.Tensor
+        ``a.log_p - b.log_p`` per example, float64, ``[N]``.
+
+    Examples
+    --------
+    >>> import nvil
+    >>> from nvil.models import SBN
+    >>> a, b = SBN(6, [3]), SBN(6, [3])
+    >>> x, _ = a.sample(10)
+    >>> d = nvil.compare(a, b, x, estimator="exact")
+    >>> type(d).__name__, d.log_p_difference.dtype
+    ('Comparison', torch.float64)
+    >>> abs(d.mean_difference - (d.a.mean_log_p - d.b.mean_log_p)) < 1e-9
+    True
+    """
 
     a: Result
     b: Result
@@ -113,15 +167,18 @@ class Comparison:
 
     @property
     def mean_difference(self) -> float:
+        """The mean over examples of log p_a(x) - log p_b(x), in nats."""
         return mean_and_stderr(self.log_p_difference)[0]
 
     @property
     def stderr(self) -> float:
+        """The paired difference's standard error: over examples, and both estimates' shared terms in quadrature."""
         se = mean_and_stderr(self.log_p_difference)[1]
         return math.sqrt(se**2 + self.a.shared_stderr**2 + self.b.shared_stderr**2)
 
     @property
     def unpaired_stderr(self) -> float:
+        """The standard error the difference of the two means would have as independent estimates."""
         return math.sqrt(self.a.stderr**2 + self.b.stderr**2)
 
     def __str__(self) -> str:

@@ -102,12 +102,57 @@ def split_documents(x: torch.Tensor, test: torch.Tensor | None, *, num_valid: in
 
 def bow_data(*, path: str | os.PathLike | None = None, test_path: str | os.PathLike | None = None,
              test_fraction: float = 0.1, num_valid: int = 100, seed: int = 0) -> Dataset:
-    """``data=bow`` (configs/data/bow.yaml): a scipy.sparse document-by-word count matrix (``save_npz``, CSR or
-    COO), for models with ``model.visible=multinomial`` (evaluate.py then reports perplexity per word).
+    """``data=bow`` (configs/data/bow.yaml): a scipy.sparse document-by-word count matrix (``save_npz``, CSR or COO).
 
-    ``path``: the FILE.npz, required. ``test_path``: an optional separate test matrix; without it ``test_fraction``
-    of ``path``'s documents are held out for testing. ``num_valid``: documents held out for validation (the NVIL
-    paper's protocol). ``seed``: the random split."""
+    For models with ``model.visible=multinomial`` (evaluate.py then reports perplexity per word). A split small
+    enough is kept dense, a larger one as a sparse COO tensor densified a minibatch at a time.
+
+    Parameters
+    ----------
+    path : str or os.PathLike or None, default None
+        The FILE.npz, required.
+    test_path : str or os.PathLike or None, default None
+        An optional separate test matrix (the same vocabulary); without it ``test_fraction`` of ``path``'s documents
+        are held out for testing.
+    test_fraction : float, default 0.1
+        The fraction of the documents held out for testing when there is no ``test_path``, in [0, 1).
+    num_valid : int, default 100
+        Documents held out for validation (the NVIL paper's protocol).
+    seed : int, default 0
+        Seeds the random split.
+
+    Returns
+    -------
+    Dataset
+        ``bow`` with ``binarize="counts"``: ``[n, vocabulary]`` word counts per split, no labels.
+
+    Raises
+    ------
+    ConfigError
+        If ``path`` is not given, ``path`` or ``test_path`` is not a file path, or the split is impossible (too few
+        documents, a bad fraction or seed).
+    DataError
+        If a file is missing or not a valid count matrix, holds a count that is not a non-negative integer of at most
+        2**24, or the test matrix's vocabulary differs from ``path``'s.
+
+    Examples
+    --------
+    >>> import os, tempfile
+    >>> import numpy as np
+    >>> from nvil.data import bow_data
+    >>> counts = np.arange(60).reshape(30, 2) % 4                    # 30 documents over 2 words
+    >>> indptr = np.concatenate([[0], np.cumsum((counts > 0).sum(1))])
+    >>> indices = np.nonzero(counts)[1]
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     path = os.path.join(d, "docs.npz")                       # as scipy.sparse.save_npz writes a CSR matrix
+    ...     np.savez(path, format="csr", shape=np.array(counts.shape), data=counts[counts > 0], indices=indices,
+    ...              indptr=indptr)
+    ...     data = bow_data(path=path, num_valid=5, test_fraction=0.2)
+    >>> data.binarize, {name: tuple(x.shape) for name, x in data.splits.items()}
+    ('counts', {'valid': (5, 2), 'train': (19, 2), 'test': (6, 2)})
+    >>> int(sum(x.sum() for x in data.splits.values())) == int(counts.sum())
+    True
+    """
     if not path:
         raise ConfigError("data=bow needs data.path=FILE.npz (a scipy.sparse document-by-word count matrix)")
     for key, value in (("path", path), ("test_path", test_path)):

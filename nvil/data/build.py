@@ -52,9 +52,40 @@ def dataset_settings(cfg) -> dict:
 
 
 def build_dataset(cfg, device: torch.device | str = "cpu") -> Dataset:
-    """The dataset the ``data`` config ``cfg`` names, on ``device``. Every size, seed and fraction is checked by its
-    builder, so a bad value is a one-line ``ConfigError`` rather than a silent slice (``num_train=-1``) or
-    coercion."""
+    """The dataset the ``data`` config ``cfg`` names, on ``device``: ``DATASETS[cfg.name](**settings)``.
+
+    Every size, seed and fraction is checked by its builder, so a bad value is a one-line ``ConfigError`` rather
+    than a silent slice (``num_train=-1``) or coercion.
+
+    Parameters
+    ----------
+    cfg : DictConfig or Mapping
+        The ``data`` config: ``name`` (a key of ``DATASETS``) and the builder's keywords (a null stays None).
+    device : torch.device or str, default "cpu"
+        Where every split goes.
+
+    Returns
+    -------
+    Dataset
+        The dataset, its splits on ``device``.
+
+    Raises
+    ------
+    ConfigError
+        If ``name`` is unknown, a key is not a setting of its builder, or the builder refuses a value (``DataError``
+        for the data itself).
+
+    Examples
+    --------
+    >>> from nvil.data import build_dataset
+    >>> data = build_dataset({"name": "synthetic", "num_train": 100, "num_valid": 10, "num_test": 10})
+    >>> data.name, data.dim, data.split("train").shape
+    ('synthetic', 12, torch.Size([100, 12]))
+    >>> build_dataset({"name": "synthetic", "num_trian": 5})
+    Traceback (most recent call last):
+    ...
+    nvil.core.errors.ConfigError: data.num_trian is not a setting of data=synthetic (did you mean data.num_train?); ...
+    """
     return DATASETS[dataset_name(cfg)](**dataset_settings(cfg)).to(torch.device(device))
 
 

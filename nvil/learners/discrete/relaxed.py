@@ -67,12 +67,65 @@ def conditional_uniform(u: torch.Tensor, b: torch.Tensor, alpha: torch.Tensor) -
 
 
 class REBAR(DiscreteLearner):
-    """REBAR. Keywords (defaults: configs/learner/rebar.yaml): ``DiscreteLearner``'s, and ``eta`` (the control
-    variate's initial scale), ``temperature`` (the initial lambda of sigmoid(z / lambda)), ``cv_lr_scale`` (the
-    control variate's rate relative to lr; the authors' code: 10), ``cv_objective`` (what eta, lambda (and r_rho)
-    descend: ``parameters``, the second moment of the inference weights' estimate; ``logits``, the mean square of the
-    per-example logit-space estimate, the RELAX authors' code), ``cv_noise`` (``independent``: z~ from its own
-    uniform v; ``common``: v from z's u, so z~ = z in value, the RELAX authors' ``v_from_u``)."""
+    """REBAR: the relaxed f as a control variate, its scale and temperature tuned online (Tucker et al. 2017).
+
+    Layer i's estimate is g_phi = [f(b) - c(z~)] grad_phi log q(b | x) + grad_phi c(z) - grad_phi c(z~)
+    (RELAX Eq. 5) with c(z) = eta f(sigma_lambda(z)) (REBAR Eq. 7); eta and lambda descend the single-sample
+    estimate of g_phi's variance, which takes a second backward pass (``estimate``). 1 + 2 n evaluations of f per
+    example for n layers (``evaluations_per_example``). Defaults: configs/learner/rebar.yaml.
+
+    Parameters
+    ----------
+    model : nn.Module
+        The directed model p(x, h) with parameters theta (an ``nvil.models.SBN``).
+    inference : nn.Module
+        The inference network q(h | x) with parameters phi: factorial Bernoulli layers
+        (``nvil.models.LayeredInference`` with ``autoregressive=False``).
+    device : torch.device or str, default "cpu"
+        Where the learner and its generator live.
+    seed : int, default 0
+        Seed of the learner's generator, which draws the uniforms u (and v).
+    optimizer : str, default "adam"
+        ``adam`` or ``sgd``.
+    lr : float, default 0.001
+        The model's learning rate.
+    momentum : float, default 0.0
+        SGD's momentum.
+    inference_lr_scale : float, default 0.2
+        q's rate relative to ``lr`` (the authors' code: 1, one rate).
+    eta : float, default 1.0
+        The control variate's initial scale eta.
+    temperature : float, default 0.5
+        The initial lambda of sigmoid(z / lambda).
+    cv_lr_scale : float, default 1.0
+        The control variate's rate relative to ``lr`` (the authors' code: 10).
+    cv_objective : str, default "parameters"
+        What eta, lambda (and r_rho) descend: ``parameters``, the second moment of the inference weights' estimate;
+        ``logits``, the mean square of the per-example logit-space estimate (the RELAX authors' code).
+    beta2 : float, default 0.999
+        Adam's second-moment decay (the authors' code: 0.99999).
+    cv_noise : str, default "independent"
+        ``independent``: z~ from its own uniform v; ``common``: v from z's u, so z~ = z in value (the RELAX
+        authors' ``v_from_u``).
+
+    Raises
+    ------
+    ConfigError
+        If ``cv_objective`` or ``cv_noise`` is not one of its choices, ``temperature`` is not positive, the inference
+        network's layers are not factorial Bernoulli, or an optimiser setting is invalid.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from nvil.models import SBN, LayeredInference
+    >>> from nvil.learners import REBAR
+    >>> learner = REBAR(SBN(6, [4, 3]), LayeredInference(6, [4, 3]))
+    >>> learner.evaluations_per_example
+    5
+    >>> x = torch.bernoulli(torch.full((8, 6), 0.5))
+    >>> sorted(learner.step(x))
+    ['rebar/eta', 'rebar/grad_square', 'rebar/temperature', 'train/elbo', 'train/model_loss']
+    """
 
     needs_bernoulli_q = True
     supports_data_parallel = False  # the update is set by hand (two backward passes), not through DDP's backward
@@ -107,17 +160,52 @@ class REBAR(DiscreteLearner):
         self.evaluations_per_example = 1 + 2 * len(inference.encoders)  # f(b); the relaxed f at z_i and z~_i
 
     def relaxed_f(self, x: torch.Tensor, soft: list[torch.Tensor], logits: list[torch.Tensor]) -> torch.Tensor:
-        """f(h) = log p(x, h) - log q(h | x) at relaxed h in (0, 1)^n, given each layer's inference logits (from the
-        relaxed layer below)."""
+        """f(h) = log p(x, h) - log q(h | x) at relaxed h in (0, 1)^n, given each layer's inference logits.
+
+        Parameters
+        ----------
+        x : torch.Tensor
+            The minibatch ``[batch, n_visible]``.
+        soft : list of torch.Tensor
+            The relaxed (or hard) units of every layer, ``[..., batch, units]``.
+        logits : list of torch.Tensor
+            Each layer's inference logits (from the relaxed layer below).
+
+        Returns
+        -------
+        torch.Tensor
+            f at the relaxed sample, ``[..., batch]``.
+        """
         log_q = sum(bernoulli_log_prob(a, h) for a, h in zip(logits, soft))
         return self.model.log_joint(x, soft) - log_q
 
     def c(self, x: torch.Tensor, below: list[torch.Tensor], logits: list[torch.Tensor], z: torch.Tensor,
           u_above: list[torch.Tensor]) -> torch.Tensor:
-        """c_i(z) [batch] for layer i = len(below): the hard layers ``below``, layer i relaxed from ``z``, the layers
-        above relaxed from their uniforms ``u_above`` (each one's logits from the relaxed layer beneath). ``logits``:
-        the inference logits of layers 0..i (their inputs x and the hard ``below`` are fixed). ``z`` may carry leading
-        dimensions (z and z~ stacked: one relaxed pass for both), which the result keeps."""
+        """The control variate c_i(z) for layer i = len(below), with the layers above relaxed from their uniforms.
+
+        The hard layers ``below``, layer i relaxed from ``z``, the layers above relaxed from their uniforms ``u_above``
+        (each one's logits from the relaxed layer beneath). ``logits``: the inference logits of layers 0..i (their
+        inputs x and the hard ``below`` are fixed). ``z`` may carry leading dimensions (z and z~ stacked: one relaxed
+        pass for both), which the result keeps. c_i = eta f(sigma_lambda(z)), plus r_rho for RELAX.
+
+        Parameters
+        ----------
+        x : torch.Tensor
+            The minibatch ``[batch, n_visible]``.
+        below : list of torch.Tensor
+            The hard samples b_0..b_{i-1} of the layers below i.
+        logits : list of torch.Tensor
+            The inference logits of layers 0..i.
+        z : torch.Tensor
+            Layer i's logistic sample (before the sigmoid), ``[..., batch, units]``.
+        u_above : list of torch.Tensor
+            The uniforms of the layers above i.
+
+        Returns
+        -------
+        torch.Tensor
+            c_i(z), ``[..., batch]``.
+        """
         cv = self.control_variate
         temperature = cv.log_temperature.exp()
         soft, logits = [*below, torch.sigmoid(z / temperature)], list(logits)
@@ -133,12 +221,45 @@ class REBAR(DiscreteLearner):
         return out
 
     def correction(self, c_z: torch.Tensor, c_zt: torch.Tensor) -> torch.Tensor:
-        """The term whose phi-gradient is grad c(z) - grad c(z~) (mean over the minibatch)."""
+        """The term whose phi-gradient is grad c(z) - grad c(z~) (mean over the minibatch).
+
+        Parameters
+        ----------
+        c_z : torch.Tensor
+            c(z), ``[batch]``.
+        c_zt : torch.Tensor
+            c(z~), ``[batch]``.
+
+        Returns
+        -------
+        torch.Tensor
+            0-d: mean(c(z) - c(z~)).
+        """
         return (c_z - c_zt).mean()
 
     def estimate(self, x: torch.Tensor, tune: bool) -> tuple[dict, list, dict]:
-        """({name: ascent direction} of model and inference network, d sum(g_phi^2) / d(control variate) (empty
-        unless ``tune``), metrics), from one draw of (u, v) per unit."""
+        """One draw of the ascent direction of model and inference network, and the control variate's gradient.
+
+        From one draw of (u, v) per unit: layer i's estimate in logit space D_i, mapped to the weights once, and with
+        ``tune`` the gradient of sum(g_phi^2) in the control variate's parameters (a second backward pass).
+
+        Parameters
+        ----------
+        x : torch.Tensor
+            The minibatch ``[batch, n_visible]``.
+        tune : bool
+            Also compute d sum(g_phi^2) / d(control variate) and the ``rebar/*`` metrics.
+
+        Returns
+        -------
+        ascent : dict of str to torch.Tensor
+            The ascent direction per parameter name (``model.*``, ``inference.*``).
+        cv_grads : dict
+            d sum(g_phi^2) / d(control variate) per parameter name (weight decay added); empty unless ``tune``.
+        metrics : dict
+            ``train/elbo``, ``train/model_loss`` and, with ``tune``, ``rebar/eta``, ``rebar/temperature`` and
+            ``rebar/grad_square``.
+        """
         inf, batch = self.inference, x.shape[0]
         sizes = [enc.out_features for enc in inf.encoders]
         us = [self.open_rand((batch, n), x) for n in sizes]
@@ -184,18 +305,48 @@ class REBAR(DiscreteLearner):
         return ascent, cv_grads, metrics
 
     def variance_term(self, d_alpha: torch.Tensor, v: torch.Tensor, bias: bool) -> torch.Tensor:
-        """Layer i's part of what the control variate descends, from D_i = ``d_alpha`` [N, units] and the layer's
-        input v [N, in]: ``cv_objective=parameters``, sum(g_W^2) + sum(g_c^2) = sum_nm (D D')_nm (v_n . v_m + 1) (the
-        second moment of the weights' estimate; its mean does not depend on the control variate); ``logits``, the
-        RELAX authors' code, the mean of D_i^2 over examples and units (the same argument per logit)."""
+        """Layer i's part of what the control variate descends, from D_i and the layer's input v.
+
+        ``cv_objective=parameters``: sum(g_W^2) + sum(g_c^2) = sum_nm (D D')_nm (v_n . v_m + 1) (the second moment of
+        the weights' estimate; its mean does not depend on the control variate); ``logits``, the RELAX authors' code,
+        the mean of D_i^2 over examples and units (the same argument per logit).
+
+        Parameters
+        ----------
+        d_alpha : torch.Tensor
+            D_i, the estimate in layer i's logits, ``[N, units]``.
+        v : torch.Tensor
+            The affine layer's input, ``[N, in]``.
+        bias : bool
+            Whether the layer has a bias (the ``+ 1`` of the Gram form).
+
+        Returns
+        -------
+        torch.Tensor
+            0-d: the layer's term of the variance objective.
+        """
         if self.objective == "logits":
             return d_alpha.pow(2).mean()
         gram = v @ v.T + bias
         return ((d_alpha @ d_alpha.T) * gram).sum()
 
     def with_weight_decay(self, grads: dict, params: dict) -> dict:
-        """``grads`` plus d/d rho of 0.5 wd |rho|^2 on r_rho's parameters (``learner.cv_weight_decay``, the RELAX
-        authors' L2), added outside the variance's graph (one add per tensor instead of its own backward)."""
+        """``grads`` plus d/d rho of 0.5 wd |rho|^2 on r_rho's parameters (``learner.cv_weight_decay``).
+
+        The RELAX authors' L2, added outside the variance's graph (one add per tensor instead of its own backward).
+
+        Parameters
+        ----------
+        grads : dict
+            The control variate's gradients per parameter name (None where the variance does not reach a parameter).
+        params : dict
+            The control variate's parameters per name.
+
+        Returns
+        -------
+        dict
+            ``grads`` with the decay added to r_rho's entries (``grads`` itself when the decay is 0).
+        """
         if not self.weight_decay:
             return grads
         decayed = {id(p) for net in self.control_variate.networks() for p in net.parameters()}
@@ -206,11 +357,38 @@ class REBAR(DiscreteLearner):
         return grads
 
     def gradient_estimate(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        """One draw of the ascent direction of model and inference network, the control variate left untuned.
+
+        Parameters
+        ----------
+        x : torch.Tensor
+            The minibatch ``[batch, n_visible]``.
+
+        Returns
+        -------
+        dict of str to torch.Tensor
+            The ascent direction per parameter name (``model.*``, ``inference.*``).
+        """
         return self.estimate(x, tune=False)[0]
 
     def step(self, x: torch.Tensor, diagnostics: bool = False) -> dict[str, torch.Tensor]:
-        """One update: the estimate's ascent direction for theta and phi, and the variance's gradient for the
-        control variate, through the one optimiser."""
+        """One update: theta and phi along the estimate, the control variate down its variance, one optimiser.
+
+        The estimate's ascent direction for theta and phi, and the variance's gradient for the control variate.
+
+        Parameters
+        ----------
+        x : torch.Tensor
+            The minibatch ``[batch, n_visible]``.
+        diagnostics : bool, default False
+            A logging step: also report the gradient norms ``grad_norm/<group>``.
+
+        Returns
+        -------
+        dict of str to torch.Tensor
+            ``train/elbo``, ``train/model_loss``, ``rebar/eta``, ``rebar/temperature``, ``rebar/grad_square`` (and the
+            gradient norms on a logging step).
+        """
         ascent, cv_grads, metrics = self.estimate(x, tune=True)
         params = self.estimated_params()
         for k, p in params.items():
@@ -224,16 +402,91 @@ class REBAR(DiscreteLearner):
         return metrics
 
     def accelerate(self, mode: str, device=None, steps: int | None = None) -> "REBAR":
-        """Nothing to compile here: the double backward runs eagerly in every mode (``trainer.accel`` is checked)."""
+        """Nothing to compile here: the double backward runs eagerly in every mode (``trainer.accel`` is checked).
+
+        Parameters
+        ----------
+        mode : str
+            ``trainer.accel``'s value (``nvil.backend.accel``).
+        device : torch.device or str or None, default None
+            The run's device, which the mode is checked against.
+        steps : int or None, default None
+            The run's length (unused).
+
+        Returns
+        -------
+        REBAR
+            The learner itself, unchanged.
+        """
         check_mode(mode, device, "trainer.accel")
         return self
 
 
 class RELAX(REBAR):
-    """RELAX: REBAR's keywords (defaults: configs/learner/relax.yaml) and r_rho's: ``cv_hidden`` units in each of
-    ``cv_depth`` hidden layers (the authors' code: 2 or 4), ``cv_activation`` (tanh | relu), ``cv_inputs``
-    (``relaxed``: one r_rho on every layer's relaxed units; ``x_z``: the authors' code, one r_rho per latent layer i
-    on (x - mean, z_i, 2 b_<i - 1)), ``cv_weight_decay`` (L2 on r_rho, added to the variance objective)."""
+    """RELAX: REBAR's control variate plus a neural network r_rho, trained on the variance (Grathwohl et al. 2018).
+
+    c(z) = eta f(sigma_lambda(z)) + r_rho(sigma_lambda(z)); eta, lambda and rho descend the single-sample estimate of
+    the inference gradient's variance. REBAR's keywords (defaults: configs/learner/relax.yaml) and r_rho's.
+
+    Parameters
+    ----------
+    model : nn.Module
+        The directed model p(x, h) with parameters theta (an ``nvil.models.SBN``).
+    inference : nn.Module
+        The inference network q(h | x) with parameters phi: factorial Bernoulli layers.
+    device : torch.device or str, default "cpu"
+        Where the learner and its generator live.
+    seed : int, default 0
+        Seed of the learner's generator.
+    optimizer : str, default "adam"
+        ``adam`` or ``sgd``.
+    lr : float, default 0.001
+        The model's learning rate.
+    momentum : float, default 0.0
+        SGD's momentum.
+    inference_lr_scale : float, default 0.2
+        q's rate relative to ``lr``.
+    eta : float, default 1.0
+        The control variate's initial scale eta.
+    temperature : float, default 0.5
+        The initial lambda of sigmoid(z / lambda).
+    cv_lr_scale : float, default 1.0
+        The control variate's rate relative to ``lr`` (the authors' code: 10).
+    cv_objective : str, default "parameters"
+        ``parameters`` or ``logits``, as REBAR's (the authors' code: logits).
+    beta2 : float, default 0.999
+        Adam's second-moment decay (the authors' code: 0.99999).
+    cv_hidden : int, default 200
+        Units in each of r_rho's hidden layers.
+    cv_depth : int, default 1
+        r_rho's hidden layers (the authors' code: 2 or 4).
+    cv_activation : str, default "tanh"
+        ``tanh`` or ``relu`` (the authors' code: relu).
+    cv_inputs : str, default "relaxed"
+        ``relaxed``: one r_rho on every layer's relaxed units; ``x_z``: the authors' code, one r_rho per latent
+        layer i on (x - mean, z_i, 2 b_<i - 1).
+    cv_weight_decay : float, default 0.0
+        L2 on r_rho, added to the variance objective (the authors' code: 1e-4).
+    cv_noise : str, default "independent"
+        ``independent`` or ``common``, as REBAR's (the RELAX authors' code: common).
+
+    Raises
+    ------
+    ConfigError
+        If ``cv_hidden`` or ``cv_depth`` is not a positive integer, a choice (``cv_inputs``, ``cv_activation``,
+        ``cv_objective``, ``cv_noise``) is unknown, ``cv_weight_decay`` is negative, or another setting is invalid.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from nvil.models import SBN, LayeredInference
+    >>> from nvil.learners import RELAX
+    >>> learner = RELAX(SBN(6, [4, 3]), LayeredInference(6, [4, 3]), cv_hidden=8)
+    >>> x = torch.bernoulli(torch.full((8, 6), 0.5))
+    >>> metrics = learner.step(x, diagnostics=True)
+    >>> "grad_norm/control_variate" in metrics, len(learner.control_variate.networks())
+    (True, 1)
+    """
 
     neural = True
     NAME = "relax"
