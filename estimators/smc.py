@@ -517,7 +517,7 @@ class SMCLadder(Ladder):
     of steps as the pilot did (the reverse run's); ``extras`` is the result's ``log_z_schedule``. Build one with
     ``SMCLadder.of(betas, ...)``.
 
-    Parameters
+    Attributes
     ----------
     kind : str
         ``"adaptive"`` (``Ladder``'s kind: its betas come from ``knots`` and ``rate``).
@@ -529,6 +529,9 @@ class SMCLadder(Ladder):
         K, the pilot's steps (the result's ``num_betas``).
     pilot_log_w_sd : float or None, default None
         Not used by SMC (``Ladder``'s).
+
+    Parameters
+    ----------
     cess : float, default 0.9
         The conditional ESS share the pilot kept.
     num_particles : int, default 0

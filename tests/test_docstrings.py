@@ -109,8 +109,10 @@ def entry_names(text: str) -> list[str]:
 
 def signature_names(obj) -> list[str]:
     target = obj.__init__ if inspect.isclass(obj) else obj
-    if inspect.isclass(obj) and target is object.__init__:
-        return []
+    if inspect.isclass(obj):
+        owner = next(c for c in obj.__mro__ if "__init__" in vars(c))
+        if not owner.__module__.startswith("nvil"):
+            return []                             # object's or nn.Module's constructor: nothing of ours to document
     try:
         sig = inspect.signature(target)
     except (TypeError, ValueError):
@@ -170,10 +172,11 @@ def problems(obj, top: bool) -> list[str]:
         return out
     want = signature_names(obj)
     have = entry_names(found.get("Parameters", ""))
+    attributes = entry_names(found.get("Attributes", ""))   # a dataclass's inherited fields may stand there
     if want and "Parameters" not in found:
         out.append(f"no Parameters section (signature: {', '.join(want)})")
     elif want or have:
-        if missing := [n for n in want if n not in have]:
+        if missing := [n for n in want if n not in have and n not in attributes]:
             out.append(f"Parameters lacks {', '.join(missing)}")
         if stale := [n for n in have if n not in want]:
             out.append(f"Parameters names {', '.join(stale)}, not in the signature")

@@ -27,13 +27,7 @@ class Learner(nn.Module):
     - ``image_grids(seed, device)``: TensorBoard image grids (default: the model's ancestral samples);
     - ``accelerate(mode, device)``: apply ``trainer.accel`` (``nvil.backend.accel``) to the learner's hot loops.
 
-    Parameters
-    ----------
-    *args : Any
-        Passed on to ``torch.nn.Module.__init__`` (which takes none); each learner defines its own constructor,
-        ``Learner(model, inference, *, device=..., seed=..., **settings)``.
-    **kwargs : Any
-        Passed on to ``torch.nn.Module.__init__``.
+    Each learner defines its own constructor, ``Learner(model, inference, *, device=..., seed=..., **settings)``.
 
     Examples
     --------
