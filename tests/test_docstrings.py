@@ -217,7 +217,6 @@ def run_examples(obj, name: str, out=lambda text: None) -> doctest.TestResults:
 
 @pytest.mark.parametrize("path,obj", EXAMPLES, ids=[p for p, _ in EXAMPLES])
 def test_examples_run(path, obj):
-    import torch
     torch.manual_seed(0)
     result = run_examples(obj, path)
     assert result.failed == 0, f"{path}: {result.failed} of {result.attempted} example lines failed " \
@@ -269,7 +268,6 @@ def source_file(obj) -> str:
 if __name__ == "__main__":   # python tests/test_docstrings.py models/rbm.py ...: the contract for those files
     import sys
 
-    import torch
     wanted = set(sys.argv[1:])
     failing = 0
     for path, obj, top in DOCUMENTED:
