@@ -175,7 +175,8 @@ class ModelPath:
         generator : torch.Generator or None
             Source of randomness for the draw.
         step_size : float
-            Every chain's initial HMC step size (unused for binary z).
+            Every chain's initial HMC step size (unused for binary z, and where the base gives its own
+            ``unit_step``, as ``LaplaceBase`` does with its mass matrix).
 
         Returns
         -------
@@ -183,7 +184,9 @@ class ModelPath:
             The chains at beta = 0, with their log f_0 and log p(x, z) and no acceptances yet.
         """
         z = self.base.sample(1, generator)[0]
-        return self.state(z, torch.full((z.shape[0],), float(step_size), device=z.device))
+        unit = getattr(self.base, "unit_step", None)  # a base scaled to the posterior gives its own (LaplaceBase)
+        steps = unit.clone() if unit is not None else torch.full((z.shape[0],), float(step_size), device=z.device)
+        return self.state(z, steps)
 
     def state(self, z: torch.Tensor, step_size: torch.Tensor | None = None,
               accept_sum: torch.Tensor | None = None) -> ModelState:
@@ -297,7 +300,7 @@ class ModelPath:
             target = self._closed.tempered(beta_t)
         else:
             target = lambda z: self._log_f_beta(z, beta_t)  # noqa: E731
-        kernel = HMC(target, self.num_leapfrog)
+        kernel = HMC(target, self.num_leapfrog, inv_mass=getattr(self.base, "inv_mass", None))
         step = state.step_size if self.steps is None else self.steps[beta]
         new, info = kernel.step(kernel.init(state.z), generator=generator, step_size=step)
         if self.steps is None and self.adapt:
@@ -401,6 +404,7 @@ class ContinuousLatent:
     densities, draws and closed-form gradient in that form, so the one AIS path (``ModelPath``) runs on it."""
 
     needs_log_z = False  # the prior is normalised: exp(log w) estimates p(x) itself
+    default_start = "prior"  # estimator=ais_hmc anneals from the prior (Wu et al. 2017), and BDMC certifies that run
 
     def __init__(self, model, estimator: str, form: str) -> None:
         if not capable(model, CONTINUOUS_LATENTS):

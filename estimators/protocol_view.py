@@ -16,7 +16,7 @@ from nvil.core.errors import ConfigError
 from nvil.core.ops import mean_and_stderr
 from nvil.models.protocol import ProtocolModel
 
-STARTS = (None, "prior", "proposal")
+STARTS = (None, "prior", "proposal", "laplace")
 
 
 def protocol(model) -> ProtocolModel:
@@ -57,7 +57,8 @@ def check_data(x) -> None:
 
 def check_start(start) -> None:
     if start not in STARTS:
-        raise ConfigError(f"start must be prior or proposal (None: the proposal where the model has one), got {start!r}")
+        raise ConfigError("start must be prior, proposal or laplace (None: the proposal where the model has one, "
+                          f"else laplace for continuous z), got {start!r}")
 
 
 CONSISTENCY_PAIRS = 200  # simulated pairs of the likelihood_consistency check (at least)

@@ -186,8 +186,8 @@ def test_prior_proposal_iwae_is_a_lower_bound_that_tightens_with_k():
     net = linear_net(seed=7)
     x, _ = net.sample(30, generator=torch.Generator().manual_seed(3))
     exact = exact_log_p(net, x).detach()
-    small = IWAE(num_samples=10).estimate(net, x, seed=4).log_p
-    large = IWAE(num_samples=20000).estimate(net, x, seed=4).log_p
+    small = IWAE(num_samples=10, start="prior").estimate(net, x, seed=4).log_p
+    large = IWAE(num_samples=20000, start="prior").estimate(net, x, seed=4).log_p
     assert (large.mean() - exact.mean()) < 0.05
     assert small.mean() < large.mean() - 0.1  # the weak baseline: far below at small K
     assert abs(large.mean() - exact.mean()) < 0.5
@@ -289,7 +289,7 @@ def test_gaussian_estimators_and_errors_through_evaluate(tmp_path):
         results[name] = evaluate_checkpoint(m["checkpoint"], cfg, EvalSpec(
             device="cpu", progress=False, num_examples=20))
         assert torch.isfinite(results[name].log_p).all() and results[name].log_p.shape == (20,)
-    assert results["iwae"].extras["proposal"] == "prior"
+    assert results["iwae"].extras["proposal"] == "laplace"  # no inference network: a Laplace fit per example
     for name, hint in [("chib", "ais_hmc"), ("ais_posterior", "ais_hmc")]:
         with pytest.raises(ConfigError, match=hint):
             evaluate_checkpoint(m["checkpoint"], estimator_config(name), EvalSpec(
