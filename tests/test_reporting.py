@@ -52,6 +52,17 @@ def test_the_human_line_of_a_certified_estimate():
     assert chib.endswith("[certified: run spread 0.004 nats over 10 runs]"), chib
 
 
+def test_the_human_line_says_what_a_budget_spent():
+    rounds = [{"num_betas": 62, "num_chains": 4, "seconds": 2.5, "certified": False, "failed": ["example_ess"]},
+              {"num_betas": 124, "num_chains": 8, "seconds": 3.5, "certified": True, "failed": []}]
+    line = headline(ais_line(budget={"seconds": 300.0, "spent": 6.04, "rounds": rounds}))
+    assert line.endswith("log Z interval 0.03 nats; budget: 6 s of 300 s, round 2 (num_betas=124, num_chains=8)]")
+    smc = headline(ais_line(estimator="smc", budget={"seconds": 60, "spent": 1.2, "rounds": [
+        {"cess": 0.875, "num_particles": 8, "seconds": 1.2, "certified": True, "failed": []}]}))
+    assert smc.endswith("budget: 1 s of 60 s, round 1 (cess=0.875, num_particles=8)]"), smc
+    assert "budget" not in headline(ais_line())  # run once: nothing to say
+
+
 def test_the_human_line_of_an_estimate_that_is_not_certified():
     warning = ("forward and reverse AIS disagree by 2.31 nats (more than estimator.max_gap=1.0): log Z lies "
                "somewhere in [450.00, 452.31]; use more betas or chains")

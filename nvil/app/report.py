@@ -42,7 +42,22 @@ def headline(line: dict) -> str:
         where += f", perplexity{bound} {line['perplexity']:,} per word"
     tags = [NATURE[name]] if name in NATURE else [line["lower_bound"]] if is_bound else []
     tags.append(certificate(line))
+    spent = budget_spent(line)
+    if spent:
+        tags.append(spent)
     return f"{name}: {statement} {where} [{'; '.join(tags)}]"
+
+
+def budget_spent(line: dict) -> str:
+    """What a budget spent (``nvil.estimators.budget``): ``budget: 6 s of 300 s, round 1 (num_betas=62,
+    num_chains=4)``; "" for an estimate run once."""
+    budget = line.get("budget")
+    if not isinstance(budget, dict) or not _finite(budget.get("spent")) or not budget.get("rounds"):
+        return ""
+    last = {k: v for k, v in budget["rounds"][-1].items() if k not in ("seconds", "certified", "failed")}
+    sizes = ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in last.items())
+    return (f"budget: {budget['spent']:.0f} s of {budget.get('seconds', 0):g} s, round {len(budget['rounds'])}"
+            f" ({sizes})")
 
 
 def certificate(line: dict) -> str:
