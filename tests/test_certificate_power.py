@@ -10,7 +10,11 @@ seeds (bench/certificate_power.py measures it on more models and runs):
   certificate whose kept run was swapped fails its re-check, and resampling draws the forward end states in
   proportion to their weights (the broken variant, uniform draws, does not);
 - a certificate made on more rows than it probes passes the re-verification of a cached entry (its bound
-  includes the fixed reference probes; the broken variant, a bound without them, does not).
+  includes the fixed reference probes; the broken variant, a bound without them, does not);
+- on a protocol model with binary latents (bench/certificate_power_models.py), the per-example certificate of
+  ``evaluate_model`` with no settings (AIS or SMC within the budget) holds, its band holds the enumerated mean
+  log p(x) and, moved by 2 nats either way, misses it, and the estimate moved down fails ``above_iwae``; the broken
+  variant, the certificate without its IWAE comparison, passes the estimate moved down.
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 
 from certificate_power import Case, case, certify, off, pcd_case, random_rbm, shifted  # noqa: E402
+from certificate_power_models import BinaryVAE, band_holds, enumerated_log_p, run, simulate  # noqa: E402
+from certificate_power_models import shifted as shifted_example  # noqa: E402
 
 from nvil.estimators.ais_rbm import base_rate  # noqa: E402
 from nvil.estimators.annealing import LogZ  # noqa: E402
@@ -152,3 +158,40 @@ def test_a_certificate_on_more_rows_than_it_probes_passes_its_re_verification():
     assert own.value < reference_bound(m, rows).value <= c.bound.value
     with pytest.raises(ValueError, match="fresh probe"):
         verify(replace(c, bound=own), m, rows)
+
+
+@functools.cache
+def binary_runs(estimator: str, **settings) -> tuple:
+    """(the binary protocol model, its runs at SEEDS with ``evaluate_model``'s defaults and ``settings``), on rows
+    apart from the bench's."""
+    m = BinaryVAE()
+    runs = []
+    for seed in SEEDS:
+        x = simulate(m, 16, 2000 + seed)
+        runs.append(run(m, x, enumerated_log_p(m, x).mean().item(), seed, estimator=estimator, **settings))
+    return m, runs
+
+
+@pytest.mark.parametrize("estimator", ["ais", "smc"])
+def test_a_protocol_models_band_holds_the_exact_mean_and_misses_it_moved_by_2_nats(estimator):
+    m, runs = binary_runs(estimator)
+    torch.testing.assert_close(enumerated_log_p(m, runs[0].x), m.brute_force_log_p(runs[0].x), rtol=0, atol=1e-4)
+    again = shifted_example(runs[0], m, 0.0).result  # the checks run again on the unmoved estimate: the same
+    assert (again.checks, again.failed, again.extras["mean_log_p_band"], again.extras["ais_minus_iwae"]) == (
+        runs[0].result.checks, runs[0].result.failed, runs[0].result.extras["mean_log_p_band"],
+        runs[0].result.extras["ais_minus_iwae"])
+    for r in runs:
+        assert r.result.certified is True, r.result.warnings
+        assert band_holds(r), (r.result.extras["mean_log_p_band"], r.exact)
+        down, up = shifted_example(r, m, -2.0), shifted_example(r, m, 2.0)
+        assert not band_holds(down) and not band_holds(up), (down.result.extras["mean_log_p_band"], r.exact)
+        assert down.result.certified is False and "above_iwae" in down.result.failed, down.result.failed
+
+
+def test_without_its_iwae_comparison_the_certificate_passes_an_estimate_moved_down():
+    """The broken variant of the test above: nothing else in the per-example certificate looks at the estimate's
+    level on the rows themselves (BDMC checks the schedule on simulated data)."""
+    m, runs = binary_runs("ais", iwae_samples=0)
+    for r in runs:
+        assert r.result.certified is True and "above_iwae" not in r.result.checks
+        assert shifted_example(r, m, -2.0).result.certified is True
