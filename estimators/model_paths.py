@@ -207,7 +207,7 @@ class ModelPath:
             ``(z, log_base, log_joint, step_size, accept_sum)``.
         """
         n = z.shape[0]
-        zeros = torch.zeros(n, device=z.device)
+        zeros = torch.zeros(n, device=z.device, dtype=z.dtype if z.is_floating_point() else torch.float32)
         return ModelState(z, self.base.log_prob(z), self.model.log_joint(self.x, z),
                           zeros if step_size is None else step_size, zeros if accept_sum is None else accept_sum)
 
