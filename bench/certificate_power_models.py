@@ -27,8 +27,8 @@ Each run draws ``--examples`` rows from the model (data seed 1000 + run) and est
 - ``too short``: ``budget=None``, 5 betas x 2 chains;
 - ``shift -d`` / ``shift +d``: every certified ``budget`` and ``smc budget`` run with its estimate moved by
   ``--shift`` nats (``log_p`` and every chain's estimate), its checks run again by the estimator's own functions
-  (``PerExample.certify``, which also recomputes the band, and ``ModelAIS.compare_with_iwae`` against the same
-  IWAE draws; the BDMC checks on simulated data do not depend on the estimate and are kept): a number that is not
+  (``PerExample.certify``, which also recomputes the band; ``ModelAIS.check_reverse`` against the same reverse
+  runs; ``ModelAIS.compare_with_iwae`` against the same IWAE draws; the BDMC checks on simulated data do not depend on the estimate and are kept): a number that is not
   what the runs gave.
 
 Columns: runs; ``certified``; ``band holds exact``: runs, certified or not, whose band contains the exact mean
@@ -144,7 +144,8 @@ def band_holds(r: Run) -> bool:
 
 def shifted(r: Run, model, delta: float) -> Run:
     """``r`` with every estimate moved by ``delta`` nats and the estimate's checks run again: the per-example ones
-    and the band (``PerExample.certify``; the ESS and the run spread do not move), ``above_iwae`` against the same
+    and the band (``PerExample.certify``; the ESS and the run spread do not move), ``reverse_order`` against the
+    same reverse runs (AIS; ``ModelAIS.check_reverse``), ``above_iwae`` against the same
     IWAE draws (``ModelAIS.compare_with_iwae`` with the result's seed and the default IWAE settings every row here
     uses), and the checks on simulated data (BDMC, likelihood consistency), which do not see the estimate, as
     they were."""
@@ -153,6 +154,8 @@ def shifted(r: Run, model, delta: float) -> Run:
                   extras={k: v for k, v in res.extras.items() if k != "mean_log_p_band"})
     est = ModelAIS()  # certify and compare_with_iwae read the runs' shape, the IWAE samples, start and batch size
     est.certify(out, out.run_log_p.T)
+    if "reverse_order" in res.checks:  # against the same reverse runs (their mean is in extras)
+        est.check_reverse(out)
     if "above_iwae" in res.checks:
         est.compare_with_iwae(protocol(model), r.x, out, res.seed, 0)
     for name in res.checks:

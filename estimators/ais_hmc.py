@@ -115,7 +115,7 @@ class AISHMC(ModelAIS):
         super().__init__(num_betas=num_betas, schedule=schedule, num_chains=num_runs, start="prior",
                          batch_size=batch_size, num_leapfrog=num_leapfrog, step_size=step_size,
                          target_accept=target_accept, max_step_size=max_step_size, adapt=adapt,
-                         pilot_chains=pilot_chains, iwae_samples=0, num_simulated=0, accel=accel,
+                         pilot_chains=pilot_chains, iwae_samples=0, num_simulated=0, reverse=False, accel=accel,
                          min_example_ess=min_example_ess)
         if form not in FORMS:
             raise ConfigError(f"estimator.form must be one of {list(FORMS)}, got {form!r}")

@@ -14,6 +14,7 @@ Ghahramani & Adams 2015).
 
 from __future__ import annotations
 
+import math
 import time
 
 import torch
@@ -85,6 +86,11 @@ class ModelAIS(PerExample):
         Examples simulated for BDMC at these settings (0: none).
     max_gap : float, default 1.0
         Nats; BDMC is certified when its mean gap is at most this.
+    reverse : bool, default True
+        Also run each chain back from its final state to the base along the same kernels: on the real rows an
+        estimate from above where the chains reached the posterior (Grosse, Ancha & Roy 2016's BREAD; an upper
+        bound only from exact posterior draws, which BDMC has on simulated data). The ``reverse_order`` check
+        flags an estimate above it by more than 3 standard errors of the paired difference. Doubles the cost.
     accel : str, default "none"
         none | compile (the tempered log density compiled) | cudagraphs (CUDA only).
     min_example_ess : float or None, default None
@@ -108,7 +114,7 @@ class ModelAIS(PerExample):
     >>> result.log_p.shape, result.run_log_p.shape
     (torch.Size([4]), torch.Size([3, 4]))
     >>> result.checks
-    ['nonzero_estimates', 'example_ess', 'run_spread', 'above_iwae', 'bdmc_gap', 'bdmc_order', 'likelihood_consistency']
+    ['nonzero_estimates', 'example_ess', 'run_spread', 'reverse_order', 'above_iwae', 'bdmc_gap', 'bdmc_order', 'likelihood_consistency']
     >>> result.extras["start"], result.extras["latent"]
     ('proposal', 'continuous(2)')
     """
@@ -122,9 +128,10 @@ class ModelAIS(PerExample):
                  start: str | None = None, batch_size: int = 50, num_leapfrog: int = 10, step_size: float = 0.05,
                  target_accept: float = 0.65, max_step_size: float | None = 10.0, adapt: bool = True,
                  pilot_chains: int = 2, moves: str = "gibbs", num_moves: int | None = None, num_flips: int = 1,
-                 iwae_samples: int = 1000, num_simulated: int = 50, max_gap: float = 1.0, accel: str = "none",
-                 min_example_ess: float | None = None) -> None:
+                 iwae_samples: int = 1000, num_simulated: int = 50, max_gap: float = 1.0, reverse: bool = True,
+                 accel: str = "none", min_example_ess: float | None = None) -> None:
         super().__init__(num_runs=num_chains, batch_size=batch_size, min_example_ess=min_example_ess)
+        self.reverse = bool(reverse)
         self.num_betas = positive_int(num_betas, "estimator.num_betas")
         if schedule == "adaptive":
             raise ConfigError("estimator.schedule must be a fixed ladder (sigmoid, linear or paper) for a user's model")
@@ -144,6 +151,7 @@ class ModelAIS(PerExample):
             raise ConfigError("estimator.iwae_samples and estimator.num_simulated must be >= 0 (0: that check is off)")
         self.accept: list[torch.Tensor] = []
         self.final_steps: list[torch.Tensor] = []  # per batch: [chains], the step sizes of the last move
+        self.reverse_log_w: list[torch.Tensor] = []  # per batch: [chains], the reverse runs' log-weights
 
     def latent_model(self, model, inference=None) -> ProtocolModel:
         """The model seen through the protocol, what ``run_batch`` works with.
@@ -206,13 +214,17 @@ class ModelAIS(PerExample):
         torch.Tensor
             ``[chains]`` log w, each an estimate of log p(x).
         """
-        progress.plan(len(self.betas) - 1)
+        progress.plan((2 if self.reverse else 1) * (len(self.betas) - 1))
         path = fixed_kernel_path(pm, x, self.betas, start=self.start or pm.default_base(), chains=self.num_runs,
                                  generator=generator, on_step=lambda k, inc: progress.advance(), **self.path_settings)
         log_w, final = ais(path, path.start(generator, self.step_size), self.betas, generator,
                            on_step=lambda k, inc: progress.advance())
         self.accept.append((final.accept_sum / max(1, len(self.betas) - 2)).cpu())
         self.final_steps.append(final.step_size.cpu())
+        if self.reverse:  # back from the final states, the same fixed kernels in the reverse order (as BDMC)
+            start = path.state(final.z, final.step_size, torch.zeros_like(final.accept_sum))
+            log_w_rev, _ = ais(path, start, self.betas.flip(0), generator, on_step=lambda k, inc: progress.advance())
+            self.reverse_log_w.append(log_w_rev.double().cpu())
         return log_w
 
     @torch.no_grad()
@@ -255,6 +267,7 @@ class ModelAIS(PerExample):
         check_seed(seed)
         t0 = time.perf_counter()
         runs = []
+        self.reverse_log_w = []
         with eval_mode(pm):
             for s0, s1 in chunks(x.shape[0], self.batch_size):
                 g = batch_generator(seed, row_offset + s0, x.device)
@@ -267,12 +280,39 @@ class ModelAIS(PerExample):
                         run_log_p=per_run.T.contiguous(),
                         runs_name=self.runs_name)
         self.certify(result, per_run)
+        if self.reverse_log_w:
+            # exp(log w_rev) estimates 1 / p(x): the log of each example's mean weight, negated (BDMC's upper side)
+            upper = math.log(self.num_runs) - torch.logsumexp(torch.cat(self.reverse_log_w).view(-1, self.num_runs), 1)
+            diff, se = mean_and_stderr(result.log_p - upper)
+            result.extras.update({"reverse_mean_log_p": round(upper.mean().item(), 4),
+                                  "ais_minus_reverse": round(diff, 4), "ais_minus_reverse_stderr": round(se, 4)})
+            self.check_reverse(result)
         if self.iwae_samples:
             self.compare_with_iwae(pm, x, result, seed, row_offset)
         if self.num_simulated:
             self.check_schedule(pm, result, seed)
         result.seconds = time.perf_counter() - t0
         return result
+
+    def check_reverse(self, result: Result) -> None:
+        """The ``reverse_order`` check: the estimate not above the reverse runs' by more than 3 paired SE.
+
+        The reverse run from each chain's final state estimates log p(x) from above where the chains reached the
+        posterior; an estimate above it (a number the runs do not support, or chains that did not mix) is flagged.
+        It reads ``reverse_mean_log_p`` and ``ais_minus_reverse_stderr`` from ``extras`` and the estimate's mean.
+
+        Parameters
+        ----------
+        result : Result
+            The AIS result, whose certificate is updated in place.
+        """
+        gap = result.mean - result.extras["reverse_mean_log_p"]
+        se = result.extras["ais_minus_reverse_stderr"]
+        result.check("reverse_order", gap <= 3 * se + 1e-9,
+                     f"reverse_order: the estimate lies {gap:.4g} nats above the reverse runs from its chains' final "
+                     f"states (more than 3 standard errors of the paired difference, {3 * se:.3g}): a number the "
+                     "runs do not support, or chains that did not reach the posterior; use more betas "
+                     "(estimator.num_betas)")
 
     def compare_with_iwae(self, pm: ProtocolModel, x, result: Result, seed: int, row_offset: int) -> None:
         """The estimate against IWAE(``iwae_samples``) from the same start, recorded as the ``above_iwae`` check.
