@@ -151,7 +151,7 @@ class ModelAIS(PerExample):
             raise ConfigError("estimator.iwae_samples and estimator.num_simulated must be >= 0 (0: that check is off)")
         self.accept: list[torch.Tensor] = []
         self.final_steps: list[torch.Tensor] = []  # per batch: [chains], the step sizes of the last move
-        self.reverse_log_w: list[torch.Tensor] = []  # per batch: [chains], the reverse runs' log-weights
+        self.reverse_upper: list[torch.Tensor] = []  # per batch: [examples], the reverse runs' log p(x)
 
     def latent_model(self, model, inference=None) -> ProtocolModel:
         """The model seen through the protocol, what ``run_batch`` works with.
@@ -224,7 +224,9 @@ class ModelAIS(PerExample):
         if self.reverse:  # back from the final states, the same fixed kernels in the reverse order (as BDMC)
             start = path.state(final.z, final.step_size, torch.zeros_like(final.accept_sum))
             log_w_rev, _ = ais(path, start, self.betas.flip(0), generator, on_step=lambda k, inc: progress.advance())
-            self.reverse_log_w.append(log_w_rev.double().cpu())
+            # exp(log w_rev) estimates 1 / p(x): the log of each example's mean weight, negated (BDMC's upper side)
+            rev = log_w_rev.double().view(-1, self.num_runs)
+            self.reverse_upper.append((math.log(self.num_runs) - torch.logsumexp(rev, 1)).cpu())
         return log_w
 
     @torch.no_grad()
@@ -267,7 +269,7 @@ class ModelAIS(PerExample):
         check_seed(seed)
         t0 = time.perf_counter()
         runs = []
-        self.reverse_log_w = []
+        self.reverse_upper = []
         with eval_mode(pm):
             for s0, s1 in chunks(x.shape[0], self.batch_size):
                 g = batch_generator(seed, row_offset + s0, x.device)
@@ -280,9 +282,8 @@ class ModelAIS(PerExample):
                         run_log_p=per_run.T.contiguous(),
                         runs_name=self.runs_name)
         self.certify(result, per_run)
-        if self.reverse_log_w:
-            # exp(log w_rev) estimates 1 / p(x): the log of each example's mean weight, negated (BDMC's upper side)
-            upper = math.log(self.num_runs) - torch.logsumexp(torch.cat(self.reverse_log_w).view(-1, self.num_runs), 1)
+        if self.reverse_upper:
+            upper = torch.cat(self.reverse_upper)
             diff, se = mean_and_stderr(result.log_p - upper)
             result.extras.update({"reverse_mean_log_p": round(upper.mean().item(), 4),
                                   "ais_minus_reverse": round(diff, 4), "ais_minus_reverse_stderr": round(se, 4)})

@@ -10,15 +10,27 @@ unbiased for p(x) (for the built-in nets, for sum_h P*(v, h)), certified as the 
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from nvil.estimators.ais_per_example import ModelAIS
+from nvil.estimators.annealing import ais
 from nvil.estimators.ais_posterior import AISPosterior, PosteriorPath
 from nvil.estimators.base import NO_PROGRESS, BatchProgress
 from nvil.estimators.latent_model import LatentModel
 from nvil.estimators.model_paths import ModelPath, fixed_kernel_path
 from nvil.estimators.settings import LOG_Z, LogZSettings
 from nvil.estimators.smc import SMCLadder, SMCSampler, adaptive_betas, group_log_z, smc
+
+
+def weighted_reverse(log_w: torch.Tensor, log_w_rev: torch.Tensor, groups: int, runs: int) -> torch.Tensor:
+    """Each example's log p(x) from above, from reverse runs started at weighted SMC particles: per run, the
+    particles' normalised weights times exp(log w_rev) estimate 1 / p(x); their mean over the ``runs`` runs of an
+    example, log'd and negated. ``log_w``, ``log_w_rev``: [groups x particles], group-major; [groups / runs]."""
+    w = torch.log_softmax(log_w.double().view(groups, -1), 1)
+    per_run = torch.logsumexp(w + log_w_rev.double().view(groups, -1), 1)
+    return math.log(runs) - torch.logsumexp(per_run.view(-1, runs), 1)
 
 
 class ModelSMC(ModelAIS):
@@ -32,7 +44,8 @@ class ModelSMC(ModelAIS):
     whose ESS falls below ``resample_ess`` and moving every particle ``num_moves`` times per beta (a Gibbs scan,
     ``num_latent`` Metropolis flips, or an HMC move of ``num_leapfrog`` steps). Each run's estimate is unbiased for
     p(x); the certificate is ``estimator=ais``'s over the runs (per-example ESS, run spread, above IWAE, and BDMC on
-    simulated data by AIS on the SMC ladder)."""
+    simulated data by AIS on the SMC ladder), and, with ``reverse``, ``reverse_order`` against reverse AIS from the
+    weighted final particles along the same ladder (``weighted_reverse``)."""
 
     name = "smc"
     runs_name = "num_runs"
@@ -42,13 +55,13 @@ class ModelSMC(ModelAIS):
                  batch_size: int = 50, num_leapfrog: int = 10, step_size: float = 0.05, target_accept: float = 0.65,
                  max_step_size: float | None = 10.0, adapt: bool = True, pilot_chains: int = 2, moves: str = "gibbs",
                  num_flips: int = 1, iwae_samples: int = 1000, num_simulated: int = 50, max_gap: float = 1.0,
-                 accel: str = "none", min_example_ess: float | None = None) -> None:
+                 reverse: bool = True, accel: str = "none", min_example_ess: float | None = None) -> None:
         self.sampler = SMCSampler(num_particles, num_runs, cess, resample_ess, num_moves, max_betas, pilot_runs)
         super().__init__(num_chains=self.sampler.num_runs, start=start, batch_size=batch_size,
                          num_leapfrog=num_leapfrog, step_size=step_size, target_accept=target_accept,
                          max_step_size=max_step_size, adapt=adapt, pilot_chains=pilot_chains, moves=moves,
                          num_flips=num_flips, iwae_samples=iwae_samples, num_simulated=num_simulated,
-                         max_gap=max_gap, accel=accel, min_example_ess=min_example_ess)
+                         max_gap=max_gap, reverse=reverse, accel=accel, min_example_ess=min_example_ess)
         self.ladders: list[torch.Tensor] = []
         self.events = 0
 
@@ -63,7 +76,7 @@ class ModelSMC(ModelAIS):
         betas = adaptive_betas(pilot, pilot.start(generator, self.step_size), pilot_rows.shape[0] // n,
                                target=s.cess, resample_ess=s.resample_ess, num_moves=s.num_moves,
                                max_betas=s.max_betas, generator=generator)
-        progress.plan(2 * (len(betas) - 1))
+        progress.plan((3 if self.reverse else 2) * (len(betas) - 1))
         rows = x.repeat_interleave(n, 0)
         path = fixed_kernel_path(pm, rows, betas, start=start, chains=runs * n, generator=generator,
                                  **self.path_settings)
@@ -75,6 +88,10 @@ class ModelSMC(ModelAIS):
         moves = max(1, (len(betas) - 2) * s.num_moves)
         self.accept.append((final.accept_sum / moves).cpu())
         self.final_steps.append(final.step_size.cpu())
+        if self.reverse:  # back from the weighted final particles along the same ladder and kernels (ModelAIS)
+            back = path.state(final.z, final.step_size, torch.zeros_like(final.accept_sum))
+            log_w_rev, _ = ais(path, back, betas.flip(0), generator, on_step=lambda k, inc: progress.advance())
+            self.reverse_upper.append(weighted_reverse(log_w, log_w_rev, x.shape[0], runs).cpu())
         return group_log_z(log_w, x.shape[0])
 
     def check_schedule(self, pm, result, seed: int) -> None:
