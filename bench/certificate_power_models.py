@@ -28,7 +28,7 @@ Each run draws ``--examples`` rows from the model (data seed 1000 + run) and est
 - ``shift -d`` / ``shift +d``: every certified ``budget`` and ``smc budget`` run with its estimate moved by
   ``--shift`` nats (``log_p`` and every chain's estimate), its checks run again by the estimator's own functions
   (``PerExample.certify``, which also recomputes the band; ``ModelAIS.check_reverse`` against the same reverse
-  runs; ``ModelAIS.compare_with_iwae`` against the same IWAE draws; the BDMC checks on simulated data do not depend on the estimate and are kept): a number that is not
+  runs (both sides); ``ModelAIS.compare_with_iwae`` against the same IWAE draws; the BDMC checks on simulated data do not depend on the estimate and are kept): a number that is not
   what the runs gave.
 
 Columns: runs; ``certified``; ``band holds exact``: runs, certified or not, whose band contains the exact mean
@@ -144,7 +144,7 @@ def band_holds(r: Run) -> bool:
 
 def shifted(r: Run, model, delta: float) -> Run:
     """``r`` with every estimate moved by ``delta`` nats and the estimate's checks run again: the per-example ones
-    and the band (``PerExample.certify``; the ESS and the run spread do not move), ``reverse_order`` against the
+    and the band (``PerExample.certify``; the ESS and the run spread do not move), ``reverse_order`` and ``reverse_gap`` against the
     same reverse runs (AIS; ``ModelAIS.check_reverse``), ``above_iwae`` against the same
     IWAE draws (``ModelAIS.compare_with_iwae`` with the result's seed and the default IWAE settings every row here
     uses), and the checks on simulated data (BDMC, likelihood consistency), which do not see the estimate, as

@@ -265,7 +265,7 @@ def evaluate_model(model, x, estimator: str = "ais", *, seed: int = 0, progress=
     >>> result.estimator, result.log_p.shape
     ('ais', torch.Size([4]))
     >>> result.checks
-    ['nonzero_estimates', 'example_ess', 'run_spread', 'reverse_order', 'above_iwae', 'bdmc_gap', 'bdmc_order', 'likelihood_consistency']
+    ['nonzero_estimates', 'example_ess', 'run_spread', 'reverse_order', 'reverse_gap', 'above_iwae', 'bdmc_gap', 'bdmc_order', 'likelihood_consistency']
     >>> isinstance(result.mean_log_p, float)
     True
     """

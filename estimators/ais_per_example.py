@@ -114,7 +114,7 @@ class ModelAIS(PerExample):
     >>> result.log_p.shape, result.run_log_p.shape
     (torch.Size([4]), torch.Size([3, 4]))
     >>> result.checks
-    ['nonzero_estimates', 'example_ess', 'run_spread', 'reverse_order', 'above_iwae', 'bdmc_gap', 'bdmc_order', 'likelihood_consistency']
+    ['nonzero_estimates', 'example_ess', 'run_spread', 'reverse_order', 'reverse_gap', 'above_iwae', 'bdmc_gap', 'bdmc_order', 'likelihood_consistency']
     >>> result.extras["start"], result.extras["latent"]
     ('proposal', 'continuous(2)')
     """
@@ -296,11 +296,13 @@ class ModelAIS(PerExample):
         return result
 
     def check_reverse(self, result: Result) -> None:
-        """The ``reverse_order`` check: the estimate not above the reverse runs' by more than 3 paired SE.
+        """The sandwich on the real rows: ``reverse_order`` and ``reverse_gap`` against the reverse runs.
 
         The reverse run from each chain's final state estimates log p(x) from above where the chains reached the
-        posterior; an estimate above it (a number the runs do not support, or chains that did not mix) is flagged.
-        It reads ``reverse_mean_log_p`` and ``ais_minus_reverse_stderr`` from ``extras`` and the estimate's mean.
+        posterior. ``reverse_order``: the estimate not above it by more than 3 paired SE (a number the runs do not
+        support). ``reverse_gap``: not below it by more than ``max_gap`` (the gap BDMC allows on simulated data)
+        plus 3 paired SE (a number far below what the chains found, or chains that did not mix). It reads
+        ``reverse_mean_log_p`` and ``ais_minus_reverse_stderr`` from ``extras`` and the estimate's mean.
 
         Parameters
         ----------
@@ -314,6 +316,10 @@ class ModelAIS(PerExample):
                      f"states (more than 3 standard errors of the paired difference, {3 * se:.3g}): a number the "
                      "runs do not support, or chains that did not reach the posterior; use more betas "
                      "(estimator.num_betas)")
+        result.check("reverse_gap", -gap <= self.max_gap + 3 * se,
+                     f"reverse_gap: the reverse runs from the chains' final states lie {-gap:.4g} nats above the "
+                     f"estimate (more than estimator.max_gap={self.max_gap:g} plus 3 standard errors, {3 * se:.3g}): "
+                     "the sandwich on these rows is too wide to trust; use more betas (estimator.num_betas)")
 
     def compare_with_iwae(self, pm: ProtocolModel, x, result: Result, seed: int, row_offset: int) -> None:
         """The estimate against IWAE(``iwae_samples``) from the same start, recorded as the ``above_iwae`` check.

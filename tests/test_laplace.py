@@ -108,8 +108,8 @@ def test_binary_latents_refuse_a_laplace_start():
 
 
 def test_an_estimate_above_its_reverse_runs_is_flagged():
-    """reverse_order: the runs back from the chains' final states bound the estimate from above; moved up by 2 nats
-    it is refused, as it is, and without the reverse runs (the broken variant) the same number passes."""
+    """The sandwich on the real rows: the runs back from the chains' final states; moved up by 2 nats the estimate
+    fails reverse_order, moved down reverse_gap; without the reverse runs (the broken variant) neither is checked."""
     from dataclasses import replace
 
     model = NoProposal(d=3, v=8, sigma=0.3)
@@ -119,9 +119,10 @@ def test_an_estimate_above_its_reverse_runs_is_flagged():
     r = est.estimate(model, x, seed=0)
     assert "reverse_order" in r.checks and "reverse_order" not in r.failed, r.warnings
     assert r.extras["ais_minus_reverse"] <= 0.05 and r.extras["reverse_mean_log_p"] >= model.exact_log_p(x).mean() - 0.05
-    for delta, refused in ((2.0, True), (-2.0, False)):  # an upper check: a number moved down is for IWAE to catch
+    for delta, check in ((2.0, "reverse_order"), (-2.0, "reverse_gap")):
         moved = replace(r, log_p=r.log_p + delta, checks=[], failed=[], warnings=[])
         est.check_reverse(moved)
-        assert ("reverse_order" in moved.failed) is refused, (delta, moved.warnings)
+        assert moved.failed == [check], (delta, moved.warnings)
+    assert r.checks.index("reverse_gap") and "reverse_gap" not in r.failed
     unchecked = ModelAIS(**settings, reverse=False).estimate(model, x, seed=0)
     assert "reverse_order" not in unchecked.checks and unchecked.certified
