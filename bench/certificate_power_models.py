@@ -37,7 +37,7 @@ log p(x) (on a shift row, the band moved with the estimate: it must be 0, a band
 that must be 0 on the other rows); ``cert., > 3 MC SE``: certified runs whose mean is more than 3 Monte Carlo
 standard errors from the exact mean (the delta-method SE of the mean over examples of log-mean-exp over chains, the
 same sigma the band uses); the median seconds per run and, for the budget rows, the median number of rounds. On a shift row, runs counts the certified runs shifted, and a
-certified shifted run is a wrong number certified. The default run (32 examples, 10 runs, 1 thread) took 11 minutes
+certified shifted run is a wrong number certified. The default run (32 examples, 10 runs, 1 thread) took 17 minutes
 on one thread of a 2-core x86 CPU whose cores two training runs also used, two thirds of it in the ``fixed`` rows
 (BDMC on 50 simulated examples at 500 x 16); hence 500 betas there rather than ``ModelAIS``'s 1000, which would
 bring it to about 20 minutes. Not run by CI; tests/test_certificate_power.py checks the binary model with fixed
