@@ -63,6 +63,13 @@ def test_the_human_line_says_what_a_budget_spent():
     assert "budget" not in headline(ais_line())  # run once: nothing to say
 
 
+def test_the_human_line_gives_the_sandwich_on_the_real_rows():
+    line = {"estimator": "ais", "mean_log_p": -3.47, "stderr": 0.6, "num_examples": 64, "certified": True,
+            "checks": ["example_ess", "reverse_order", "reverse_gap", "bdmc_gap"], "bdmc_gap": 0.11,
+            "ais_minus_reverse": -0.0234}
+    assert headline(line).endswith("[certified: BDMC gap 0.11 nats, reverse sandwich 0.02 nats, per-example ESS]")
+
+
 def test_the_human_line_of_an_estimate_that_is_not_certified():
     warning = ("forward and reverse AIS disagree by 2.31 nats (more than estimator.max_gap=1.0): log Z lies "
                "somewhere in [450.00, 452.31]; use more betas or chains")

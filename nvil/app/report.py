@@ -88,6 +88,8 @@ def evidence(line: dict) -> list[str]:
         out.append(f"ESS {line['log_z_ess']:g} of {line.get('log_z_num_chains', '?')} chains")
     if "bdmc_gap" in checks and _finite(line.get("bdmc_gap")):
         out.append(f"BDMC gap {_nats(line['bdmc_gap'])} nats")
+    if "reverse_gap" in checks and _finite(line.get("ais_minus_reverse")):
+        out.append(f"reverse sandwich {_nats(-line['ais_minus_reverse'])} nats")
     if "example_ess" in checks:
         out.append("per-example ESS")
     if "run_spread" in checks and _finite(line.get("run_spread")):
