@@ -54,6 +54,8 @@ from nvil.estimators.certify import SOURCES, CertifiedLogZ, certified_log_z, run
 from nvil.estimators.settings import CertifySettings  # noqa: E402
 from nvil.estimators.smc import SMCSampler  # noqa: E402
 from nvil.mcmc.gibbs import BlockGibbs  # noqa: E402
+from nvil.models.dbm import DBM  # noqa: E402
+from nvil.models.dbn import DBN  # noqa: E402
 from nvil.models.rbm import BoltzmannMachine, State  # noqa: E402
 
 CERT = CertifySettings()
@@ -138,12 +140,37 @@ def pcd_case(V: int, K: int, flip: float, H: int, steps: int, lr: float, seed: i
     return case(f"pcd {V}-{H}", m, rows, particles)
 
 
+@torch.no_grad()
+def top_machine_case(family: str, seed: int) -> Case:
+    """The machine whose log Z a DBN's or a DBM's estimate needs (``model.top``), its rows from data as the
+    estimators make them (``top_data``): a DBN 16-12-10 whose layers are RBMs trained by PCD on prototype rows,
+    stacked greedily; a DBM 14-10-8 with weights N(0, 0.7^2) over prototype rows."""
+    rows = prototype_rows(16 if family == "dbn" else 14, 4, 2000, 0.03, seed)
+    if family == "dbn":
+        dbn = DBN(16, [12, 10])
+        first, _ = pcd_rbm(rows, 12, 1000, 0.1, seed)
+        dbn.rbms[0].load_state_dict(first.state_dict())
+        h = (torch.sigmoid(first.hidden_input(rows)) > torch.rand(len(rows), 12, generator=torch.Generator()
+                                                                   .manual_seed(seed))).float()
+        top, particles = pcd_rbm(h, 10, 1000, 0.1, seed + 1)
+        dbn.top.load_state_dict(top.state_dict())
+        return case("dbn 16-12-10 top", dbn.top, dbn.top_data(rows), particles)
+    torch.manual_seed(seed)
+    dbm = DBM(14, [10, 8])
+    dbm.top.W.normal_(0, 0.7)
+    dbm.top.b.normal_(-1, 0.5)
+    dbm.top.c.normal_(0, 0.5)
+    dbm.constrain_()
+    return case("dbm 14-10-8 top", dbm.top, dbm.top_data(rows))
+
+
 def held_out_cases(seed: int = 100) -> list[Case]:
     """The bench's models (seeds apart from the test's)."""
     sparse = lambda V: (torch.rand(500, V, generator=torch.Generator().manual_seed(seed)) < 0.1).float()  # noqa: E731
     return [pcd_case(20, 4, 0.05, 10, 1000, 0.1, seed), pcd_case(24, 6, 0.03, 14, 2000, 0.2, seed),
             pcd_case(30, 8, 0.02, 16, 2000, 0.3, seed), pcd_case(28, 10, 0.02, 20, 2000, 0.3, seed),
-            case("random 20-12", random_rbm(seed), sparse(20)), case("barrier 40-12", barrier_rbm(seed), sparse(40))]
+            case("random 20-12", random_rbm(seed), sparse(20)), case("barrier 40-12", barrier_rbm(seed), sparse(40)),
+            top_machine_case("dbn", seed), top_machine_case("dbm", seed)]
 
 
 def certify(c: Case, schedule: str, num_betas: int, chains: int, seed: int, sources=SOURCES,
