@@ -7,7 +7,8 @@ often a right estimate is certified, and whether every wrong one is flagged.
 
 The models: RBMs trained by PCD on prototype data (their persistent chains kept as a checkpoint keeps them: not
 equilibrium samples of the final parameters), a random RBM with strong weights (multimodal), and a barrier RBM
-whose strong mode no forward chain from the base rate reaches. Each is run with
+whose strong mode no forward chain from the base rate reaches, and the top machines of a DBN and of a DBM
+(the machines whose log Z those families' estimates need). Each is run with
 
 - ``enough``: the adaptive ladder with ``--betas`` steps (the estimate is right on all but the barrier model);
 - ``few``: a linear ladder of each of ``--few-betas`` steps (too coarse);
