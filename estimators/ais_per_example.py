@@ -14,14 +14,13 @@ Ghahramani & Adams 2015).
 
 from __future__ import annotations
 
-import math
 import time
 
 import torch
 
 from nvil.core.config import positive_float, positive_int
 from nvil.core.errors import ConfigError
-from nvil.core.ops import chunks, mean_and_stderr
+from nvil.core.ops import chunks, log_mean_exp, mean_and_stderr
 from nvil.estimators.annealing import ais
 from nvil.estimators.annealing import schedule as schedule_betas
 from nvil.estimators.base import NO_PROGRESS, BatchProgress, Result, batch_generator, check_seed
@@ -225,8 +224,7 @@ class ModelAIS(PerExample):
             start = path.state(final.z, final.step_size, torch.zeros_like(final.accept_sum))
             log_w_rev, _ = ais(path, start, self.betas.flip(0), generator, on_step=lambda k, inc: progress.advance())
             # exp(log w_rev) estimates 1 / p(x): the log of each example's mean weight, negated (BDMC's upper side)
-            rev = log_w_rev.double().view(-1, self.num_runs)
-            self.reverse_upper.append((math.log(self.num_runs) - torch.logsumexp(rev, 1)).cpu())
+            self.reverse_upper.append(-log_mean_exp(log_w_rev.double().view(-1, self.num_runs), 1).cpu())
         return log_w
 
     @torch.no_grad()

@@ -10,10 +10,9 @@ unbiased for p(x) (for the built-in nets, for sum_h P*(v, h)), certified as the 
 
 from __future__ import annotations
 
-import math
-
 import torch
 
+from nvil.core.ops import log_mean_exp
 from nvil.estimators.ais_per_example import ModelAIS
 from nvil.estimators.annealing import ais
 from nvil.estimators.ais_posterior import AISPosterior, PosteriorPath
@@ -30,7 +29,7 @@ def weighted_reverse(log_w: torch.Tensor, log_w_rev: torch.Tensor, groups: int, 
     example, log'd and negated. ``log_w``, ``log_w_rev``: [groups x particles], group-major; [groups / runs]."""
     w = torch.log_softmax(log_w.double().view(groups, -1), 1)
     per_run = torch.logsumexp(w + log_w_rev.double().view(groups, -1), 1)
-    return math.log(runs) - torch.logsumexp(per_run.view(-1, runs), 1)
+    return -log_mean_exp(per_run.view(-1, runs), 1)
 
 
 class ModelSMC(ModelAIS):

@@ -15,21 +15,14 @@ from __future__ import annotations
 
 import torch
 
+from nvil.core.ops import value_and_grad
+
 INFLATION = 1.2       # c: the base's standard deviations are c times the Laplace fit's
 MIN_PRECISION = 1e-2  # floor of H's eigenvalues (a standard deviation of at most 10 along any direction)
 NEWTON_STEPS = 50
 NEWTON_TOL = 1e-6     # stop a row when its Newton decrement g' H^-1 g / 2 (the predicted rise) falls below this
 DIFF_STEP = 1e-3      # central-difference step of the Hessian
 MAX_ROWS = 1 << 15    # rows per batch of displaced points
-
-
-def value_and_grad(log_joint, x, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """log p(x, z) [N] and its gradient in z [N, D], by autograd (under ``torch.no_grad`` as well)."""
-    with torch.enable_grad():
-        z = z.detach().requires_grad_(True)
-        value = log_joint(x, z)
-        (grad,) = torch.autograd.grad(value.sum(), z)
-    return value.detach(), grad.detach()
 
 
 def repeat_rows(x, times: int):
@@ -46,7 +39,7 @@ def precision(log_joint, x, z: torch.Tensor, eps: float = DIFF_STEP) -> torch.Te
         axes = torch.arange(start, min(d, start + axes_per_batch), device=z.device)
         shift = eps * torch.nn.functional.one_hot(axes, d).to(z.dtype)                  # [a, D]
         displaced = torch.cat([z + shift[:, None], z - shift[:, None]]).reshape(-1, d)  # [2 a N, D]
-        _, grad = value_and_grad(log_joint, repeat_rows(x, 2 * len(axes)), displaced)
+        _, grad = value_and_grad(lambda q: log_joint(repeat_rows(x, 2 * len(axes)), q), displaced)
         grad = grad.reshape(2, len(axes), n, d)
         columns.append((grad[1] - grad[0]) / (2 * eps))                                # -dg/dz_a: [a, N, D]
     h = torch.cat(columns).permute(1, 0, 2)
@@ -80,7 +73,7 @@ def laplace_fit(log_joint, x, z0: torch.Tensor, *, steps: int = NEWTON_STEPS, to
     step that did not raise its log p(x, z), a row done when its Newton decrement is below ``tol``.
     """
     z = z0.clone()
-    value, grad = value_and_grad(log_joint, x, z)
+    value, grad = value_and_grad(lambda q: log_joint(x, q), z)
     length = torch.ones(z.shape[0], dtype=torch.float64, device=z.device)
     active = torch.ones(z.shape[0], dtype=torch.bool, device=z.device)
     for _ in range(steps):
@@ -91,7 +84,7 @@ def laplace_fit(log_joint, x, z0: torch.Tensor, *, steps: int = NEWTON_STEPS, to
         if not active.any():
             break
         trial = z + (length[:, None] * newton).to(z.dtype) * active[:, None]
-        new_value, new_grad = value_and_grad(log_joint, x, trial)
+        new_value, new_grad = value_and_grad(lambda q: log_joint(x, q), trial)
         better = active & torch.isfinite(new_value) & (new_value >= value)
         z = torch.where(better[:, None], trial, z)
         value = torch.where(better, new_value, value)

@@ -796,7 +796,7 @@ class ProposalBase(BaseDensity):
         return generator_sample(self.q, k, generator)
 
 
-class LaplaceBase(BaseDensity):
+class LaplaceBase(ProposalBase):
     """f_0 = N(z*, c^2 H^-1) for each row of x: the Laplace fit of its posterior, widened (``nvil.models.laplace``).
 
     z* is the row's posterior mode and H the negative Hessian of log p(x, z) there (Bishop 2006, Sec. 4.4), found by
@@ -804,7 +804,8 @@ class LaplaceBase(BaseDensity):
     x that are equal (an example repeated for its chains) are fitted once. As an annealing path's base it also
     gives HMC a diagonal mass matrix, M^-1 = diag(c^2 H^-1) (``inv_mass``), and a first step size in those units
     (``unit_step``: the square root of the smallest eigenvalue of the base's correlation matrix, over c), so
-    that the moves are scaled to the posterior, however sharp it is.
+    that the moves are scaled to the posterior, however sharp it is. It is a q(z | x) built from the model itself:
+    its density and draws are ``ProposalBase``'s.
 
     Parameters
     ----------
@@ -869,47 +870,15 @@ class LaplaceBase(BaseDensity):
         self.scale_tril = torch.linalg.cholesky(cov).to(mode.dtype)[inverse]
         self.inv_mass = sd.square().to(mode.dtype)[inverse]
         self.unit_step = unit.to(mode.dtype)[inverse]
+        self.model, self.factorised = model, False
         self.q = torch.distributions.MultivariateNormal(self.loc, scale_tril=self.scale_tril, validate_args=False)
-
-    def log_prob(self, z: torch.Tensor) -> torch.Tensor:
-        """log N(z; z*, c^2 H^-1) for z [..., N, D] -> [..., N].
-
-        Parameters
-        ----------
-        z : torch.Tensor
-            ``[..., N, D]`` latent values.
-
-        Returns
-        -------
-        torch.Tensor
-            ``[..., N]`` log f_0(z).
-        """
-        return self.q.log_prob(z)
-
-    def sample(self, k: int, generator: torch.Generator) -> torch.Tensor:
-        """k draws z = z* + L eps, eps ~ N(0, I) from ``generator``, for each of the N rows.
-
-        Parameters
-        ----------
-        k : int
-            Number of draws per row.
-        generator : torch.Generator
-            Source of randomness: a seed fixes the draws.
-
-        Returns
-        -------
-        torch.Tensor
-            ``[k, N, D]`` draws from f_0.
-        """
-        eps = torch.randn((k, *self.loc.shape), generator=generator, device=self.loc.device, dtype=self.loc.dtype)
-        return self.loc + (self.scale_tril @ eps[..., None])[..., 0]
 
 
 def generator_sample(q: torch.distributions.Distribution, k: int, generator: torch.Generator) -> torch.Tensor:
     """k draws of ``q`` [k, *batch, *event] from ``generator``, so that a seed fixes them.
 
     A Bernoulli as u < p with one uniform per unit, a Normal as loc + scale eps (the built-in samplers' draws, so the
-    same generator gives the same z), either one inside ``Independent``; any other Distribution from the global
+    same generator gives the same z), either one inside ``Independent``, a MultivariateNormal as loc + L eps; any other Distribution from the global
     generator, forked and seeded from ours (``draw_seed``), which leaves the global generator's state as it was.
 
     Parameters
@@ -943,6 +912,10 @@ def generator_sample(q: torch.distributions.Distribution, k: int, generator: tor
     if type(base) is torch.distributions.Normal:
         eps = torch.randn(shape, generator=generator, device=base.loc.device, dtype=base.loc.dtype)
         return base.loc + base.scale * eps
+    if type(base) is torch.distributions.MultivariateNormal:
+        loc = base.loc.expand(*base.batch_shape, *base.event_shape)
+        eps = torch.randn((k, *loc.shape), generator=generator, device=loc.device, dtype=loc.dtype)
+        return loc + (base.scale_tril @ eps[..., None])[..., 0]
     dev = generator.device
     with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else [], device_type=dev.type):
         torch.manual_seed(draw_seed(generator))

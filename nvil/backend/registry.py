@@ -115,7 +115,7 @@ FAST_PATHS: dict[str, FastPath] = {
         speeds_up="HMC's gradient on a Gaussian net's tempered posterior (AIS-HMC, BDMC, Chib-MH, MCEM-HMC) without "
                   "an autograd graph",
         function="nvil.models.gaussian_grad.LogJoint.value_and_grad",
-        definition="nvil.mcmc.hmc.value_and_grad",
+        definition="nvil.core.ops.value_and_grad",
         chosen="ModelPath (nvil.estimators.model_paths): HMC from the prior on a model that declares "
                "closed_form_gradient (the Gaussian nets: ais_hmc, bdmc, ais), and learner=mcem_hmc, at accel=none; "
                "accel=compile differentiates the compiled density by autograd instead",

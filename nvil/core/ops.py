@@ -64,6 +64,20 @@ def log_mean_exp(x: torch.Tensor, dim: int) -> torch.Tensor:
     return torch.logsumexp(x, dim=dim) - math.log(x.shape[dim])
 
 
+def value_and_grad(log_density, position: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """log_density(position) [chains] and its gradient wrt position [chains, dim], by autograd.
+
+    Works under ``torch.no_grad()``, returns detached tensors, and differentiates with respect to the
+    position only, so no ``nn.Parameter`` inside ``log_density`` accumulates a ``.grad``. Non-finite
+    values pass through; the accept step deals with them.
+    """
+    with torch.enable_grad():
+        q = position.detach().requires_grad_(True)
+        log_p = log_density(q)
+        (grad,) = torch.autograd.grad(log_p.sum(), inputs=[q], allow_unused=True, materialize_grads=True)
+    return log_p.detach(), grad.detach()
+
+
 class StreamingLogMeanExp:
     """log-mean-exp accumulated over chunks, so K samples never need to sit in memory at once."""
 

@@ -22,6 +22,7 @@ from typing import Callable, NamedTuple, Protocol, runtime_checkable
 import torch
 
 from nvil.backend.accel import accelerate, compiled
+from nvil.core.ops import value_and_grad  # noqa: F401 (the autograd fallback's gradient; nvil.mcmc.hmc.value_and_grad)
 from nvil.mcmc.base import per_chain, untempered
 
 LogDensity = Callable[[torch.Tensor], torch.Tensor]  # [chains, dim] -> [chains]
@@ -38,20 +39,6 @@ class HMCInfo(NamedTuple):
     accepted: torch.Tensor       # [chains] bool
     divergent: torch.Tensor      # [chains] bool: Delta H > divergence_threshold or not finite
     energy_change: torch.Tensor  # [chains], Delta H = H(proposal) - H(current)
-
-
-def value_and_grad(log_density: LogDensity, position: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """log_density(position) [chains] and its gradient wrt position [chains, dim], by autograd.
-
-    Works under ``torch.no_grad()``, returns detached tensors, and differentiates with respect to the
-    position only, so no ``nn.Parameter`` inside ``log_density`` accumulates a ``.grad``. Non-finite
-    values pass through; the accept step deals with them.
-    """
-    with torch.enable_grad():
-        q = position.detach().requires_grad_(True)
-        log_p = log_density(q)
-        (grad,) = torch.autograd.grad(log_p.sum(), inputs=[q], allow_unused=True, materialize_grads=True)
-    return log_p.detach(), grad.detach()
 
 
 @runtime_checkable
